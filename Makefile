@@ -1,0 +1,32 @@
+# make demo: set up .venv and run the main job.  make test: lint, type-check and test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PIP_CONSTRAINT := $(CURDIR)/.ci/constraints.txt
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test lint docs clean
+
+$(STAMP): pyproject.toml .ci/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,render]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m specvit.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check specvit tests
+	$(VENV)/bin/ruff format --check specvit tests
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q -n 2
+
+docs: $(STAMP)
+	$(PY) -m specvit.docs
+
+clean:
+	rm -rf $(VENV) build

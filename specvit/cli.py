@@ -1,0 +1,115 @@
+"""The ``specvit`` command line: validate, schema, summary, render.
+
+Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
+exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from specvit.errors import SpecError
+
+if TYPE_CHECKING:
+    from specvit.spec import Spec
+
+EXIT_SPEC_ERROR = 2
+EXIT_IO_ERROR = 1
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override a key after loading, e.g. --set encoder.depth=6 (repeatable; VALUE is YAML)",
+    )
+
+
+def _load(path: str, sets: list[str]) -> Spec:
+    from specvit.spec import load_spec, parse_overrides
+
+    return load_spec(path, overrides=parse_overrides(sets))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    problems: list[str] = []
+    for path in args.specs:
+        try:
+            spec = _load(path, args.set)
+        except SpecError as exc:
+            problems.append(str(exc))
+            continue
+        print(f"ok  {spec.summary_line()}")
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from specvit.spec.schema import Spec
+
+    text = json.dumps(Spec.model_json_schema(), indent=2) + "\n"
+    if args.output:
+        from specvit.io import atomic_write
+
+        atomic_write(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``specvit`` command."""
+    parser = argparse.ArgumentParser(
+        prog="specvit",
+        description="Compile YAML specs of attention models into diagrams and PyTorch modules.",
+        epilog="Spec reference: docs/spec.md. Exit status: 0 ok, 1 file error, 2 invalid spec.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "validate",
+        help="check specs; print one line per valid spec",
+        description="Validate spec files. Prints one line per valid spec; on any error prints "
+        "every problem as file:line:col: key: message (hint) and exits 2.",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml)")
+    _add_set(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of the spec language",
+        description="Print the JSON Schema of specs, for editors' YAML language servers (see docs/guide.md).",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        sys.stderr.close()
+        return 0
+    except OSError as exc:
+        print(f"specvit: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_IO_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Cross-field rules: what makes a well-typed spec unbuildable, each with the fix.
+
+Runs after the per-field validation of :mod:`specvit.spec.schema` and returns every problem,
+each with the key path to edit; the loader adds the file:line:col.
+"""
+
+from __future__ import annotations
+
+from specvit.errors import Problem
+from specvit.spec.schema import (
+    ClassifierHead,
+    FeaturesInput,
+    ImageInput,
+    LearnedPosition,
+    LMHead,
+    Spec,
+    StackSpec,
+    TokensInput,
+)
+
+__all__ = ["check"]
+
+
+def _divisors_near(n: int, target: int, count: int = 2) -> str:
+    divisors = [d for d in range(1, min(n, 4096) + 1) if n % d == 0]
+    best = sorted(divisors, key=lambda d: (abs(d - target), -d))[:count]
+    return " or ".join(str(d) for d in sorted(best))
+
+
+def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    out: list[Problem] = []
+    b = s.block
+    at = f"{role}.block"
+    if b.head_dim is None and s.width % b.heads:
+        out.append(
+            Problem(
+                f"{at}.heads",
+                f"width {s.width} is not divisible by {b.heads} heads",
+                f"use a divisor of {s.width} such as {_divisors_near(s.width, b.heads)}, "
+                "or set block.head_dim",
+            )
+        )
+    if b.kv_heads is not None and b.heads % b.kv_heads:
+        out.append(
+            Problem(
+                f"{at}.kv_heads",
+                f"{b.heads} heads are not divisible by kv_heads={b.kv_heads}",
+                f"use a divisor of {b.heads} such as {_divisors_near(b.heads, b.kv_heads)}",
+            )
+        )
+    if isinstance(s.input, ImageInput):
+        sides = [
+            (size, patch) for size, patch in zip(s.input.size, s.input.patch, strict=True) if size % patch
+        ]
+        for size, patch in dict.fromkeys(sides):  # a square image fails once, not per side
+            out.append(
+                Problem(
+                    f"{role}.input.patch",
+                    f"image size {size} is not divisible by patch {patch}",
+                    f"use a patch size that divides {size}, such as {_divisors_near(size, patch)}",
+                )
+            )
+    for i, layer in enumerate(b.layers):
+        path = f"{at}.layers.{i}"
+        if layer == "cross_attention" and not (role == "decoder" and spec.model == "encoder_decoder"):
+            out.append(
+                Problem(
+                    path,
+                    "cross_attention needs an encoder to attend to",
+                    "cross_attention belongs in the decoder of an encoder_decoder model",
+                )
+            )
+        if layer == "masked_self_attention" and role == "encoder":
+            out.append(
+                Problem(
+                    path,
+                    "an encoder sees the whole input; masked_self_attention has no place in it",
+                    "use self_attention in encoders",
+                )
+            )
+        if layer == "self_attention" and spec.model == "decoder":
+            out.append(
+                Problem(
+                    path,
+                    "a decoder-only model with self_attention sees future tokens",
+                    "use masked_self_attention",
+                )
+            )
+    if spec.model == "encoder_decoder" and role == "decoder" and "cross_attention" not in b.layers:
+        out.append(
+            Problem(
+                f"{at}.layers",
+                "the decoder never reads the encoder",
+                "add cross_attention to the decoder's layers",
+            )
+        )
+
+    pos = s.position
+    pos_at = f"{role}.position"
+    if pos.kind in ("sincos2d", "rope2d") and not isinstance(s.input, ImageInput):
+        out.append(
+            Problem(
+                pos_at,
+                f"{pos.kind} positions need an image input (a 2D grid of patches)",
+                f"use {'sincos' if pos.kind == 'sincos2d' else 'rope'} for {s.input.kind} inputs",
+            )
+        )
+    if pos.kind == "rope" and s.head_dim % 2:
+        out.append(
+            Problem(
+                pos_at,
+                f"rope needs an even head dim, got {s.head_dim}",
+                "pick heads (or head_dim) so that width/heads is even",
+            )
+        )
+    if pos.kind == "rope2d" and s.head_dim % 4:
+        out.append(
+            Problem(
+                pos_at,
+                f"rope2d needs a head dim divisible by 4, got {s.head_dim}",
+                "pick heads (or head_dim) so that width/heads is a multiple of 4",
+            )
+        )
+    if pos.kind == "sincos" and s.width % 2:
+        out.append(
+            Problem(pos_at, f"sincos positions need an even width, got {s.width}", "use an even width")
+        )
+    if pos.kind == "sincos2d" and s.width % 4:
+        out.append(
+            Problem(
+                pos_at,
+                f"sincos2d positions need a width divisible by 4, got {s.width}",
+                "use a width that is a multiple of 4",
+            )
+        )
+    if isinstance(pos, LearnedPosition):
+        if isinstance(s.input, ImageInput):
+            needed = s.input.num_patches + (s.num_prefix if pos.include_prefix else 0)
+            if pos.max_len is not None and pos.max_len != needed:
+                out.append(
+                    Problem(
+                        f"{pos_at}.max_len",
+                        f"the image gives {needed} positions, not {pos.max_len}",
+                        "remove max_len: it is derived from the image and patch sizes",
+                    )
+                )
+        elif pos.max_len is None:
+            out.append(
+                Problem(
+                    f"{pos_at}.max_len",
+                    f"learned positions of a {s.input.kind} input need a max_len",
+                    "set the longest sequence, e.g. max_len: 512",
+                )
+            )
+    if (
+        isinstance(s.input, TokensInput)
+        and s.input.padding_idx is not None
+        and s.input.padding_idx >= s.input.vocab
+    ):
+        out.append(
+            Problem(
+                f"{role}.input.padding_idx",
+                f"padding_idx {s.input.padding_idx} is outside the vocabulary of {s.input.vocab}",
+                f"use an id below {s.input.vocab}",
+            )
+        )
+    if isinstance(s.input, FeaturesInput) and s.input.project is False and s.input.dim != s.width:
+        out.append(
+            Problem(
+                f"{role}.input.project",
+                f"features of dim {s.input.dim} cannot pass through to width {s.width} without a projection",
+                "set project: true, or make dim equal to width",
+            )
+        )
+    return out
+
+
+def check(spec: Spec) -> list[Problem]:
+    """Every cross-field problem of a spec (empty when it is buildable).
+
+    Args:
+        spec: a spec whose fields passed validation.
+    """
+    out: list[Problem] = []
+    needs = {"encoder": ("encoder",), "decoder": ("decoder",), "encoder_decoder": ("encoder", "decoder")}[
+        spec.model
+    ]
+    for role in ("encoder", "decoder"):
+        present = getattr(spec, role) is not None
+        if role in needs and not present:
+            out.append(
+                Problem(
+                    role,
+                    f"a model of kind {spec.model} needs {'an' if role == 'encoder' else 'a'} {role} section",
+                    f"add {role}: with input, position, width, depth and block",
+                )
+            )
+        elif role not in needs and present:
+            out.append(
+                Problem(
+                    role,
+                    f"a model of kind {spec.model} has no {role}",
+                    f"remove the {role} section, or set model: encoder_decoder",
+                )
+            )
+    if out:
+        return out
+    for role, stack in spec.stacks.items():
+        out += _stack(role, stack, spec)
+
+    last = spec.stacks[spec.output_stack]
+    head = spec.head
+    if isinstance(head, ClassifierHead) and head.pool == "cls" and not last.prefix.cls:
+        out.append(
+            Problem(
+                "head.pool",
+                "pool cls needs a class token",
+                f"set {spec.output_stack}.prefix.cls: true, or use pool: mean",
+            )
+        )
+    if isinstance(head, LMHead):
+        if not isinstance(last.input, TokensInput):
+            out.append(
+                Problem(
+                    "head.kind",
+                    f"an lm head needs a token input, and the {spec.output_stack} reads {last.input.kind}",
+                    "use a classifier or none head, or a tokens input",
+                )
+            )
+        elif head.tied and head.vocab is not None and head.vocab != last.input.vocab:
+            out.append(
+                Problem(
+                    "head.vocab",
+                    f"a tied lm head has the embedding's vocab {last.input.vocab}, not {head.vocab}",
+                    "remove head.vocab, or set tied: false",
+                )
+            )
+    if spec.shared_embeddings:
+        enc, dec = spec.encoder, spec.decoder
+        if spec.model != "encoder_decoder" or enc is None or dec is None:
+            out.append(
+                Problem(
+                    "shared_embeddings",
+                    "shared embeddings join an encoder's and a decoder's tokens",
+                    "remove shared_embeddings; for a tied lm head use head.tied",
+                )
+            )
+        elif not (isinstance(enc.input, TokensInput) and isinstance(dec.input, TokensInput)):
+            out.append(
+                Problem(
+                    "shared_embeddings",
+                    "shared embeddings need token inputs on both stacks",
+                    "set shared_embeddings: false",
+                )
+            )
+        elif (enc.input.vocab, enc.width) != (dec.input.vocab, dec.width):
+            out.append(
+                Problem(
+                    "shared_embeddings",
+                    f"encoder embeds {enc.input.vocab}x{enc.width} but decoder {dec.input.vocab}x{dec.width}",
+                    "make vocab and width equal on both stacks, or set shared_embeddings: false",
+                )
+            )
+    return out
