@@ -66,6 +66,41 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sizes(args: argparse.Namespace) -> dict[str, int]:
+    return {
+        k: v for k in ("batch", "seq_len", "src_len", "tgt_len") if (v := getattr(args, k, None)) is not None
+    }
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from specvit.graph import build_graph
+
+    graph = build_graph(_load(args.spec, args.set), **_sizes(args))
+    if args.json:
+        rows = [r.as_dict() for r in graph.summary(expand=args.expand)]
+        data = {
+            "name": graph.name,
+            "dims": graph.dims,
+            "total_params": graph.total_params,
+            "total_flops": graph.total_flops,
+            "rows": rows,
+        }
+        print(json.dumps(data, indent=2))
+    else:
+        print(graph.format_summary(expand=args.expand))
+    return 0
+
+
+def _add_sizes(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
+    g.add_argument("--batch", type=int, default=1, metavar="N", help="batch size B (default 1)")
+    g.add_argument(
+        "--seq-len", type=int, metavar="N", help="sequence length S of token/feature inputs (default 128)"
+    )
+    g.add_argument("--src-len", type=int, metavar="N", help="encoder length S_src of an encoder_decoder")
+    g.add_argument("--tgt-len", type=int, metavar="N", help="decoder length S_tgt of an encoder_decoder")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``specvit`` command."""
     parser = argparse.ArgumentParser(
@@ -84,6 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml)")
     _add_set(p)
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "summary",
+        help="table of modules: path, op, output shape, params, FLOPs",
+        description="Print every module of the model with its output shape, parameter count and FLOPs "
+        "(a multiply-add counts 2), with totals. Identical blocks fold into one row with a count.",
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    _add_sizes(p)
+    p.add_argument("--expand", action="store_true", help="one row per block instead of folding repeats")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_set(p)
+    p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser(
         "schema",

@@ -1,0 +1,552 @@
+"""Lowering: a validated Spec -> an ArchGraph with shapes, parameters and FLOPs on every node.
+
+The only graph module that reads the spec. Parameter and FLOP rules are written once here, per op,
+and follow ``torch.utils.flop_counter.FlopCounterMode``: matmuls and convolutions count
+2 x multiply-adds; element-wise work (norms, activations, adds, softmax) counts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+
+from specvit.errors import Problem, SpecError
+from specvit.graph.ir import ArchGraph, Dim, Shape
+from specvit.spec.schema import (
+    MAX_LEN,
+    ClassifierHead,
+    FeaturesInput,
+    ImageInput,
+    LearnedPosition,
+    LMHead,
+    Spec,
+    StackSpec,
+    TokensInput,
+)
+
+__all__ = ["DEFAULT_SEQ_LEN", "build_graph"]
+
+DEFAULT_SEQ_LEN = 128
+
+_SUBLAYER_MODULE = {
+    "self_attention": "attn",
+    "masked_self_attention": "attn",
+    "cross_attention": "cross_attn",
+    "mlp": "mlp",
+}
+
+
+def norm_params(kind: str, dim: int, bias: bool) -> int:
+    """Parameters of a norm over ``dim`` features."""
+    return dim * (2 if kind == "layernorm" and bias else 1)
+
+
+def linear_flops(tokens: int, d_in: int, d_out: int) -> int:
+    return 2 * tokens * d_in * d_out
+
+
+class _Lowering:
+    def __init__(self, spec: Spec, dims: dict[str, int]):
+        self.spec = spec
+        self.dims = dims
+        self.g = nx.DiGraph()
+
+    def size(self, d: Dim) -> int:
+        return d if isinstance(d, int) else self.dims[d]
+
+    def numel(self, shape: Shape) -> int:
+        """Product of all dims but the last: the number of vectors a per-token layer sees."""
+        out = 1
+        for d in shape[:-1]:
+            out *= self.size(d)
+        return out
+
+    def add(
+        self,
+        path: str,
+        op: str,
+        *,
+        shape: Shape,
+        srcs: dict[str, str] | None = None,
+        expects: dict[str, Shape] | None = None,
+        params: int = 0,
+        flops: int = 0,
+        module: bool = True,
+        hparams: dict[str, Any] | None = None,
+        source: str = "",
+        block: str | None = None,
+        stack: str = "",
+    ) -> str:
+        srcs = srcs or {}
+        location = self.spec.locate(source) if source else None
+        self.g.add_node(
+            path,
+            op=op,
+            module=module,
+            hparams=hparams or {},
+            shape=shape,
+            inputs=expects if expects is not None else {p: self.g.nodes[s]["shape"] for p, s in srcs.items()},
+            params=params,
+            flops=flops,
+            source=str(location) if location else "",
+            spec_key=source,
+            block=block,
+            stack=stack,
+        )
+        for port, src in srcs.items():
+            self.g.add_edge(src, path, port=port)
+        return path
+
+    # -- one stack ------------------------------------------------------------------------------
+
+    def stack(self, role: str, s: StackSpec, seq: Dim, memory: tuple[str, Dim, int] | None) -> str:
+        B, D = "B", s.width
+        b = s.block
+        norm_kind, eps, nbias = b.norm.kind, b.norm.eps, b.norm.bias
+        common = {"stack": role}
+
+        def norm(path: str, x: str, source: str, block: str | None = None) -> str:
+            shape = self.g.nodes[x]["shape"]
+            return self.add(
+                path,
+                norm_kind,
+                shape=shape,
+                srcs={"x": x},
+                expects={"x": (*shape[:-1], D)},
+                params=norm_params(norm_kind, D, nbias),
+                hparams={"dim": D, "eps": eps, "bias": nbias},
+                source=source,
+                block=block,
+                **common,
+            )
+
+        inp = s.input
+        # -- input and embedding
+        if isinstance(inp, ImageInput):
+            (h, w), (ph, pw), c = inp.size, inp.patch, inp.channels
+            x = self.add(
+                f"{role}.input",
+                "input",
+                shape=(B, c, h, w),
+                module=False,
+                hparams={"kind": "image", "size": [h, w], "channels": c},
+                source=f"{role}.input",
+                **common,
+            )
+            n: Dim = inp.num_patches
+            x = self.add(
+                f"{role}.patch_embed",
+                "patch_embed",
+                shape=(B, n, D),
+                srcs={"x": x},
+                expects={"x": (B, c, h, w)},
+                params=c * ph * pw * D + D * inp.bias,
+                flops=linear_flops(self.size(B) * inp.num_patches, c * ph * pw, D),
+                hparams={
+                    "patch": [ph, pw],
+                    "grid": list(inp.grid),
+                    "channels": c,
+                    "dim": D,
+                    "projection": inp.projection,
+                    "bias": inp.bias,
+                },
+                source=f"{role}.input",
+                **common,
+            )
+        elif isinstance(inp, TokensInput):
+            x = self.add(
+                f"{role}.input",
+                "input",
+                shape=(B, seq),
+                module=False,
+                hparams={"kind": "tokens", "vocab": inp.vocab},
+                source=f"{role}.input",
+                **common,
+            )
+            shared = role == "decoder" and self.spec.shared_embeddings
+            x = self.add(
+                f"{role}.tok_embed",
+                "token_embed",
+                shape=(B, seq, D),
+                srcs={"x": x},
+                params=0 if shared else inp.vocab * D,
+                hparams={
+                    "vocab": inp.vocab,
+                    "dim": D,
+                    "scale": inp.scale,
+                    "padding_idx": inp.padding_idx,
+                    "shared_with": "encoder.tok_embed" if shared else None,
+                },
+                source=f"{role}.input",
+                **common,
+            )
+            if inp.type_vocab:
+                x = self.add(
+                    f"{role}.type_embed",
+                    "type_embed",
+                    shape=(B, seq, D),
+                    srcs={"x": x},
+                    params=inp.type_vocab * D,
+                    hparams={"type_vocab": inp.type_vocab, "dim": D},
+                    source=f"{role}.input.type_vocab",
+                    **common,
+                )
+            n = seq
+        else:
+            assert isinstance(inp, FeaturesInput)
+            x = self.add(
+                f"{role}.input",
+                "input",
+                shape=(B, seq, inp.dim),
+                module=False,
+                hparams={"kind": "features", "dim": inp.dim},
+                source=f"{role}.input",
+                **common,
+            )
+            project = inp.project if inp.project is not None else inp.dim != D
+            if project:
+                x = self.add(
+                    f"{role}.feat_proj",
+                    "linear",
+                    shape=(B, seq, D),
+                    srcs={"x": x},
+                    expects={"x": (B, seq, inp.dim)},
+                    params=inp.dim * D + D,
+                    flops=linear_flops(self.numel((B, seq, D)), inp.dim, D),
+                    hparams={"in": inp.dim, "out": D, "bias": True},
+                    source=f"{role}.input",
+                    **common,
+                )
+            n = seq
+
+        # -- prefix tokens and positions (learned tables either side of the prefix, as configured)
+        pos = s.position
+        P = s.num_prefix
+        before_prefix = (
+            isinstance(pos, LearnedPosition) and not pos.include_prefix
+        ) or pos.kind == "sincos2d"
+
+        def positions(x: str, tokens: Dim) -> str:
+            shape = self.g.nodes[x]["shape"]
+            hp: dict[str, Any] = {"kind": pos.kind, "dim": D}
+            params = 0
+            if isinstance(pos, LearnedPosition):
+                length = pos.max_len if pos.max_len is not None else self.size(tokens)
+                hp["max_len"] = length
+                params = length * D
+            else:
+                hp["base"] = getattr(pos, "base", None)
+                if pos.kind == "sincos2d":
+                    assert isinstance(inp, ImageInput)
+                    hp["grid"] = list(inp.grid)
+            return self.add(
+                f"{role}.pos_embed",
+                f"pos_{pos.kind}",
+                shape=shape,
+                srcs={"x": x},
+                params=params,
+                hparams=hp,
+                source=f"{role}.position",
+                **common,
+            )
+
+        has_table = pos.kind in ("learned", "sincos", "sincos2d")
+        if has_table and before_prefix:
+            x = positions(x, n)
+        if P:
+            n = n + P if isinstance(n, int) else n
+            if not isinstance(n, int):
+                n = f"{n}+{P}"
+                self.dims.setdefault(n, self.dims[str(seq)] + P)
+            x = self.add(
+                f"{role}.prefix",
+                "prefix",
+                shape=(B, n, D),
+                srcs={"x": x},
+                params=P * D,
+                hparams={"cls": s.prefix.cls, "registers": s.prefix.registers, "dim": D},
+                source=f"{role}.prefix",
+                **common,
+            )
+        if has_table and not before_prefix:
+            x = positions(x, n)
+        if s.embed_norm:
+            x = norm(f"{role}.embed_norm", x, f"{role}.embed_norm")
+
+        # -- blocks
+        H, Hkv, hd = b.heads, s.kv_heads, s.head_dim
+        tokens = self.numel((B, n, D))
+        rope = (
+            {"kind": pos.kind, "base": getattr(pos, "base", None)} if pos.kind in ("rope", "rope2d") else None
+        )
+        qk = {"qk_norm": norm_kind if b.qk_norm else None}
+        qk_params = 2 * norm_params(norm_kind, hd, nbias) if b.qk_norm else 0
+        attn_hp = {
+            "dim": D,
+            "heads": H,
+            "kv_heads": Hkv,
+            "head_dim": hd,
+            "qkv_bias": b.qkv_bias,
+            "proj_bias": b.proj_bias,
+            "eps": eps,
+            "attn_drop": s.dropout.attention,
+            "proj_drop": s.dropout.projection,
+            **qk,
+        }
+        names = [_SUBLAYER_MODULE[layer] for layer in b.layers]
+        names = [f"{nm}{k + 1}" if names.count(nm) > 1 else nm for k, nm in enumerate(names)]
+        mlp_hidden = s.mlp_hidden
+        glu = b.mlp.activation in ("swiglu", "geglu")
+        fc1_out = 2 * mlp_hidden if glu else mlp_hidden
+        for i in range(s.depth):
+            blk = f"{role}.blocks.{i}"
+            dp = s.drop_path * i / (s.depth - 1) if s.depth > 1 else 0.0
+            for k, (layer, name) in enumerate(zip(b.layers, names, strict=True), start=1):
+                src_key = f"{role}.block.layers.{k - 1}"
+                residual = x
+                h = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk) if b.norm.placement == "pre" else x
+                if layer in ("self_attention", "masked_self_attention"):
+                    causal = layer == "masked_self_attention"
+                    h = self.add(
+                        f"{blk}.{name}",
+                        layer,
+                        shape=(B, n, D),
+                        srcs={"x": h},
+                        expects={"x": (B, n, D)},
+                        params=D * (H + 2 * Hkv) * hd
+                        + (H + 2 * Hkv) * hd * b.qkv_bias
+                        + H * hd * D
+                        + D * b.proj_bias
+                        + qk_params,
+                        flops=linear_flops(tokens, D, (H + 2 * Hkv) * hd)
+                        + 4 * self.size(B) * H * self.size(n) ** 2 * hd
+                        + linear_flops(tokens, H * hd, D),
+                        hparams={**attn_hp, "causal": causal, "rope": rope},
+                        source=src_key,
+                        block=blk,
+                        **common,
+                    )
+                elif layer == "cross_attention":
+                    assert memory is not None
+                    mem_node, m, dm = memory
+                    mem_tokens = self.size("B") * self.size(m)
+                    h = self.add(
+                        f"{blk}.{name}",
+                        layer,
+                        shape=(B, n, D),
+                        srcs={"x": h, "memory": mem_node},
+                        expects={"x": (B, n, D), "memory": (B, m, dm)},
+                        params=D * H * hd
+                        + H * hd * b.qkv_bias
+                        + dm * 2 * Hkv * hd
+                        + 2 * Hkv * hd * b.qkv_bias
+                        + H * hd * D
+                        + D * b.proj_bias
+                        + qk_params,
+                        flops=linear_flops(tokens, D, H * hd)
+                        + linear_flops(mem_tokens, dm, 2 * Hkv * hd)
+                        + 4 * self.size(B) * H * self.size(n) * self.size(m) * hd
+                        + linear_flops(tokens, H * hd, D),
+                        hparams={**attn_hp, "memory_dim": dm},
+                        source=src_key,
+                        block=blk,
+                        **common,
+                    )
+                else:
+                    h = self.add(
+                        f"{blk}.{name}",
+                        "mlp",
+                        shape=(B, n, D),
+                        srcs={"x": h},
+                        expects={"x": (B, n, D)},
+                        params=D * fc1_out + fc1_out * b.mlp.bias + mlp_hidden * D + D * b.mlp.bias,
+                        flops=linear_flops(tokens, D, fc1_out) + linear_flops(tokens, mlp_hidden, D),
+                        hparams={
+                            "dim": D,
+                            "hidden": mlp_hidden,
+                            "activation": b.mlp.activation,
+                            "bias": b.mlp.bias,
+                            "dropout": s.dropout.mlp,
+                        },
+                        source=f"{role}.block.mlp",
+                        block=blk,
+                        **common,
+                    )
+                if b.layer_scale is not None:
+                    h = self.add(
+                        f"{blk}.ls{k}",
+                        "layer_scale",
+                        shape=(B, n, D),
+                        srcs={"x": h},
+                        params=D,
+                        hparams={"dim": D, "init": b.layer_scale},
+                        source=f"{role}.block.layer_scale",
+                        block=blk,
+                        **common,
+                    )
+                x = self.add(
+                    f"{blk}.add{k}",
+                    "add",
+                    shape=(B, n, D),
+                    srcs={"x": residual, "branch": h},
+                    module=False,
+                    hparams={"drop_path": round(dp, 6)},
+                    source=src_key,
+                    block=blk,
+                    **common,
+                )
+                if b.norm.placement == "post":
+                    x = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk)
+        if s.final_norm:
+            x = norm(f"{role}.norm", x, f"{role}.final_norm")
+        return x
+
+    # -- whole model ----------------------------------------------------------------------------
+
+    def model(self) -> None:
+        spec = self.spec
+        memory: tuple[str, Dim, int] | None = None
+        x = ""
+        for role, stack in spec.stacks.items():
+            seq: Dim = stack.num_tokens or (
+                "S" if spec.model != "encoder_decoder" else ("S_src" if role == "encoder" else "S_tgt")
+            )
+            x = self.stack(role, stack, seq, memory)
+            if role == "encoder":
+                memory = (x, self.g.nodes[x]["shape"][1], stack.width)
+        last = spec.stacks[spec.output_stack]
+        head = spec.head
+        B, D = "B", last.width
+        shape = self.g.nodes[x]["shape"]
+        if isinstance(head, ClassifierHead):
+            x = self.add(
+                "head.pool",
+                "pool",
+                shape=(B, D),
+                srcs={"x": x},
+                module=False,
+                hparams={"pool": head.pool, "num_prefix": last.num_prefix},
+                source="head.pool",
+                stack="head",
+            )
+            if head.norm:
+                x = self.add(
+                    "head.norm",
+                    last.block.norm.kind,
+                    shape=(B, D),
+                    srcs={"x": x},
+                    params=norm_params(last.block.norm.kind, D, last.block.norm.bias),
+                    hparams={"dim": D, "eps": last.block.norm.eps, "bias": last.block.norm.bias},
+                    source="head.norm",
+                    stack="head",
+                )
+            x = self.add(
+                "head.fc",
+                "linear",
+                shape=(B, head.classes),
+                srcs={"x": x},
+                expects={"x": (B, D)},
+                params=D * head.classes + head.classes * head.bias,
+                flops=linear_flops(self.size(B), D, head.classes),
+                hparams={"in": D, "out": head.classes, "bias": head.bias, "dropout": head.dropout},
+                source="head",
+                stack="head",
+            )
+        elif isinstance(head, LMHead):
+            assert isinstance(last.input, TokensInput)
+            vocab = head.vocab or last.input.vocab
+            owner = "encoder" if spec.shared_embeddings else spec.output_stack
+            x = self.add(
+                "head.fc",
+                "linear",
+                shape=(*shape[:-1], vocab),
+                srcs={"x": x},
+                expects={"x": shape},
+                params=(0 if head.tied else D * vocab) + vocab * head.bias,
+                flops=linear_flops(self.numel(shape), D, vocab),
+                hparams={
+                    "in": D,
+                    "out": vocab,
+                    "bias": head.bias,
+                    "tied_to": f"{owner}.tok_embed" if head.tied else None,
+                },
+                source="head",
+                stack="head",
+            )
+        self.add(
+            "output",
+            "output",
+            shape=self.g.nodes[x]["shape"],
+            srcs={"x": x},
+            module=False,
+            stack="head",
+            hparams={"model": spec.model},
+        )
+
+
+def _check_sizes(spec: Spec, dims: dict[str, int]) -> None:
+    problems = [
+        Problem(name, f"{name}={value} is out of range", f"use 1 <= {name} <= {MAX_LEN}")
+        for name, value in dims.items()
+        if not 1 <= value <= MAX_LEN
+    ]
+    for role, stack in spec.stacks.items():
+        pos = stack.position
+        if isinstance(pos, LearnedPosition) and pos.max_len is not None and stack.num_tokens is None:
+            symbol = "S" if "S" in dims else ("S_src" if role == "encoder" else "S_tgt")
+            needed = dims[symbol] + (stack.num_prefix if pos.include_prefix else 0)
+            if needed > pos.max_len:
+                problems.append(
+                    Problem(
+                        f"{role}.position.max_len",
+                        f"{symbol}={dims[symbol]} is longer than the {pos.max_len} learned positions",
+                        f"use {symbol} <= {pos.max_len - needed + dims[symbol]}, or raise max_len",
+                        spec.locate(f"{role}.position.max_len"),
+                    )
+                )
+    if problems:
+        raise SpecError(problems)
+
+
+def build_graph(
+    spec: Spec,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    tgt_len: int | None = None,
+) -> ArchGraph:
+    """Lower a spec into its architecture graph, with FLOPs counted at the given sizes.
+
+    Args:
+        spec: a validated spec.
+        batch: the batch size ``B`` FLOPs are counted at.
+        seq_len: the sequence length ``S`` of a token or features input (encoder-only or decoder-only).
+        src_len: the encoder's length ``S_src`` in an encoder-decoder.
+        tgt_len: the decoder's length ``S_tgt`` in an encoder-decoder.
+
+    Returns:
+        The graph; ``graph.dims`` holds the sizes used. Image inputs fix their own token counts.
+    """
+    from specvit.graph.verify import verify
+
+    def default(stack: StackSpec | None) -> int:
+        pos = stack.position if stack is not None else None
+        if isinstance(pos, LearnedPosition) and pos.max_len is not None:
+            return min(pos.max_len, DEFAULT_SEQ_LEN)
+        return DEFAULT_SEQ_LEN
+
+    dims = {"B": batch}
+    if spec.model == "encoder_decoder":
+        dims["S_src"] = src_len or seq_len or default(spec.encoder)
+        dims["S_tgt"] = tgt_len or seq_len or default(spec.decoder)
+    else:
+        dims["S"] = seq_len or default(spec.stacks[spec.output_stack])
+    _check_sizes(spec, dims)
+    lowering = _Lowering(spec, dims)
+    lowering.model()
+    used = {d for _, shape in lowering.g.nodes(data="shape") for d in shape if isinstance(d, str)}
+    graph = ArchGraph(spec, lowering.g, {k: v for k, v in lowering.dims.items() if k in used})
+    verify(graph)
+    return graph
