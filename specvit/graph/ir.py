@@ -77,7 +77,7 @@ class ArchGraph:
         return path in self.nx
 
     def __getitem__(self, path: str) -> dict[str, Any]:
-        return self.nx.nodes[path]  # type: ignore[no-any-return]
+        return self.nx.nodes[path]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.nx.nodes)

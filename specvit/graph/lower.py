@@ -104,7 +104,6 @@ class _Lowering:
         B, D = "B", s.width
         b = s.block
         norm_kind, eps, nbias = b.norm.kind, b.norm.eps, b.norm.bias
-        common = {"stack": role}
 
         def norm(path: str, x: str, source: str, block: str | None = None) -> str:
             shape = self.g.nodes[x]["shape"]
@@ -118,21 +117,21 @@ class _Lowering:
                 hparams={"dim": D, "eps": eps, "bias": nbias},
                 source=source,
                 block=block,
-                **common,
+                stack=role,
             )
 
         inp = s.input
         # -- input and embedding
         if isinstance(inp, ImageInput):
-            (h, w), (ph, pw), c = inp.size, inp.patch, inp.channels
+            (ih, iw), (ph, pw), c = inp.size, inp.patch, inp.channels
             x = self.add(
                 f"{role}.input",
                 "input",
-                shape=(B, c, h, w),
+                shape=(B, c, ih, iw),
                 module=False,
-                hparams={"kind": "image", "size": [h, w], "channels": c},
+                hparams={"kind": "image", "size": [ih, iw], "channels": c},
                 source=f"{role}.input",
-                **common,
+                stack=role,
             )
             n: Dim = inp.num_patches
             x = self.add(
@@ -140,7 +139,7 @@ class _Lowering:
                 "patch_embed",
                 shape=(B, n, D),
                 srcs={"x": x},
-                expects={"x": (B, c, h, w)},
+                expects={"x": (B, c, ih, iw)},
                 params=c * ph * pw * D + D * inp.bias,
                 flops=linear_flops(self.size(B) * inp.num_patches, c * ph * pw, D),
                 hparams={
@@ -152,7 +151,7 @@ class _Lowering:
                     "bias": inp.bias,
                 },
                 source=f"{role}.input",
-                **common,
+                stack=role,
             )
         elif isinstance(inp, TokensInput):
             x = self.add(
@@ -162,7 +161,7 @@ class _Lowering:
                 module=False,
                 hparams={"kind": "tokens", "vocab": inp.vocab},
                 source=f"{role}.input",
-                **common,
+                stack=role,
             )
             shared = role == "decoder" and self.spec.shared_embeddings
             x = self.add(
@@ -179,7 +178,7 @@ class _Lowering:
                     "shared_with": "encoder.tok_embed" if shared else None,
                 },
                 source=f"{role}.input",
-                **common,
+                stack=role,
             )
             if inp.type_vocab:
                 x = self.add(
@@ -190,7 +189,7 @@ class _Lowering:
                     params=inp.type_vocab * D,
                     hparams={"type_vocab": inp.type_vocab, "dim": D},
                     source=f"{role}.input.type_vocab",
-                    **common,
+                    stack=role,
                 )
             n = seq
         else:
@@ -202,7 +201,7 @@ class _Lowering:
                 module=False,
                 hparams={"kind": "features", "dim": inp.dim},
                 source=f"{role}.input",
-                **common,
+                stack=role,
             )
             project = inp.project if inp.project is not None else inp.dim != D
             if project:
@@ -216,7 +215,7 @@ class _Lowering:
                     flops=linear_flops(self.numel((B, seq, D)), inp.dim, D),
                     hparams={"in": inp.dim, "out": D, "bias": True},
                     source=f"{role}.input",
-                    **common,
+                    stack=role,
                 )
             n = seq
 
@@ -248,7 +247,7 @@ class _Lowering:
                 params=params,
                 hparams=hp,
                 source=f"{role}.position",
-                **common,
+                stack=role,
             )
 
         has_table = pos.kind in ("learned", "sincos", "sincos2d")
@@ -267,7 +266,7 @@ class _Lowering:
                 params=P * D,
                 hparams={"cls": s.prefix.cls, "registers": s.prefix.registers, "dim": D},
                 source=f"{role}.prefix",
-                **common,
+                stack=role,
             )
         if has_table and not before_prefix:
             x = positions(x, n)
@@ -325,7 +324,7 @@ class _Lowering:
                         hparams={**attn_hp, "causal": causal, "rope": rope},
                         source=src_key,
                         block=blk,
-                        **common,
+                        stack=role,
                     )
                 elif layer == "cross_attention":
                     assert memory is not None
@@ -351,7 +350,7 @@ class _Lowering:
                         hparams={**attn_hp, "memory_dim": dm},
                         source=src_key,
                         block=blk,
-                        **common,
+                        stack=role,
                     )
                 else:
                     h = self.add(
@@ -371,7 +370,7 @@ class _Lowering:
                         },
                         source=f"{role}.block.mlp",
                         block=blk,
-                        **common,
+                        stack=role,
                     )
                 if b.layer_scale is not None:
                     h = self.add(
@@ -383,7 +382,7 @@ class _Lowering:
                         hparams={"dim": D, "init": b.layer_scale},
                         source=f"{role}.block.layer_scale",
                         block=blk,
-                        **common,
+                        stack=role,
                     )
                 x = self.add(
                     f"{blk}.add{k}",
@@ -394,7 +393,7 @@ class _Lowering:
                     hparams={"drop_path": round(dp, 6)},
                     source=src_key,
                     block=blk,
-                    **common,
+                    stack=role,
                 )
                 if b.norm.placement == "post":
                     x = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk)
