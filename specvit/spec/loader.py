@@ -26,7 +26,7 @@ __all__ = ["SourceMap", "dump_yaml", "load_spec", "parse_overrides", "parse_spec
 
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML; anything larger is refused before parsing
 MAX_NESTING = 64
-MAX_VALUES = 100_000  # values after alias expansion: bounds "billion laughs" documents
+MAX_VALUES = 10_000  # values after alias expansion (a spec has ~100): bounds "billion laughs" documents
 
 KeyPath = tuple[str | int, ...]
 

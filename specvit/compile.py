@@ -1,0 +1,218 @@
+"""The compiler: ArchGraph -> torch ``nn.Module``, one builder per op kind, and the family inits.
+
+The compiler reads the graph, not the spec: each module node's ``op`` and ``hparams`` choose and
+configure its module. Every model is built on the meta device and then materialised and initialised
+by :func:`init_weights`, so that a normal build and a meta-device build followed by ``to_empty()`` and
+``init_weights()`` give the same weights under the same seed, and no default init is paid for twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from specvit.graph.ir import ArchGraph
+from specvit.model import MODEL_CLASSES, SharedEmbedding, SpecModel, TiedLinear
+from specvit.nn import (
+    CrossAttention,
+    LayerScale,
+    LearnedPosition,
+    PatchEmbed,
+    PrefixTokens,
+    SelfAttention,
+    SinCos2dPosition,
+    SinCosPosition,
+    TokenEmbed,
+    build_mlp,
+)
+from specvit.spec.schema import Spec
+
+__all__ = ["BUILDERS", "build_model", "init_weights"]
+
+Attrs = dict[str, Any]
+BuilderFn = Callable[[Attrs, dict[str, nn.Module], Any], nn.Module]
+
+
+def _attention(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
+    hp = a["hparams"]
+    common = dict(
+        num_kv_heads=hp["kv_heads"],
+        head_dim=hp["head_dim"],
+        qkv_bias=hp["qkv_bias"],
+        proj_bias=hp["proj_bias"],
+        qk_norm=hp["qk_norm"],
+        norm_eps=hp["eps"],
+        attn_drop=hp["attn_drop"],
+        proj_drop=hp["proj_drop"],
+        **f,
+    )
+    if a["op"] == "cross_attention":
+        return CrossAttention(hp["dim"], hp["heads"], memory_dim=hp["memory_dim"], **common)
+    return SelfAttention(hp["dim"], hp["heads"], causal=hp["causal"], **common)
+
+
+def _token_embed(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
+    hp = a["hparams"]
+    if hp["shared_with"]:
+        return SharedEmbedding(built[hp["shared_with"]])  # type: ignore[arg-type]
+    return TokenEmbed(hp["vocab"], hp["dim"], padding_idx=hp["padding_idx"], scale=hp["scale"], **f)
+
+
+def _linear(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
+    hp = a["hparams"]
+    if hp.get("tied_to"):
+        return TiedLinear(built[hp["tied_to"]], bias=hp["bias"], **f)  # type: ignore[arg-type]
+    return nn.Linear(hp["in"], hp["out"], bias=hp["bias"], **f)
+
+
+def _patch_embed(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
+    hp = a["hparams"]
+    (gh, gw), (ph, pw) = hp["grid"], hp["patch"]
+    return PatchEmbed(
+        (gh * ph, gw * pw),
+        (ph, pw),
+        hp["channels"],
+        hp["dim"],
+        projection=hp["projection"],
+        bias=hp["bias"],
+        **f,
+    )
+
+
+BUILDERS: dict[str, BuilderFn] = {
+    "patch_embed": _patch_embed,
+    "token_embed": _token_embed,
+    "type_embed": lambda a, b, f: nn.Embedding(a["hparams"]["type_vocab"], a["hparams"]["dim"], **f),
+    "linear": _linear,
+    "prefix": lambda a, b, f: PrefixTokens(
+        a["hparams"]["dim"], a["hparams"]["cls"], a["hparams"]["registers"], **f
+    ),
+    "pos_learned": lambda a, b, f: LearnedPosition(a["hparams"]["max_len"], a["hparams"]["dim"], **f),
+    "pos_sincos": lambda a, b, f: SinCosPosition(a["hparams"]["dim"], a["hparams"]["base"]),
+    "pos_sincos2d": lambda a, b, f: SinCos2dPosition(
+        a["hparams"]["dim"], tuple(a["hparams"]["grid"]), a["hparams"]["base"]
+    ),
+    "layernorm": lambda a, b, f: nn.LayerNorm(
+        a["hparams"]["dim"], eps=a["hparams"]["eps"], bias=a["hparams"]["bias"], **f
+    ),
+    "rmsnorm": lambda a, b, f: nn.RMSNorm(a["hparams"]["dim"], eps=a["hparams"]["eps"], **f),
+    "self_attention": _attention,
+    "masked_self_attention": _attention,
+    "cross_attention": _attention,
+    "mlp": lambda a, b, f: build_mlp(
+        a["hparams"]["dim"],
+        a["hparams"]["hidden"],
+        a["hparams"]["activation"],
+        bias=a["hparams"]["bias"],
+        dropout=a["hparams"]["dropout"],
+        **f,
+    ),
+    "layer_scale": lambda a, b, f: LayerScale(a["hparams"]["dim"], a["hparams"]["init"], **f),
+}
+
+
+def _compile(graph: ArchGraph, dtype: torch.dtype | None) -> SpecModel:
+    built: dict[str, nn.Module] = {}
+    factory = {"dtype": dtype}
+
+    def build(path: str) -> nn.Module:
+        module = BUILDERS[graph[path]["op"]](graph[path], built, factory)
+        built[path] = module
+        return module
+
+    return MODEL_CLASSES[graph.spec.model](graph, build)
+
+
+def init_weights(model: nn.Module, kind: str) -> None:
+    """Initialise every parameter of ``model`` by a family convention, in module order.
+
+    Args:
+        model: a compiled model (or any module tree of specvit parts).
+        kind: ``vit`` (timm/HF ViT: trunc-normal 0.02 weights, zero biases, 1e-6 class token, zero
+            classifier), ``xavier`` (torch.nn.Transformer: xavier-uniform matrices, zero biases) or
+            ``normal`` (BERT/GPT-2: N(0, 0.02) weights and embeddings, zero biases).
+    """
+
+    def matrix(w: torch.Tensor) -> None:
+        if kind == "xavier":
+            nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        elif kind == "vit":
+            nn.init.trunc_normal_(w, std=0.02)
+        else:
+            nn.init.normal_(w, std=0.02)
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear | nn.Conv2d):
+                matrix(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                matrix(m.weight)
+                if m.padding_idx is not None:
+                    m.weight[m.padding_idx].zero_()
+            elif isinstance(m, nn.LayerNorm | nn.RMSNorm | LayerScale):
+                m.reset_parameters()
+            elif isinstance(m, LearnedPosition):
+                (nn.init.trunc_normal_ if kind == "vit" else nn.init.normal_)(m.weight, std=0.02)
+            elif isinstance(m, PrefixTokens):
+                for p in m.parameters(recurse=False):
+                    nn.init.normal_(p, std=1e-6 if kind == "vit" else 0.02)
+            elif isinstance(m, TiedLinear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        head = getattr(model, "head", None)
+        if kind == "vit" and head is not None and isinstance(getattr(head, "fc", None), nn.Linear):
+            nn.init.zeros_(head.fc.weight)
+            if head.fc.bias is not None:
+                nn.init.zeros_(head.fc.bias)
+
+
+def _resolve(
+    source: Spec | ArchGraph | str | os.PathLike[str], overrides: Mapping[str, Any] | None
+) -> ArchGraph:
+    from specvit.graph import build_graph
+    from specvit.spec import load_spec, parse_spec
+
+    if isinstance(source, ArchGraph):
+        if overrides:
+            raise ValueError("overrides apply to specs; lower the overridden spec into a new graph instead")
+        return source
+    if isinstance(source, Spec):
+        spec = (
+            parse_spec(source.model_dump(), source=source.name, overrides=overrides) if overrides else source
+        )
+    else:
+        spec = load_spec(source, overrides=overrides)
+    return build_graph(spec)
+
+
+def build_model(
+    source: Spec | ArchGraph | str | os.PathLike[str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SpecModel:
+    """Compile a spec (or its graph, or a spec file) into a PyTorch model.
+
+    Args:
+        source: a Spec, an ArchGraph, or the path of a spec file.
+        device: where the weights live; ``"meta"`` builds without allocating (then ``to_empty()`` and
+            ``init_weights()``). Default: CPU.
+        dtype: parameter dtype (default: torch's default dtype).
+        overrides: dotted-key overrides for a spec or spec file, e.g. ``{"encoder.depth": 2}``.
+
+    Returns:
+        An :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`, in train mode like
+        any fresh ``nn.Module``.
+    """
+    graph = _resolve(source, overrides)
+    with torch.device("meta"):
+        model = _compile(graph, dtype)
+    if torch.device(device or "cpu").type != "meta":
+        model.to_empty(device=device or "cpu")
+        model.init_weights()
+    return model

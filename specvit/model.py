@@ -1,0 +1,554 @@
+"""Compiled models: stacks, blocks and heads assembled from an ArchGraph, plus generation.
+
+Module paths are the graph's node paths (``encoder.blocks.0.attn``), so state_dict keys read like
+timm's (``encoder.blocks.0.attn.qkv.weight``). A block runs its own graph nodes in order, reading
+which tensor feeds which from the graph's edges: pre-norm and post-norm blocks differ here exactly as
+they differ in the diagram.
+
+Dim legend: B batch, N tokens (incl. prefix), S input tokens, P prefix tokens, D width, V vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specvit.nn import (
+    CrossKVCache,
+    DropPath,
+    KVCache,
+    LearnedPosition,
+    Pool,
+    Rope,
+    Rope2d,
+    SinCosPosition,
+    TokenEmbed,
+)
+
+if TYPE_CHECKING:
+    from specvit.graph.ir import ArchGraph
+    from specvit.spec.schema import Spec
+
+__all__ = [
+    "Block",
+    "ClassifierHead",
+    "DecoderModel",
+    "EncoderDecoderModel",
+    "EncoderModel",
+    "LMHead",
+    "SharedEmbedding",
+    "SpecModel",
+    "Stack",
+    "TiedLinear",
+]
+
+Builder = Callable[[str], nn.Module]  # node path -> its module
+LayerCache = dict[str, KVCache | CrossKVCache]
+
+_ATTENTION = ("self_attention", "masked_self_attention")
+
+
+class SharedEmbedding(nn.Module):
+    """Looks tokens up in another stack's embedding (shared encoder/decoder embeddings); owns no parameters.
+
+    Args:
+        source: the embedding that owns the weight.
+    """
+
+    def __init__(self, source: TokenEmbed):
+        super().__init__()
+        self._source = (source,)  # a tuple, so the source is not registered twice
+
+    @property
+    def source(self) -> TokenEmbed:
+        return self._source[0]
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.source(tokens)  # (B, S, D)
+
+
+class TiedLinear(nn.Module):
+    """Output layer sharing the token embedding's weight: ``x @ E^T (+ bias)``.
+
+    Args:
+        source: the token embedding, (V, D).
+        bias: add a learned (V,) bias.
+    """
+
+    def __init__(self, source: TokenEmbed, bias: bool = False, device: Any = None, dtype: Any = None):
+        super().__init__()
+        self._source = (source,)
+        vocab = source.num_embeddings
+        self.bias = nn.Parameter(torch.zeros(vocab, device=device, dtype=dtype)) if bias else None
+
+    @property
+    def weight(self) -> Tensor:
+        return self._source[0].weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)  # (B, S, V)
+
+
+class Block(nn.Module):
+    """One residual block: the graph's nodes of ``blocks.i``, run in graph order.
+
+    Args:
+        steps: ``(name, op, {port: source name})`` per node, in execution order; the block's input is ``"in"``.
+        modules: the module of each step that has one (norms, attention, MLP, layer scale).
+        drop_path: stochastic-depth rate applied to every residual branch of this block.
+    """
+
+    def __init__(
+        self, steps: list[tuple[str, str, dict[str, str]]], modules: dict[str, nn.Module], drop_path: float
+    ):
+        super().__init__()
+        self.steps = steps
+        for name, module in modules.items():
+            self.add_module(name, module)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        memory: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        values = {"in": x}
+        out = x
+        for name, op, srcs in self.steps:
+            h = values[srcs["x"]]
+            if op == "add":
+                out = h + self.drop_path(values[srcs["branch"]])
+            elif op in _ATTENTION:
+                kv = cache.get(name) if cache is not None else None
+                out = self._modules[name](h, key_padding_mask, rope, kv)  # type: ignore[misc]
+            elif op == "cross_attention":
+                kv = cache.get(name) if cache is not None else None
+                assert memory is not None or kv is not None, "cross-attention needs the encoder's memory"
+                out = self._modules[name](h, memory, memory_padding_mask, kv)  # type: ignore[misc]
+            else:
+                out = self._modules[name](h)  # type: ignore[misc]
+            values[name] = out
+        return out
+
+    def new_cache(self) -> LayerCache:
+        """Empty KV caches for this block's attention layers."""
+        return {
+            name: (CrossKVCache() if op == "cross_attention" else KVCache())
+            for name, op, _ in self.steps
+            if op in (*_ATTENTION, "cross_attention")
+        }
+
+
+class Stack(nn.Module):
+    """An encoder or decoder: embeddings, prefix tokens, positions, blocks, final norm.
+
+    Args:
+        graph: the lowered spec.
+        role: ``encoder`` or ``decoder``.
+        build: turns a graph node path into its module.
+    """
+
+    def __init__(self, graph: ArchGraph, role: str, build: Builder):
+        super().__init__()
+        g = graph.nx
+        order = [n for n, a in g.nodes(data=True) if a["stack"] == role]
+        top = [n for n in order if g.nodes[n]["module"] and g.nodes[n]["block"] is None]
+        for path in top:
+            self.add_module(path[len(role) + 1 :], build(path))
+        stack = graph.spec.stacks[role]
+        self.num_prefix = stack.num_prefix
+        self.pos_first = f"{role}.pos_embed" in order and (
+            f"{role}.prefix" not in order or order.index(f"{role}.pos_embed") < order.index(f"{role}.prefix")
+        )
+        self.pos_drop = nn.Dropout(stack.dropout.embedding) if stack.dropout.embedding > 0 else nn.Identity()
+        pos = stack.position
+        self.rope: nn.Module | None = None
+        if pos.kind == "rope":
+            self.rope = Rope(stack.head_dim, pos.base)
+        elif pos.kind == "rope2d":
+            grid = g.nodes[f"{role}.patch_embed"]["hparams"]["grid"]
+            self.rope = Rope2d(stack.head_dim, (grid[0], grid[1]), pos.base)
+        blocks: list[Block] = []
+        for i, block in enumerate(graph.blocks(role)):
+            prefix = block + "."
+            names = [n for n in order if n.startswith(prefix)]
+            steps = []
+            for n in names:
+                srcs = {d["port"]: u for u, _, d in g.in_edges(n, data=True) if d["port"] != "memory"}
+                rel = {p: (u[len(prefix) :] if u.startswith(prefix) else "in") for p, u in srcs.items()}
+                steps.append((n[len(prefix) :], g.nodes[n]["op"], rel))
+            modules = {n[len(prefix) :]: build(n) for n in names if g.nodes[n]["module"]}
+            rate = max((g.nodes[n]["hparams"].get("drop_path", 0.0) for n in names), default=0.0)
+            assert i == len(blocks)
+            blocks.append(Block(steps, modules, rate))
+        self.blocks = nn.ModuleList(blocks)
+
+    @staticmethod
+    def _positions(pos: nn.Module, x: Tensor, offset: int) -> Tensor:
+        return pos(x, offset) if isinstance(pos, LearnedPosition | SinCosPosition) else pos(x)
+
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        *,
+        token_type_ids: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        cache: list[LayerCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Embed the input and run the blocks.
+
+        Args:
+            x: images (B, C, H, W), token ids (B, S) or features (B, S, Df).
+            key_padding_mask: (B, S) bool, True = padding; with a cache it covers cached and new tokens.
+            token_type_ids: (B, S) segment ids for stacks with token types (zeros when omitted).
+            memory: (B, M, Dm) encoder output, for stacks with cross-attention.
+            memory_padding_mask: (B, M) bool, True = padding memory token.
+            cache: one KV cache per block (see :meth:`new_cache`), for incremental decoding.
+            offset: absolute position of the first new token (the cached length).
+
+        Returns:
+            (B, N, D) tokens, prefix tokens first.
+        """
+        part = self._modules.get
+        if (embed := part("patch_embed") or part("tok_embed") or part("feat_proj")) is not None:
+            tokens = x
+            x = embed(x)  # (B, S, D)
+            if (types := part("type_embed")) is not None:
+                x = x + types(token_type_ids if token_type_ids is not None else torch.zeros_like(tokens))
+        pos, prefix = part("pos_embed"), part("prefix")
+        if pos is not None and self.pos_first:
+            x = self._positions(pos, x, offset)
+        if prefix is not None:
+            x = prefix(x)  # (B, P + S, D)
+            if key_padding_mask is not None:
+                keep = key_padding_mask.new_zeros(key_padding_mask.shape[0], self.num_prefix)
+                key_padding_mask = torch.cat((keep, key_padding_mask), dim=1)  # (B, P + S)
+        if pos is not None and not self.pos_first:
+            x = self._positions(pos, x, offset)
+        if (embed_norm := part("embed_norm")) is not None:
+            x = embed_norm(x)
+        x = self.pos_drop(x)
+        rope = None
+        if isinstance(self.rope, Rope):
+            n = x.shape[1]
+            cos, sin = self.rope(torch.arange(offset, offset + n, device=x.device))
+            rope = cos.to(x.dtype), sin.to(x.dtype)
+        elif isinstance(self.rope, Rope2d):
+            cos, sin = self.rope(self.num_prefix, device=x.device)
+            rope = cos.to(x.dtype), sin.to(x.dtype)
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x,
+                key_padding_mask,
+                rope,
+                memory,
+                memory_padding_mask,
+                cache[i] if cache is not None else None,
+            )
+        if (norm := part("norm")) is not None:
+            x = norm(x)
+        return x
+
+    def new_cache(self) -> list[LayerCache]:
+        """Empty KV caches, one per block."""
+        return [block.new_cache() for block in self.blocks if isinstance(block, Block)]
+
+
+class ClassifierHead(nn.Module):
+    """Pool, optional norm, dropout, linear classifier.
+
+    Args:
+        pool: the pooling.
+        norm: norm before the classifier, or None.
+        fc: the classifier.
+        dropout: dropout before the classifier.
+    """
+
+    def __init__(self, pool: Pool, norm: nn.Module | None, fc: nn.Module, dropout: float):
+        super().__init__()
+        self.pool = pool
+        if norm is not None:
+            self.norm = norm
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.fc = fc
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        x = self.pool(x, key_padding_mask)  # (B, D)
+        if (norm := self._modules.get("norm")) is not None:
+            x = norm(x)
+        return self.fc(self.drop(x))  # (B, classes)
+
+
+class LMHead(nn.Module):
+    """Vocabulary logits for every token.
+
+    Args:
+        fc: the output layer, (D -> V), possibly tied to the token embedding.
+    """
+
+    def __init__(self, fc: nn.Module):
+        super().__init__()
+        self.fc = fc
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        return self.fc(x)  # (B, S, V)
+
+
+class SpecModel(nn.Module):
+    """A model compiled from a spec's graph. Build with :func:`specvit.build_model`.
+
+    Attributes:
+        spec: the validated spec.
+        graph: the architecture graph the model was built from.
+    """
+
+    spec: Spec
+    graph: ArchGraph
+    encoder: Stack
+    decoder: Stack
+
+    def __init__(self, graph: ArchGraph, build: Builder):
+        super().__init__()
+        object.__setattr__(self, "graph", graph)  # plain attributes, not modules
+        object.__setattr__(self, "spec", graph.spec)
+        for role in graph.spec.stacks:
+            self.add_module(role, Stack(graph, role, build))
+        g = graph.nx
+        self.head: nn.Module | None = None
+        if "head.fc" in g:
+            fc = build("head.fc")
+            if "head.pool" in g:
+                hp = g.nodes["head.pool"]["hparams"]
+                norm = build("head.norm") if "head.norm" in g else None
+                self.head = ClassifierHead(
+                    Pool(hp["pool"], hp["num_prefix"]), norm, fc, g.nodes["head.fc"]["hparams"]["dropout"]
+                )
+            else:
+                self.head = LMHead(fc)
+
+    def _head(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        return self.head(x, key_padding_mask) if self.head is not None else x
+
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter by the spec's convention (``spec.init``), deterministically.
+
+        Used after ``to_empty()`` on a meta-device build; a normal build does exactly this too, so both give
+        the same weights under the same ``torch.manual_seed``.
+        """
+        from specvit.compile import init_weights
+
+        init_weights(self, self.spec.init or "vit")
+
+    def save_pretrained(self, directory: str | Path, *, overwrite: bool = False) -> Path:
+        """Write ``spec.yaml`` and ``model.safetensors`` into ``directory``.
+
+        Args:
+            directory: the checkpoint directory; created if missing.
+            overwrite: allow writing into a non-empty directory.
+        """
+        from specvit.checkpoint import save_pretrained
+
+        return save_pretrained(self, directory, overwrite=overwrite)
+
+
+class EncoderModel(SpecModel):
+    """Encoder-only model (ViT, BERT): ``model(x, key_padding_mask=None)``."""
+
+    def forward(
+        self, x: Tensor, key_padding_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+    ) -> Tensor:
+        """Logits, or (B, N, D) features without a head.
+
+        Args:
+            x: images (B, C, H, W), token ids (B, S) or features (B, S, Df).
+            key_padding_mask: (B, S) bool, True = padding.
+            token_type_ids: (B, S) segment ids, for specs with token types.
+        """
+        h = self.encoder(x, key_padding_mask, token_type_ids=token_type_ids)
+        mask = key_padding_mask
+        if mask is not None and self.encoder.num_prefix:
+            mask = torch.cat((mask.new_zeros(mask.shape[0], self.encoder.num_prefix), mask), dim=1)
+        return self._head(h, mask)
+
+
+class DecoderModel(SpecModel):
+    """Decoder-only model (GPT): ``model(tokens, key_padding_mask=None)``."""
+
+    def forward(
+        self,
+        tokens: Tensor,
+        key_padding_mask: Tensor | None = None,
+        *,
+        cache: list[LayerCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Logits (B, S, V), or features without a head.
+
+        Args:
+            tokens: (B, S) token ids (or features, for a features input).
+            key_padding_mask: (B, S) bool, True = padding.
+            cache: KV caches from ``model.decoder.new_cache()`` for incremental decoding.
+            offset: the number of tokens already in the cache.
+        """
+        return self._head(
+            self.decoder(tokens, key_padding_mask, cache=cache, offset=offset), key_padding_mask
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        eos_id: int | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Continue ``tokens`` (B, T0): greedy when temperature is 0, else sampling (optionally top-k).
+
+        Args:
+            tokens: (B, T0) prompt ids.
+            max_new_tokens: the most tokens to add.
+            eos_id: stop a sequence at this id (later positions are filled with it); stop when all have.
+            temperature: 0 for greedy; > 0 divides the logits before sampling.
+            top_k: sample among the k most likely tokens only.
+            use_cache: KV cache (one step per token) or recompute the whole sequence each step.
+            generator: random generator for sampling.
+
+        Returns:
+            (B, T0 + n) with n <= max_new_tokens.
+        """
+        from specvit.generate import decode_loop
+
+        def step(seq: Tensor, cache: list[LayerCache] | None, offset: int) -> Tensor:
+            return self(seq, cache=cache, offset=offset)[:, -1]  # (B, V)
+
+        return decode_loop(
+            step,
+            self.decoder.new_cache,
+            tokens,
+            max_new_tokens,
+            eos_id=eos_id,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+        )
+
+
+class EncoderDecoderModel(SpecModel):
+    """Encoder-decoder model (Transformer): ``model(src, tgt, src_key_padding_mask, tgt_key_padding_mask)``."""
+
+    def encode(self, src: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
+        """The encoder's output, the memory (B, M, D)."""
+        return self.encoder(src, src_key_padding_mask)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        tgt_key_padding_mask: Tensor | None = None,
+        memory_padding_mask: Tensor | None = None,
+        *,
+        cache: list[LayerCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Logits (B, T, V) (or features without a head) of ``tgt`` given the encoder's ``memory``."""
+        h = self.decoder(
+            tgt,
+            tgt_key_padding_mask,
+            memory=memory,
+            memory_padding_mask=memory_padding_mask,
+            cache=cache,
+            offset=offset,
+        )
+        return self._head(h, tgt_key_padding_mask)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_key_padding_mask: Tensor | None = None,
+        tgt_key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits (B, T, V), or decoder features without a head.
+
+        Args:
+            src: encoder input: token ids (B, S), features (B, S, Df) or images.
+            tgt: decoder input (B, T).
+            src_key_padding_mask: (B, S) bool, True = padding.
+            tgt_key_padding_mask: (B, T) bool, True = padding.
+        """
+        memory = self.encode(src, src_key_padding_mask)
+        return self.decode(tgt, memory, tgt_key_padding_mask, src_key_padding_mask)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: Tensor,
+        max_new_tokens: int,
+        *,
+        bos_id: int,
+        eos_id: int | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Translate ``src``: the encoder runs once, the decoder one token at a time from ``bos_id``.
+
+        Args:
+            src: encoder input.
+            max_new_tokens: the most tokens to generate after BOS.
+            bos_id: the first decoder token.
+            eos_id: stop a sequence at this id.
+            src_key_padding_mask: (B, S) bool, True = padding.
+            temperature: 0 for greedy, else sampling temperature.
+            top_k: sample among the k most likely tokens only.
+            use_cache: KV cache or full recomputation per step.
+            generator: random generator for sampling.
+
+        Returns:
+            (B, 1 + n) decoder tokens, BOS first.
+        """
+        from specvit.generate import decode_loop
+
+        memory = self.encode(src, src_key_padding_mask)
+
+        def step(seq: Tensor, cache: list[LayerCache] | None, offset: int) -> Tensor:
+            return self.decode(seq, memory, None, src_key_padding_mask, cache=cache, offset=offset)[:, -1]
+
+        start = torch.full((memory.shape[0], 1), bos_id, dtype=torch.long, device=memory.device)
+        return decode_loop(
+            step,
+            self.decoder.new_cache,
+            start,
+            max_new_tokens,
+            eos_id=eos_id,
+            temperature=temperature,
+            top_k=top_k,
+            use_cache=use_cache,
+            generator=generator,
+        )
+
+
+MODEL_CLASSES: dict[str, type[SpecModel]] = {
+    "encoder": EncoderModel,
+    "decoder": DecoderModel,
+    "encoder_decoder": EncoderDecoderModel,
+}

@@ -1,0 +1,138 @@
+"""Feed-forward blocks: plain two-layer MLP and gated (GLU) MLP.
+
+Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens.
+F below is the hidden width of the MLP.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor, nn
+
+PlainActivation = Literal["gelu", "gelu_tanh", "relu", "silu"]
+GluActivation = Literal["swiglu", "geglu"]
+MlpActivation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
+
+
+def _activation(name: str) -> nn.Module:
+    if name in ("gelu", "geglu"):
+        return nn.GELU()  # exact (erf) GELU
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")  # GPT-2's GELU
+    if name == "relu":
+        return nn.ReLU()
+    if name in ("silu", "swiglu"):
+        return nn.SiLU()
+    raise ValueError(f"unknown activation {name!r}; expected one of {get_args(MlpActivation)}")
+
+
+def _dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0.0 else nn.Identity()
+
+
+class Mlp(nn.Module):
+    """Two-layer MLP ``fc2(act(fc1(x)))`` with timm submodule names.
+
+    Args:
+        dim: input and output width D.
+        hidden: hidden width F.
+        activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``relu`` or ``silu``.
+        bias: whether ``fc1`` and ``fc2`` have biases.
+        dropout: dropout probability after the activation and after ``fc2``.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        activation: PlainActivation = "gelu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if activation not in get_args(PlainActivation):
+            raise ValueError(f"Mlp activation must be one of {get_args(PlainActivation)}, got {activation!r}")
+        self.fc1 = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.act = _activation(activation)
+        self.drop1 = _dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.drop2 = _dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.drop1(self.act(self.fc1(x)))  # (B, N, F)
+        return self.drop2(self.fc2(h))  # (B, N, D)
+
+
+class GluMlp(nn.Module):
+    """Gated MLP (SwiGLU / GeGLU): ``fc2(act(gate) * value)``.
+
+    ``fc1`` is one packed Linear(D, 2F) whose first F outputs are the gate and last F the value.
+
+    Args:
+        dim: input and output width D.
+        hidden: hidden width F (of the gate and of the value, each).
+        activation: ``swiglu`` (SiLU gate) or ``geglu`` (exact erf GELU gate).
+        bias: whether ``fc1`` and ``fc2`` have biases.
+        dropout: dropout probability after the gating product and after ``fc2``.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        activation: GluActivation = "swiglu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if activation not in get_args(GluActivation):
+            raise ValueError(
+                f"GluMlp activation must be one of {get_args(GluActivation)}, got {activation!r}"
+            )
+        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
+        self.act = _activation(activation)
+        self.drop1 = _dropout(dropout)
+        self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.drop2 = _dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, F) each
+        h = self.drop1(self.act(gate) * value)  # (B, N, F)
+        return self.drop2(self.fc2(h))  # (B, N, D)
+
+
+def build_mlp(
+    dim: int,
+    hidden: int,
+    activation: MlpActivation,
+    bias: bool = True,
+    dropout: float = 0.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Build a :class:`GluMlp` for ``swiglu``/``geglu``, otherwise a :class:`Mlp`.
+
+    Args:
+        dim: input and output width D.
+        hidden: hidden width F.
+        activation: one of ``gelu``, ``gelu_tanh``, ``relu``, ``silu``, ``swiglu``, ``geglu``.
+        bias: whether the linear layers have biases.
+        dropout: dropout probability inside the MLP.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+    if activation == "swiglu" or activation == "geglu":
+        return GluMlp(dim, hidden, activation, bias=bias, dropout=dropout, device=device, dtype=dtype)
+    if activation in get_args(PlainActivation):
+        return Mlp(dim, hidden, activation, bias=bias, dropout=dropout, device=device, dtype=dtype)
+    raise ValueError(f"unknown MLP activation {activation!r}; expected one of {get_args(MlpActivation)}")

@@ -1,0 +1,276 @@
+"""Position encodings: fixed sin-cos tables, learned tables and rotary (RoPE) tables.
+
+Every table is computed on the fly from shapes (no buffers), so a model built on the meta device needs
+nothing special. Tables are built with broadcasting multiplies only (no matmul), so they add no FLOPs to
+``torch.utils.flop_counter.FlopCounterMode`` counts.
+
+Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens.
+P below is the number of prefix (cls / register) tokens, gh x gw the patch grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sincos_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Interleaved sin-cos table of "Attention Is All You Need".
+
+    ``PE[p, 2i] = sin(p / base^(2i/dim))`` and ``PE[p, 2i+1] = cos(p / base^(2i/dim))``; identical to the
+    PyTorch tutorial's ``PositionalEncoding`` buffer.
+
+    Args:
+        positions: (N,) integer or float positions.
+        dim: table width, even.
+        base: wavelength base.
+
+    Returns:
+        (N, dim) float32 table on ``positions.device``.
+    """
+    if dim % 2 != 0:
+        raise ValueError(f"sincos_1d needs an even dim, got {dim}")
+    exponent = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32)  # (dim/2,)
+    inv_freq = torch.exp(exponent * (-math.log(base) / dim))  # (dim/2,)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, dim/2)
+    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (N, dim/2, 2) -> (N, dim)
+
+
+def _sincos_half_split(positions: Tensor, dim: int, base: float) -> Tensor:
+    """MAE's 1D table: ``cat(sin(p * omega), cos(p * omega))`` with ``omega_i = base^(-i / (dim/2))``."""
+    omega = torch.arange(dim // 2, device=positions.device, dtype=torch.float32) / (dim / 2)  # (dim/2,)
+    omega = 1.0 / base**omega
+    angles = positions.to(torch.float32)[:, None] * omega[None, :]  # (N, dim/2)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (N, dim)
+
+
+def sincos_2d(
+    grid_h: int,
+    grid_w: int,
+    dim: int,
+    base: float = 10000.0,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """2D sin-cos table in the convention of MAE's ``get_2d_sincos_pos_embed``.
+
+    Tokens are in row-major order (token ``r * grid_w + c`` is row r, column c). The first ``dim/2``
+    channels encode the column (w / x) coordinate and the last ``dim/2`` the row (h / y) coordinate (MAE's
+    ``np.meshgrid(grid_w, grid_h)`` puts w first); each half is ``[sin(p * omega), cos(p * omega)]`` with
+    ``omega_i = base^(-i / (dim/4))``, i < dim/4 (halves, not interleaved).
+
+    Args:
+        grid_h: number of patch rows.
+        grid_w: number of patch columns.
+        dim: table width, divisible by 4.
+        base: wavelength base.
+        device: device of the table.
+
+    Returns:
+        (grid_h * grid_w, dim) float32 table.
+    """
+    if dim % 4 != 0:
+        raise ValueError(f"sincos_2d needs dim divisible by 4, got {dim}")
+    rows = torch.arange(grid_h, device=device).repeat_interleave(grid_w)  # (gh*gw,)
+    cols = torch.arange(grid_w, device=device).repeat(grid_h)  # (gh*gw,)
+    emb_w = _sincos_half_split(cols, dim // 2, base)  # (gh*gw, D/2)
+    emb_h = _sincos_half_split(rows, dim // 2, base)  # (gh*gw, D/2)
+    return torch.cat((emb_w, emb_h), dim=-1)  # (gh*gw, D)
+
+
+class LearnedPosition(nn.Module):
+    """Learned absolute position table added to the tokens.
+
+    Args:
+        num_positions: number of rows of the table (maximum sequence length).
+        dim: width D.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        num_positions: int,
+        dim: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_positions = num_positions
+        self.weight = nn.Parameter(
+            torch.empty(1, num_positions, dim, device=device, dtype=dtype)
+        )  # (1, N, D)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Truncated normal, std 0.02 (cut at +-2 std)."""
+        nn.init.trunc_normal_(self.weight, std=0.02, a=-0.04, b=0.04)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Add rows ``offset .. offset + N - 1`` of the table to x of shape (B, N, D)."""
+        n = x.shape[1]
+        if offset < 0 or offset + n > self.num_positions:
+            raise ValueError(
+                f"LearnedPosition has {self.num_positions} positions but positions {offset}..{offset + n - 1} "
+                f"were requested (offset {offset} + {n} tokens)"
+            )
+        return x + self.weight[:, offset : offset + n]  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        return f"num_positions={self.num_positions}, dim={self.weight.shape[-1]}"
+
+
+class SinCosPosition(nn.Module):
+    """Adds the fixed 1D table :func:`sincos_1d` of positions ``offset .. offset + N - 1``.
+
+    Args:
+        dim: width D, even.
+        base: wavelength base.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 2 != 0:
+            raise ValueError(f"SinCosPosition needs an even dim, got {dim}")
+        self.dim = dim
+        self.base = base
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
+        return x + sincos_1d(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}"
+
+
+class SinCos2dPosition(nn.Module):
+    """Adds the fixed 2D table :func:`sincos_2d` (MAE convention) to patch tokens.
+
+    Args:
+        dim: width D, divisible by 4.
+        grid: (gh, gw) patch grid; x must have exactly gh * gw tokens, row-major.
+        base: wavelength base.
+    """
+
+    def __init__(self, dim: int, grid: tuple[int, int], base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 4 != 0:
+            raise ValueError(f"SinCos2dPosition needs dim divisible by 4, got {dim}")
+        self.dim = dim
+        self.grid = grid
+        self.base = base
+
+    def forward(self, x: Tensor) -> Tensor:
+        gh, gw = self.grid
+        if x.shape[1] != gh * gw:
+            raise ValueError(f"SinCos2dPosition expects {gh}x{gw}={gh * gw} tokens, got {x.shape[1]}")
+        return x + sincos_2d(gh, gw, self.dim, self.base, device=x.device).to(x.dtype)  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, grid={self.grid}, base={self.base}"
+
+
+def _rope_inv_freq(dim: int, base: float, device: torch.device | str | None) -> Tensor:
+    """Inverse frequencies ``base^(-2i/dim)``, i < dim/2, computed as in HF's LLaMA rotary embedding."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))  # (dim/2,)
+
+
+def _rope_cos_sin(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos/sin of the rotate-half RoPE of width dim: angles ``cat(freqs, freqs)``, each (N, dim)."""
+    inv_freq = _rope_inv_freq(dim, base, positions.device)  # (dim/2,)
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, dim/2)
+    angles = torch.cat((freqs, freqs), dim=-1)  # (N, dim)
+    return angles.cos(), angles.sin()
+
+
+class Rope(nn.Module):
+    """1D rotary position embedding, rotate-half convention (GPT-NeoX / HF LLaMA).
+
+    Channel ``i`` is rotated together with channel ``i + hd/2`` by angle ``pos * base^(-2i/hd)``.
+
+    Args:
+        head_dim: hd, even.
+        base: RoPE theta.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2 != 0:
+            raise ValueError(f"Rope needs an even head_dim, got {head_dim}")
+        self.head_dim = head_dim
+        self.base = base
+
+    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Return float32 ``(cos, sin)``, each (N, hd), for the (N,) integer ``positions``."""
+        return _rope_cos_sin(positions, self.head_dim, self.base)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}"
+
+
+class Rope2d(nn.Module):
+    """2D rotary position embedding as CroCo's ``RoPE2D`` (axial, row-major patch grid).
+
+    The head is split in two contiguous halves of hd/2 channels: the first half is rotated by the row (y)
+    coordinate, the second by the column (x) coordinate, each half with its own rotate-half 1D RoPE of
+    width hd/2. Prefix tokens (cls / registers), which come first, get the identity rotation.
+
+    The tables are returned with shape (P + gh*gw, 2, hd/2) (sections: 0 = y, 1 = x) so that
+    :func:`apply_rope` knows to rotate each half on its own; ``cos.flatten(-2)`` is CroCo's (N, hd) layout.
+
+    Args:
+        head_dim: hd, divisible by 4.
+        grid: (gh, gw) patch grid.
+        base: RoPE theta (CroCo uses 100).
+    """
+
+    def __init__(self, head_dim: int, grid: tuple[int, int], base: float = 100.0) -> None:
+        super().__init__()
+        if head_dim % 4 != 0:
+            raise ValueError(f"Rope2d needs head_dim divisible by 4, got {head_dim}")
+        self.head_dim = head_dim
+        self.grid = grid
+        self.base = base
+
+    def forward(self, num_prefix: int = 0, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+        """Return float32 ``(cos, sin)``, each (num_prefix + gh*gw, 2, hd/2), on ``device``."""
+        gh, gw = self.grid
+        half = self.head_dim // 2
+        rows = torch.arange(gh, device=device).repeat_interleave(gw)  # (gh*gw,)
+        cols = torch.arange(gw, device=device).repeat(gh)  # (gh*gw,)
+        cos_y, sin_y = _rope_cos_sin(rows, half, self.base)  # (gh*gw, hd/2)
+        cos_x, sin_x = _rope_cos_sin(cols, half, self.base)  # (gh*gw, hd/2)
+        cos = torch.stack((cos_y, cos_x), dim=1)  # (gh*gw, 2, hd/2)
+        sin = torch.stack((sin_y, sin_x), dim=1)  # (gh*gw, 2, hd/2)
+        if num_prefix > 0:
+            cos = torch.cat((cos.new_ones(num_prefix, 2, half), cos), dim=0)  # (P + gh*gw, 2, hd/2)
+            sin = torch.cat((sin.new_zeros(num_prefix, 2, half), sin), dim=0)  # (P + gh*gw, 2, hd/2)
+        return cos, sin
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, grid={self.grid}, base={self.base}"
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x by RoPE tables: ``x * cos + rotate_half(x) * sin``.
+
+    Args:
+        x: (B, H, N, hd) queries or keys.
+        cos: (N, hd) table from :class:`Rope` (rotate-half over the whole head), or (N, S, hd/S) sectioned
+            table from :class:`Rope2d` (the head is split in S contiguous sections, each rotated on its own).
+        sin: same shape as ``cos``.
+
+    Returns:
+        (B, H, N, hd) tensor with x's dtype (the tables are cast to it).
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.ndim == 2:
+        return x * cos + _rotate_half(x) * sin  # (B, H, N, hd)
+    xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, hd/S)
+    return (xs * cos + _rotate_half(xs) * sin).flatten(-2)  # (B, H, N, hd)
