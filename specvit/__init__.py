@@ -1,12 +1,48 @@
 """specvit: a declarative architecture-spec compiler for attention models.
 
 YAML spec -> validated :class:`Spec` -> :class:`ArchGraph` -> diagram, summary and ``nn.Module``.
-Importing specvit does not import torch; only building a model does.
+``import specvit`` does not import torch: the names that need it (``build_model``, ``load_pretrained``,
+``convert_state_dict``, ``SpecModel``) load it on first use, so validation stays fast.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from specvit.errors import Location, Problem, SpecError
 from specvit.graph import ArchGraph, build_graph
 from specvit.spec import Spec, load_spec, parse_spec
 
-__all__ = ["ArchGraph", "Location", "Problem", "Spec", "SpecError", "build_graph", "load_spec", "parse_spec"]
+__all__ = [
+    "ArchGraph",
+    "CheckpointError",
+    "Location",
+    "Problem",
+    "Spec",
+    "SpecError",
+    "SpecModel",
+    "build_graph",
+    "build_model",
+    "convert_state_dict",
+    "load_pretrained",
+    "load_spec",
+    "parse_spec",
+    "render",
+]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "build_model": "specvit.compile",
+    "load_pretrained": "specvit.checkpoint",
+    "CheckpointError": "specvit.checkpoint",
+    "convert_state_dict": "specvit.convert",
+    "SpecModel": "specvit.model",
+    "render": "specvit.render",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specvit' has no attribute {name!r}")

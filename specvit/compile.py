@@ -31,7 +31,7 @@ from specvit.nn import (
 )
 from specvit.spec.schema import Spec
 
-__all__ = ["BUILDERS", "build_model", "init_weights"]
+__all__ = ["BUILDERS", "available_memory", "build_model", "init_weights"]
 
 Attrs = dict[str, Any]
 BuilderFn = Callable[[Attrs, dict[str, nn.Module], Any], nn.Module]
@@ -190,11 +190,50 @@ def _resolve(
     return build_graph(spec)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation on this machine (Linux ``MemAvailable``), if known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_fits(
+    graph: ArchGraph, device: torch.device, dtype: torch.dtype | None, max_bytes: int | None
+) -> None:
+    from specvit.errors import SpecError
+    from specvit.render.text import format_count
+
+    if device.type == "meta":
+        return
+    item = torch.empty((), dtype=dtype or torch.get_default_dtype(), device="meta").element_size()
+    need = graph.total_params * item
+    limit, what = (max_bytes, "the limit given") if max_bytes is not None else (None, "")
+    if limit is None and device.type == "cpu":
+        limit, what = available_memory(), "the memory available"
+    if limit is not None and need > limit:
+        raise SpecError.at(
+            f"{graph.name}: its {graph.total_params:,} parameters need {format_count(need)}B as "
+            f"{str(dtype or torch.get_default_dtype()).removeprefix('torch.')}, more than {what} "
+            f"({format_count(limit)}B)",
+            hint='build it on device="meta" to inspect it without allocating, or on a machine with more memory',
+        )
+
+
 def build_model(
     source: Spec | ArchGraph | str | os.PathLike[str],
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    max_bytes: int | None = None,
 ) -> SpecModel:
     """Compile a spec (or its graph, or a spec file) into a PyTorch model.
 
@@ -204,15 +243,22 @@ def build_model(
             ``init_weights()``). Default: CPU.
         dtype: parameter dtype (default: torch's default dtype).
         overrides: dotted-key overrides for a spec or spec file, e.g. ``{"encoder.depth": 2}``.
+        max_bytes: refuse to allocate weights larger than this; on CPU the default limit is the memory
+            available. Building on the meta device is never refused.
+
+    Raises:
+        SpecError: for an invalid spec, or weights that would not fit (before anything is allocated).
 
     Returns:
         An :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`, in train mode like
         any fresh ``nn.Module``.
     """
     graph = _resolve(source, overrides)
+    target = torch.device(device or "cpu")
+    _check_fits(graph, target, dtype, max_bytes)
     with torch.device("meta"):
         model = _compile(graph, dtype)
-    if torch.device(device or "cpu").type != "meta":
-        model.to_empty(device=device or "cpu")
+    if target.type != "meta":
+        model.to_empty(device=target)
         model.init_weights()
     return model
