@@ -91,6 +91,18 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    from specvit.diagram import RenderError, render
+
+    try:
+        written = render(_load(args.spec, args.set), args.output, view=args.view, direction=args.direction)
+    except RenderError as exc:
+        print(f"specvit render: {exc}", file=sys.stderr)
+        return EXIT_IO_ERROR
+    print(f"wrote {written}")
+    return 0
+
+
 def _add_sizes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
     g.add_argument("--batch", type=int, default=1, metavar="N", help="batch size B (default 1)")
@@ -132,6 +144,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_set(p)
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser(
+        "render",
+        help="draw the architecture diagram (svg, png, pdf, dot, mmd)",
+        description="Draw the model's graph. The format comes from the extension of -o: .svg, .png, .pdf "
+        "(Graphviz, through pygraphviz or the system dot), .dot (Graphviz source) or .mmd (Mermaid, for "
+        "Markdown pages). The file is written whole or not at all.",
+    )
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
+    p.add_argument(
+        "--view",
+        choices=["collapsed", "expanded"],
+        default="collapsed",
+        help="collapsed (default): each run of identical blocks drawn once with its count; "
+        "expanded: every block",
+    )
+    p.add_argument(
+        "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
+    )
+    _add_set(p)
+    p.set_defaults(func=cmd_render)
 
     p = sub.add_parser(
         "schema",

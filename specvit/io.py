@@ -16,14 +16,17 @@ __all__ = ["atomic_open", "atomic_write"]
 def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a temporary file (binary) beside ``path``; on success it replaces ``path`` in one rename.
 
-    If the body raises, the temporary file is removed and ``path`` keeps its old content.
+    If the body raises, the temporary file is removed and ``path`` keeps its old content. Missing parent
+    directories are created.
 
     Args:
         path: the file to write.
     """
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
     try:
+        os.chmod(tmp, _mode_for(target))  # mkstemp makes 0600; give the file the mode a plain open would
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -33,6 +36,16 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _mode_for(target: Path) -> int:
+    """The existing file's mode, or 0666 less the umask for a new file."""
+    try:
+        return target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:

@@ -175,6 +175,6 @@ class ArchGraph:
 
     def format_summary(self, expand: bool = False) -> str:
         """The summary as an aligned text table with totals."""
-        from specvit.render.text import format_table
+        from specvit.diagram.text import format_table
 
         return format_table(self, expand=expand)
