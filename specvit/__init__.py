@@ -38,7 +38,7 @@ _LAZY = {
     "CheckpointError": "specvit.checkpoint",
     "convert_state_dict": "specvit.convert",
     "SpecModel": "specvit.model",
-    "render": "specvit.render",
+    "render": "specvit.diagram",  # the function; the package is specvit.diagram
 }
 
 

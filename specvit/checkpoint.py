@@ -7,6 +7,7 @@ weight file against it before anything is allocated, then assigns the loaded ten
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -24,7 +25,13 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be written or does not match its spec."""
 
 
-def save_pretrained(model: SpecModel, directory: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+def save_pretrained(
+    model: SpecModel,
+    directory: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
     """Write the model's canonical spec and weights into ``directory``.
 
     Each file is written whole or not at all (temporary file, then rename).
@@ -33,6 +40,7 @@ def save_pretrained(model: SpecModel, directory: str | os.PathLike[str], *, over
         model: a compiled model.
         directory: created if missing.
         overwrite: allow writing into a directory that already has files.
+        state_dict: the weights to write; default ``model.state_dict()``.
 
     Raises:
         CheckpointError: when ``directory`` is a file, or is not empty and ``overwrite`` is False.
@@ -45,7 +53,8 @@ def save_pretrained(model: SpecModel, directory: str | os.PathLike[str], *, over
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise CheckpointError(f"{path} is not empty; pass overwrite=True to replace its checkpoint")
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    weights = model.state_dict() if state_dict is None else state_dict
+    tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
     atomic_write(
         path / WEIGHTS_FILE, save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
     )
@@ -58,7 +67,7 @@ def load_pretrained(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> SpecModel:
-    """Rebuild a model saved by :func:`save_pretrained`.
+    """Rebuild a model saved by :func:`save_pretrained`, in eval mode (as HF's ``from_pretrained``).
 
     Args:
         directory: the checkpoint directory.
@@ -103,4 +112,4 @@ def load_pretrained(
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
-    return model
+    return model.eval()

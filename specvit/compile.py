@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -127,8 +128,30 @@ def _compile(graph: ArchGraph, dtype: torch.dtype | None) -> SpecModel:
     return MODEL_CLASSES[graph.spec.model](graph, build)
 
 
+def _fill(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
+    """Initialise ``param`` in place with ``fn``; a sharded DTensor gets its shard of the full tensor.
+
+    ``fn`` always sees a tensor of the parameter's full shape, so the random stream it draws from (and
+    hence every value) is the same on one process as under FSDP, on every rank.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        local = param.to_local()
+        full = torch.empty(param.shape, dtype=param.dtype, device=local.device)
+        fn(full)
+        local.copy_(
+            distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        )
+    else:
+        fn(param)
+
+
 def init_weights(model: nn.Module, kind: str) -> None:
     """Initialise every parameter of ``model`` by a family convention, in module order.
+
+    Works on plain and on FSDP2-sharded models: each parameter is drawn at its full shape, so the
+    weights equal a single-process build's under the same ``torch.manual_seed``.
 
     Args:
         model: a compiled model (or any module tree of specvit parts).
@@ -145,30 +168,41 @@ def init_weights(model: nn.Module, kind: str) -> None:
         else:
             nn.init.normal_(w, std=0.02)
 
+    def embedding(padding_idx: int | None) -> Callable[[torch.Tensor], None]:
+        def fn(w: torch.Tensor) -> None:
+            matrix(w)
+            if padding_idx is not None:
+                w[padding_idx].zero_()
+
+        return fn
+
+    head = getattr(model, "head", None)
+    zero_head = kind == "vit" and head is not None and isinstance(getattr(head, "fc", None), nn.Linear)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.Linear | nn.Conv2d):
-                matrix(m.weight)
+                _fill(m.weight, nn.init.zeros_ if zero_head and m is head.fc else matrix)  # type: ignore[union-attr]
                 if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+                    _fill(m.bias, nn.init.zeros_)
             elif isinstance(m, nn.Embedding):
-                matrix(m.weight)
-                if m.padding_idx is not None:
-                    m.weight[m.padding_idx].zero_()
-            elif isinstance(m, nn.LayerNorm | nn.RMSNorm | LayerScale):
-                m.reset_parameters()
+                _fill(m.weight, embedding(m.padding_idx))
+            elif isinstance(m, nn.LayerNorm | nn.RMSNorm):
+                if m.weight is not None:
+                    _fill(m.weight, nn.init.ones_)
+                if getattr(m, "bias", None) is not None:
+                    _fill(m.bias, nn.init.zeros_)  # type: ignore[arg-type]
+            elif isinstance(m, LayerScale):
+                _fill(m.gamma, partial(nn.init.constant_, val=m.init_value))
             elif isinstance(m, LearnedPosition):
-                (nn.init.trunc_normal_ if kind == "vit" else nn.init.normal_)(m.weight, std=0.02)
+                _fill(
+                    m.weight,
+                    lambda t: (nn.init.trunc_normal_ if kind == "vit" else nn.init.normal_)(t, std=0.02),
+                )
             elif isinstance(m, PrefixTokens):
                 for p in m.parameters(recurse=False):
-                    nn.init.normal_(p, std=1e-6 if kind == "vit" else 0.02)
+                    _fill(p, lambda t: nn.init.normal_(t, std=1e-6 if kind == "vit" else 0.02))
             elif isinstance(m, TiedLinear) and m.bias is not None:
-                nn.init.zeros_(m.bias)
-        head = getattr(model, "head", None)
-        if kind == "vit" and head is not None and isinstance(getattr(head, "fc", None), nn.Linear):
-            nn.init.zeros_(head.fc.weight)
-            if head.fc.bias is not None:
-                nn.init.zeros_(head.fc.bias)
+                _fill(m.bias, nn.init.zeros_)
 
 
 def _resolve(
@@ -208,8 +242,8 @@ def available_memory() -> int | None:
 def _check_fits(
     graph: ArchGraph, device: torch.device, dtype: torch.dtype | None, max_bytes: int | None
 ) -> None:
+    from specvit.diagram.text import format_count
     from specvit.errors import SpecError
-    from specvit.render.text import format_count
 
     if device.type == "meta":
         return
@@ -234,6 +268,7 @@ def build_model(
     overrides: Mapping[str, Any] | None = None,
     *,
     max_bytes: int | None = None,
+    checkpointing: bool = False,
 ) -> SpecModel:
     """Compile a spec (or its graph, or a spec file) into a PyTorch model.
 
@@ -245,6 +280,8 @@ def build_model(
         overrides: dotted-key overrides for a spec or spec file, e.g. ``{"encoder.depth": 2}``.
         max_bytes: refuse to allocate weights larger than this; on CPU the default limit is the memory
             available. Building on the meta device is never refused.
+        checkpointing: recompute each block's activations in the backward pass instead of storing
+            them (``torch.utils.checkpoint``): less memory for one more forward per block in training.
 
     Raises:
         SpecError: for an invalid spec, or weights that would not fit (before anything is allocated).
@@ -258,6 +295,7 @@ def build_model(
     _check_fits(graph, target, dtype, max_bytes)
     with torch.device("meta"):
         model = _compile(graph, dtype)
+    model.set_checkpointing(checkpointing)
     if target.type != "meta":
         model.to_empty(device=target)
         model.init_weights()

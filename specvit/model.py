@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from specvit.nn import (
     CrossKVCache,
@@ -191,6 +192,7 @@ class Stack(nn.Module):
             assert i == len(blocks)
             blocks.append(Block(steps, modules, rate))
         self.blocks = nn.ModuleList(blocks)
+        self.checkpointing = False
 
     @staticmethod
     def _positions(pos: nn.Module, x: Tensor, offset: int) -> Tensor:
@@ -249,14 +251,13 @@ class Stack(nn.Module):
             cos, sin = self.rope(self.num_prefix, device=x.device)
             rope = cos.to(x.dtype), sin.to(x.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(
-                x,
-                key_padding_mask,
-                rope,
-                memory,
-                memory_padding_mask,
-                cache[i] if cache is not None else None,
-            )
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(
+                    block, x, key_padding_mask, rope, memory, memory_padding_mask, use_reentrant=False
+                )
+            else:
+                layer_cache = cache[i] if cache is not None else None
+                x = block(x, key_padding_mask, rope, memory, memory_padding_mask, layer_cache)
         if (norm := part("norm")) is not None:
             x = norm(x)
         return x
@@ -338,6 +339,16 @@ class SpecModel(nn.Module):
             else:
                 self.head = LMHead(fc)
 
+    def set_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute block activations in the backward pass (activation checkpointing) in training.
+
+        Args:
+            enabled: on or off.
+        """
+        for stack in (self._modules.get("encoder"), self._modules.get("decoder")):
+            if isinstance(stack, Stack):
+                stack.checkpointing = enabled
+
     def _head(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
         return self.head(x, key_padding_mask) if self.head is not None else x
 
@@ -351,16 +362,20 @@ class SpecModel(nn.Module):
 
         init_weights(self, self.spec.init or "vit")
 
-    def save_pretrained(self, directory: str | Path, *, overwrite: bool = False) -> Path:
+    def save_pretrained(
+        self, directory: str | Path, *, overwrite: bool = False, state_dict: dict[str, Tensor] | None = None
+    ) -> Path:
         """Write ``spec.yaml`` and ``model.safetensors`` into ``directory``.
 
         Args:
             directory: the checkpoint directory; created if missing.
             overwrite: allow writing into a non-empty directory.
+            state_dict: the weights to write (e.g. a full state dict gathered from FSDP shards);
+                default ``self.state_dict()``.
         """
         from specvit.checkpoint import save_pretrained
 
-        return save_pretrained(self, directory, overwrite=overwrite)
+        return save_pretrained(self, directory, overwrite=overwrite, state_dict=state_dict)
 
 
 class EncoderModel(SpecModel):

@@ -79,9 +79,8 @@ def test_graph_is_the_model(preset: Path) -> None:
     assert torch.isfinite(out).all()
 
 
-def _tiny(kind: str, **over: Any) -> specvit.SpecModel:
-    texts = {
-        "decoder": """specvit: 1
+_TEXTS = {
+    "decoder": """specvit: 1
 name: tiny_lm
 model: decoder
 decoder:
@@ -92,7 +91,7 @@ decoder:
   block: {heads: 4, kv_heads: 2, layers: [masked_self_attention, mlp], qk_norm: true, mlp: {activation: swiglu}}
 head: {kind: lm, tied: true}
 """,
-        "encoder_decoder": """specvit: 1
+    "encoder_decoder": """specvit: 1
 name: tiny_seq2seq
 model: encoder_decoder
 encoder:
@@ -110,9 +109,12 @@ decoder:
 shared_embeddings: true
 head: {kind: lm, tied: true}
 """,
-    }
+}
+
+
+def _tiny(kind: str, **over: Any) -> specvit.SpecModel:
     torch.manual_seed(0)
-    return build_model(specvit.parse_spec(texts[kind], overrides=over)).eval()
+    return build_model(specvit.parse_spec(_TEXTS[kind], overrides=over)).eval()
 
 
 def test_causal_decoder_ignores_the_future() -> None:
@@ -191,3 +193,22 @@ def test_init_conventions() -> None:
     assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.9 * bound  # xavier-uniform
     assert seq.decoder.tok_embed.source is seq.encoder.tok_embed  # type: ignore[attr-defined]
     assert seq.head.fc.weight is seq.encoder.tok_embed.weight  # type: ignore[union-attr]
+
+
+def test_activation_checkpointing_gives_equal_loss_and_gradients() -> None:
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_model(specvit.parse_spec(_TEXTS["encoder_decoder"]), checkpointing=checkpointing)
+        model.train()
+        src, tgt = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 7))
+        loss = model(src, tgt).logsumexp(-1).mean()
+        loss.backward()
+        grads.append(
+            (loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+        )
+    (loss_a, ga), (loss_b, gb) = grads
+    assert torch.equal(loss_a, loss_b)
+    assert ga.keys() == gb.keys() and len(ga) > 20
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], atol=1e-6, rtol=0, msg=k)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = ["SourceMap", "dump_yaml", "load_spec", "parse_overrides", "parse_spec
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML; anything larger is refused before parsing
 MAX_NESTING = 64
 MAX_VALUES = 10_000  # values after alias expansion (a spec has ~100): bounds "billion laughs" documents
+MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
 
 KeyPath = tuple[str | int, ...]
 
@@ -97,7 +99,18 @@ class SourceMap:
 # ----------------------------------------------------------------------------------------------- YAML
 
 
-def _yaml_problem(exc: yaml.YAMLError, file: str) -> Problem:
+def _yaml_problem(exc: yaml.YAMLError, file: str, text: str) -> Problem:
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow; no mark, only a position
+        pos = exc.position
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+        return Problem(
+            "",
+            f"the character #x{code:04x} is not allowed in YAML",
+            "remove it; write special characters as escapes inside double quotes",
+            Location(file, line, col),
+        )
     mark = getattr(exc, "problem_mark", None)
     location = _loc(file, mark) if mark is not None else Location(file)
     problem = getattr(exc, "problem", None) or str(exc)
@@ -111,19 +124,35 @@ def _yaml_problem(exc: yaml.YAMLError, file: str) -> Problem:
 
 
 def _check_nesting(text: str, file: str) -> None:
-    """Walk the event stream (iterative, cheap) so that deep nesting never reaches a recursive composer."""
-    depth = 0
+    """Walk the event stream (iterative, cheap) so that deep nesting never reaches a recursive composer.
+
+    It also counts the values (nodes that are not mapping keys) and stops at ``MAX_VALUES``, so that a
+    long document is refused after scanning that many values rather than parsed and composed whole.
+    """
+    values = 0
+    open_: list[bool | None] = []  # per open collection: None for a list; for a mapping, is a key next?
     for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.NodeEvent):
+            is_key = bool(open_) and open_[-1] is True
+            if open_ and open_[-1] is not None:
+                open_[-1] = not open_[-1]
+            values += not is_key
+            if values > MAX_VALUES:
+                raise SpecError.at(
+                    f"the document holds more than {MAX_VALUES} values",
+                    hint="a spec has about a hundred; is this the right file?",
+                    location=_loc(file, event.start_mark),
+                )
         if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_NESTING:
+            open_.append(True if isinstance(event, yaml.MappingStartEvent) else None)
+            if len(open_) > MAX_NESTING:
                 raise SpecError.at(
                     f"the document nests deeper than {MAX_NESTING} levels",
                     hint="a spec is a few levels deep; check for runaway brackets or indentation",
                     location=_loc(file, event.start_mark),
                 )
         elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+            open_.pop()
 
 
 class _Converter:
@@ -135,6 +164,7 @@ class _Converter:
         self.problems: list[Problem] = []
         self.budget = MAX_VALUES
         self.scalars = yaml.constructor.SafeConstructor()
+        self.open: set[int] = set()  # ids of the collections being converted: an alias to one of them loops
 
     def convert(self, node: yaml.Node, path: KeyPath) -> Any:
         self.budget -= 1
@@ -144,13 +174,34 @@ class _Converter:
                 hint="aliases (*name) that repeat anchors many times over are refused; write the values out",
                 location=_loc(self.file, node.start_mark),
             )
+        if len(path) > MAX_NESTING:  # aliases can nest an anchored collection inside itself or one another
+            raise SpecError.at(
+                f"the document nests deeper than {MAX_NESTING} levels once its aliases are expanded",
+                hint="a spec is a few levels deep; check what the aliases (*name) refer to",
+                location=_loc(self.file, node.start_mark),
+            )
         self.source.values[path] = _loc(self.file, node.start_mark)
+        if isinstance(node, yaml.CollectionNode) and id(node) in self.open:
+            raise SpecError.at(
+                "an alias (*name) refers to a collection that contains it",
+                path=_dotted(path),
+                hint="an anchored mapping or list cannot include itself; write the values out",
+                location=_loc(self.file, node.start_mark),
+            )
         if isinstance(node, yaml.MappingNode) and node.tag in (_MAP_TAG,):
-            return self._mapping(node, path)
+            self.open.add(id(node))
+            try:
+                return self._mapping(node, path)
+            finally:
+                self.open.discard(id(node))
         if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG:
-            return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
+            self.open.add(id(node))
+            try:
+                return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
+            finally:
+                self.open.discard(id(node))
         if isinstance(node, yaml.ScalarNode) and node.tag in _PLAIN_TAGS:
-            return self.scalars.construct_object(node)
+            return self._scalar(node, path)
         self.problems.append(
             Problem(
                 _dotted(path),
@@ -160,6 +211,24 @@ class _Converter:
             )
         )
         return None
+
+    def _scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
+        try:
+            return self.scalars.construct_object(node)
+        except (ValueError, KeyError, yaml.constructor.ConstructorError) as exc:
+            # an explicit tag on a value that is not of that type (`!!int abc`), or an integer with more
+            # digits than Python converts (sys.get_int_max_str_digits(), 4300 by default)
+            if isinstance(exc, ValueError) and "digits" in str(exc):
+                digits = sum(c.isdigit() for c in node.value)
+                message, hint = (
+                    f"the integer has {digits:,} digits, too many to read",
+                    "write a smaller number",
+                )
+            else:
+                message = f"{_clip(node.value)!r} is not a valid {_short_tag(node.tag)}"
+                hint = "remove the tag or correct the value"
+            self.problems.append(Problem(_dotted(path), message, hint, _loc(self.file, node.start_mark)))
+            return None
 
     def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -185,7 +254,7 @@ class _Converter:
                 self.problems.append(
                     Problem(
                         _dotted(path),
-                        f"keys must be plain strings, got {key_node.value!r}",
+                        f"keys must be plain strings, got {_show_node(key_node)}",
                         "write the key as a name such as width",
                         _loc(self.file, key_node.start_mark),
                     )
@@ -208,6 +277,18 @@ class _Converter:
         for k, v in merged.items():
             out.setdefault(k, v)
         return out
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _show_node(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(_clip(str(node.value)))
 
 
 def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap]:
@@ -240,7 +321,7 @@ def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap
         _check_nesting(text, file)
         node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        raise SpecError(_yaml_problem(exc, file)) from None
+        raise SpecError(_yaml_problem(exc, file, text)) from None
     if node is None:
         raise SpecError.at(
             "the file holds no YAML document",
@@ -258,7 +339,7 @@ def _too_big(size: int, file: str) -> SpecError:
     return SpecError.at(
         f"the file is {size:,} bytes, over the {MAX_BYTES:,}-byte limit for a spec",
         hint="a spec is a page of YAML; is this the right file?",
-        location=Location(file),
+        location=Location(file, 1, 1),
     )
 
 
@@ -270,16 +351,49 @@ def dump_yaml(data: Any) -> str:
 # --------------------------------------------------------------------------------------------- extends
 
 
-def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | None = None) -> bytes:
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to wait on
+
+
+def _resolve(path: Path) -> Path:
+    """``path.resolve()``, or ``path`` itself where that fails (a symlink loop): reading it then says why."""
     try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL character in the path
+        return path
+
+
+def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | None = None) -> bytes:
+    """The bytes of a spec file (at most ``MAX_BYTES + 1``), or a SpecError saying why there are none.
+
+    The file is opened without blocking, so that a FIFO nobody writes to reads as empty instead of
+    waiting forever. A FIFO or device named on the command line (``specvit validate <(...)``) is then
+    read as usual; one named by ``extends`` (``at`` is given: the spec's own text chose it) is refused.
+    """
+    try:
+        if "\0" in str(path):
+            raise SpecError.at(
+                f"{what} {shown!r} cannot be read: the path holds a NUL character",
+                hint="check the path",
+                location=at,
+            )
         if path.is_dir():
             raise SpecError.at(
                 f"{what} '{shown}' is a directory", hint="give the path of a .yaml file", location=at
             )
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise _too_big(size, shown)
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode):
+                if info.st_size > MAX_BYTES:
+                    raise _too_big(info.st_size, shown)
+            elif at is not None:
+                raise SpecError.at(
+                    f"{what} '{shown}' is not a regular file",
+                    hint="extends must name a .yaml file",
+                    location=at,
+                )
+            elif _NONBLOCK:
+                os.set_blocking(fd, True)
             return f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise SpecError.at(f"{what} '{shown}' does not exist", hint="check the path", location=at) from None
@@ -316,7 +430,14 @@ def _load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | N
             hint="write extends: vit_base_patch16_224.yaml (relative to this file)",
             location=ref_at,
         )
-    base_path = (path.parent / base_ref).resolve()
+    if len(chain) >= MAX_EXTENDS:
+        raise SpecError.at(
+            f"extends chains more than {MAX_EXTENDS} files",
+            path="extends",
+            hint="a spec extends a preset, which may extend another; shorten the chain",
+            location=ref_at,
+        )
+    base_path = _resolve(path.parent / base_ref)
     if base_path in chain:
         cycle = " -> ".join(p.name for p in (*chain, base_path))
         raise SpecError.at(
@@ -335,23 +456,36 @@ def _load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | N
     return merged, base_source
 
 
-def _overlay(base: SourceMap, over: SourceMap, over_data: Any, prefix: KeyPath = ()) -> None:
-    """Point every path that ``over_data`` sets (at its deepest level) at ``over``'s file."""
-    if isinstance(over_data, dict):
-        for key, value in over_data.items():
+def _overlay(base: SourceMap, over: SourceMap, over_data: Any) -> None:
+    """Point every path that ``over_data`` sets (at its deepest level) at ``over``'s file.
+
+    One pass over each map (not one per value set), so that large specs overlay in linear time.
+    """
+    leaves: set[KeyPath] = set()  # paths where over_data sets a value that replaces the base's whole
+    stack: list[tuple[KeyPath, Any]] = [((), over_data)]
+    while stack:
+        prefix, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
             path = (*prefix, key)
             if path in over.keys:
                 base.keys[path] = over.keys[path]
             if path in over.values:
                 base.values[path] = over.values[path]
             if isinstance(value, dict):
-                _overlay(base, over, value, path)
+                stack.append((path, value))
             else:
-                for p in [p for p in base.values if p[: len(path)] == path and len(p) > len(path)]:
-                    del base.values[p]
-                for p, loc in over.values.items():
-                    if p[: len(path)] == path:
-                        base.values[p] = loc
+                leaves.add(path)
+    if not leaves:
+        return
+
+    def under(p: KeyPath, proper: bool) -> bool:
+        return any(p[:k] in leaves for k in range(1, len(p) + (not proper)))
+
+    for p in [p for p in base.values if under(p, proper=True)]:
+        del base.values[p]
+    base.values.update({p: loc for p, loc in over.values.items() if under(p, proper=False)})
 
 
 # ------------------------------------------------------------------------------------------- overrides
@@ -695,7 +829,7 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
         SpecError: with every problem found, each at its file:line:col.
     """
     shown = os.fspath(path)
-    resolved = Path(shown).resolve()
+    resolved = _resolve(Path(shown))
     data, source = _load_tree(resolved, shown, (resolved,), None)
     return _validate(_apply_overrides(data, source, overrides or {}), source)
 
