@@ -103,6 +103,20 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    if not args.checkpoint and not args.spec:
+        print("specvit export: give a SPEC or --checkpoint DIR", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    from specvit.checkpoint import load_pretrained
+    from specvit.compile import build_model
+    from specvit.export import example_inputs, export_onnx
+
+    model = load_pretrained(args.checkpoint) if args.checkpoint else build_model(_load(args.spec, args.set))
+    written = export_onnx(model, args.output, example_inputs(model, batch=2))
+    print(f"wrote {written} (batch dimension dynamic)")
+    return 0
+
+
 def _add_sizes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
     g.add_argument("--batch", type=int, default=1, metavar="N", help="batch size B (default 1)")
@@ -166,6 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_set(p)
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser(
+        "export",
+        help="export the model to ONNX (batch dimension dynamic)",
+        description="Build the model (random weights, or a checkpoint's) and export its forward to ONNX with "
+        "torch.onnx's dynamo exporter; the batch dimension stays dynamic.",
+    )
+    p.add_argument("spec", metavar="SPEC", nargs="?", help="spec file (.yaml); not needed with --checkpoint")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
+    p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
+    _add_set(p)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
         "schema",
