@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_CONSTRAINT := $(CURDIR)/.ci/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint docs clean
+.PHONY: demo test lint docs bench fuzz clean
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,17 @@ test: lint
 
 docs: $(STAMP)
 	$(PY) -m specvit.docs
+	$(PY) -m specvit.diagram.gallery
+	$(PY) tests/robustness_cases.py
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+FUZZ_SECONDS ?= 60
+
+fuzz: $(STAMP)
+	$(PY) -m pip install -q 'atheris>=2.3'
+	$(PY) tests/fuzz_parse_spec.py -max_total_time=$(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(VENV) build

@@ -1,17 +1,17 @@
 """specvit: a declarative architecture-spec compiler for attention models.
 
 YAML spec -> validated :class:`Spec` -> :class:`ArchGraph` -> diagram, summary and ``nn.Module``.
-``import specvit`` does not import torch: the names that need it (``build_model``, ``load_pretrained``,
-``convert_state_dict``, ``SpecModel``) load it on first use, so validation stays fast.
+``import specvit`` imports neither torch nor networkx: the names that need them (``build_graph``,
+``build_model``, ``load_pretrained``, ``convert_state_dict``, ``SpecModel``, ``render``) load on first use,
+so validation stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.graph import ArchGraph, build_graph
 from specvit.spec import Spec, load_spec, parse_spec
 
 __all__ = [
@@ -32,7 +32,17 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from specvit.checkpoint import CheckpointError, load_pretrained
+    from specvit.compile import build_model
+    from specvit.convert import convert_state_dict
+    from specvit.diagram import render
+    from specvit.graph import ArchGraph, build_graph
+    from specvit.model import SpecModel
+
 _LAZY = {
+    "ArchGraph": "specvit.graph",
+    "build_graph": "specvit.graph",
     "build_model": "specvit.compile",
     "load_pretrained": "specvit.checkpoint",
     "CheckpointError": "specvit.checkpoint",

@@ -44,8 +44,26 @@ _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+class _TooDeep(yaml.YAMLError):
+    """Flow collections (``[``, ``{``) nest deeper than MAX_NESTING: raised by the scanner, at ``mark``."""
+
+    def __init__(self, mark: Any):
+        super().__init__(f"flow collections nest deeper than {MAX_NESTING} levels")
+        self.mark = mark
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-6`` as a float (YAML 1.2), not as the string PyYAML makes of it."""
+    """SafeLoader that also reads ``1e-6`` as a float (YAML 1.2), not as the string PyYAML makes of it.
+
+    Its scanner also stops at the 65th nested ``[`` or ``{``: it looks up to 1024 characters ahead for
+    a key and, for each token, checks every open flow level, so that ``[[[[...`` costs time quadratic in
+    the depth (about a second for 1024 levels) before the parser sees any of it.
+    """
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        if self.flow_level >= MAX_NESTING:
+            raise _TooDeep(self.get_mark())
+        super().fetch_flow_collection_start(token_class)
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
@@ -146,13 +164,17 @@ def _check_nesting(text: str, file: str) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             open_.append(True if isinstance(event, yaml.MappingStartEvent) else None)
             if len(open_) > MAX_NESTING:
-                raise SpecError.at(
-                    f"the document nests deeper than {MAX_NESTING} levels",
-                    hint="a spec is a few levels deep; check for runaway brackets or indentation",
-                    location=_loc(file, event.start_mark),
-                )
+                raise _too_deep(_loc(file, event.start_mark))
         elif isinstance(event, yaml.CollectionEndEvent):
             open_.pop()
+
+
+def _too_deep(location: Location) -> SpecError:
+    return SpecError.at(
+        f"the document nests deeper than {MAX_NESTING} levels",
+        hint="a spec is a few levels deep; check for runaway brackets or indentation",
+        location=location,
+    )
 
 
 class _Converter:
@@ -164,7 +186,8 @@ class _Converter:
         self.problems: list[Problem] = []
         self.budget = MAX_VALUES
         self.scalars = yaml.constructor.SafeConstructor()
-        self.open: set[int] = set()  # ids of the collections being converted: an alias to one of them loops
+        self.entered: set[int] = set()  # ids of the collections being converted: an alias to one loops
+        self.depth = 0  # collections being converted, merges (<<) included
 
     def convert(self, node: yaml.Node, path: KeyPath) -> Any:
         self.budget -= 1
@@ -174,32 +197,11 @@ class _Converter:
                 hint="aliases (*name) that repeat anchors many times over are refused; write the values out",
                 location=_loc(self.file, node.start_mark),
             )
-        if len(path) > MAX_NESTING:  # aliases can nest an anchored collection inside itself or one another
-            raise SpecError.at(
-                f"the document nests deeper than {MAX_NESTING} levels once its aliases are expanded",
-                hint="a spec is a few levels deep; check what the aliases (*name) refer to",
-                location=_loc(self.file, node.start_mark),
-            )
         self.source.values[path] = _loc(self.file, node.start_mark)
-        if isinstance(node, yaml.CollectionNode) and id(node) in self.open:
-            raise SpecError.at(
-                "an alias (*name) refers to a collection that contains it",
-                path=_dotted(path),
-                hint="an anchored mapping or list cannot include itself; write the values out",
-                location=_loc(self.file, node.start_mark),
-            )
-        if isinstance(node, yaml.MappingNode) and node.tag in (_MAP_TAG,):
-            self.open.add(id(node))
-            try:
-                return self._mapping(node, path)
-            finally:
-                self.open.discard(id(node))
-        if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG:
-            self.open.add(id(node))
-            try:
-                return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
-            finally:
-                self.open.discard(id(node))
+        if (isinstance(node, yaml.MappingNode) and node.tag == _MAP_TAG) or (
+            isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG
+        ):
+            return self._collection(node, path)
         if isinstance(node, yaml.ScalarNode) and node.tag in _PLAIN_TAGS:
             return self._scalar(node, path)
         self.problems.append(
@@ -212,12 +214,38 @@ class _Converter:
         )
         return None
 
+    def _collection(self, node: yaml.MappingNode | yaml.SequenceNode, path: KeyPath) -> Any:
+        """Convert a mapping or a list, bounding what aliases and merge keys can make of it."""
+        if id(node) in self.entered:
+            raise SpecError.at(
+                "an alias (*name) refers to a collection that contains it",
+                path=_dotted(path),
+                hint="an anchored mapping or list cannot include itself; write the values out",
+                location=_loc(self.file, node.start_mark),
+            )
+        if self.depth >= MAX_NESTING:  # the text nests <= 64 deep, but aliases and merges can stack anchors
+            raise SpecError.at(
+                f"the document nests deeper than {MAX_NESTING} levels once its aliases are expanded",
+                path=_dotted(path),
+                hint="a spec is a few levels deep; check what the aliases (*name) and merges (<<) refer to",
+                location=_loc(self.file, node.start_mark),
+            )
+        self.entered.add(id(node))
+        self.depth += 1
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, path)
+            return [self.convert(item, (*path, i)) for i, item in enumerate(node.value)]
+        finally:
+            self.depth -= 1
+            self.entered.discard(id(node))
+
     def _scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
         try:
             return self.scalars.construct_object(node)
-        except (ValueError, KeyError, yaml.constructor.ConstructorError) as exc:
-            # an explicit tag on a value that is not of that type (`!!int abc`), or an integer with more
-            # digits than Python converts (sys.get_int_max_str_digits(), 4300 by default)
+        except (ArithmeticError, LookupError, TypeError, ValueError, yaml.YAMLError) as exc:
+            # an explicit tag on a value that is not of that type (`!!int abc`, `!!int` with nothing), or
+            # an integer with more digits than Python converts (sys.get_int_max_str_digits(), 4300)
             if isinstance(exc, ValueError) and "digits" in str(exc):
                 digits = sum(c.isdigit() for c in node.value)
                 message, hint = (
@@ -320,6 +348,8 @@ def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap
     try:
         _check_nesting(text, file)
         node = yaml.compose(text, Loader=_Loader)
+    except _TooDeep as exc:
+        raise _too_deep(_loc(file, exc.mark)) from None
     except yaml.YAMLError as exc:
         raise SpecError(_yaml_problem(exc, file, text)) from None
     if node is None:
@@ -351,7 +381,7 @@ def dump_yaml(data: Any) -> str:
 # --------------------------------------------------------------------------------------------- extends
 
 
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to wait on
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO nobody writes to returns at once
 
 
 def _resolve(path: Path) -> Path:
@@ -365,9 +395,8 @@ def _resolve(path: Path) -> Path:
 def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | None = None) -> bytes:
     """The bytes of a spec file (at most ``MAX_BYTES + 1``), or a SpecError saying why there are none.
 
-    The file is opened without blocking, so that a FIFO nobody writes to reads as empty instead of
-    waiting forever. A FIFO or device named on the command line (``specvit validate <(...)``) is then
-    read as usual; one named by ``extends`` (``at`` is given: the spec's own text chose it) is refused.
+    Only regular files are read. The file is opened without blocking and checked before any read, so
+    that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting forever for input.
     """
     try:
         if "\0" in str(path):
@@ -383,17 +412,14 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
         with open(fd, "rb") as f:
             info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode):
-                if info.st_size > MAX_BYTES:
-                    raise _too_big(info.st_size, shown)
-            elif at is not None:
+            if not stat.S_ISREG(info.st_mode):
                 raise SpecError.at(
                     f"{what} '{shown}' is not a regular file",
-                    hint="extends must name a .yaml file",
+                    hint="give the path of a .yaml file",
                     location=at,
                 )
-            elif _NONBLOCK:
-                os.set_blocking(fd, True)
+            if info.st_size > MAX_BYTES:
+                raise _too_big(info.st_size, shown)
             return f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise SpecError.at(f"{what} '{shown}' does not exist", hint="check the path", location=at) from None
@@ -568,7 +594,9 @@ def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, Any]:
             or (isinstance(node, str) and node == part)
             or (
                 isinstance(part, str)
-                and ("[" in part or part in {"tuple", "function-after", "function-before"})
+                and (
+                    "[" in part or part in {"tuple", "function-after", "function-before", "single", "stages"}
+                )
             )
         ):
             continue

@@ -1,0 +1,653 @@
+"""The robustness table: bad inputs to specvit and the first error line each must get.
+
+Each :class:`Case` is one input, created in a fresh directory (files from bytes, or a small setup
+function for symlinks, FIFOs, permissions and large files), given to specvit as a spec path. Every
+case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit status 2, no traceback,
+and a first error line that starts with ``expected``, after the file name (and line:col) it names.
+
+``tests/test_robustness.py`` runs the table through the CLI and through :func:`specvit.load_spec`.
+``python tests/robustness_cases.py`` runs it in-process and writes ``docs/robustness.md`` from it;
+a test fails when that file is stale.
+
+The tests may run as root (they do in this project's container), and root reads files whatever their
+mode. The one case that needs file permissions to apply (``path_unreadable``) therefore runs with the
+effective user id switched to ``nobody`` (65534) when the process is root: in-process with ``os.seteuid``
+around the call, and through the CLI by a ``python -c`` that does the same before calling
+``specvit.cli.main``. Its directory is then made traversable by ``nobody``, so that the error comes from
+the file's mode, not from a parent directory. ``path_symlink_loop`` is a path no user can read, root
+included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "robustness.md"
+NOBODY = 65534  # the user id the unprivileged case runs as, when the tests run as root
+TIME_LIMIT = 1.0  # seconds: every case returns within this, in-process
+
+# The spec the cases break, one thing at a time. It is valid (a test checks that).
+VALID = """specvit: 1
+name: tiny
+model: encoder
+encoder:
+  input: {kind: image, size: 32, patch: 8, channels: 3}
+  prefix: {cls: true}
+  position: learned
+  width: 768
+  depth: 2
+  block:
+    heads: 12
+    layers: [self_attention, mlp]
+    norm: {kind: layernorm, placement: pre, eps: 1.0e-6}
+    mlp: {ratio: 4, activation: gelu}
+head: {kind: classifier, pool: cls, classes: 10}
+"""
+
+
+def _valid_with(old: str, new: str) -> bytes:
+    """VALID with its first ``old`` replaced by ``new``, as UTF-8 bytes."""
+    if old not in VALID:
+        raise ValueError(f"{old!r} is not in the valid spec")
+    return VALID.replace(old, new, 1).encode()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input and what specvit must say about it.
+
+    Args:
+        id: a short name; also the spec file's name (``<id>.yaml``) unless ``spec`` says otherwise.
+        input: what the input is, for the table in docs/robustness.md.
+        expected: the exact start of the first error line after ``<error_file>:``; when ``error_file``
+            is None (no line exists: the path cannot be read) the exact start of the whole line.
+        text: the bytes of the spec file, if the case has one made of bytes.
+        files: other files of the case (bases of ``extends``), by name.
+        setup: makes what bytes cannot (symlinks, FIFOs, directories, modes, large files).
+        spec: the path given to specvit, relative to the case's directory.
+        error_file: the file the first error line names, relative to the case's directory; "" for the
+            spec itself; None for a path error, which names the path in the message instead.
+        exit_code: the exit status of ``specvit validate``.
+        unprivileged: the case needs file permissions to apply (run as ``nobody`` when root).
+        must_not_create: a file the input would create if specvit ran code from it.
+    """
+
+    id: str
+    input: str
+    expected: str
+    text: bytes | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None
+    spec: str = ""
+    error_file: str | None = ""
+    exit_code: int = 2
+    unprivileged: bool = False
+    must_not_create: str = ""
+
+    @property
+    def spec_name(self) -> str:
+        """The spec path, relative to the case's directory."""
+        return self.spec or f"{self.id}.yaml"
+
+    @property
+    def error_name(self) -> str | None:
+        """The file the first error line starts with, relative to the case's directory."""
+        return self.spec_name if self.error_file == "" else self.error_file
+
+    @property
+    def expected_line(self) -> str:
+        """The expected start of the first error line, with the case's directory left out."""
+        return f"{self.error_name}:{self.expected}" if self.error_name is not None else self.expected
+
+    def create(self, base: Path) -> Path:
+        """Make the case's files in a new directory ``base/<id>``; return that directory."""
+        case_dir = base / self.id
+        case_dir.mkdir()
+        if self.text is not None:
+            (case_dir / self.spec_name).write_bytes(self.text)
+        for name, data in self.files.items():
+            (case_dir / name).write_bytes(data)
+        if self.setup is not None:
+            self.setup(case_dir)
+        return case_dir
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def _python_object(d: Path) -> None:
+    command = json.dumps(f"touch {shlex.quote(str(d / 'ran'))}")  # JSON strings are YAML strings too
+    text = VALID.replace("name: tiny", f"name: !!python/object/apply:os.system [{command}]")
+    (d / "python_object.yaml").write_text(text)
+
+
+def _alias_bomb() -> bytes:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    return ("\n".join(lines) + "\n").encode()  # 9**10 (3.5 billion) strings once expanded
+
+
+def _merge_chain() -> bytes:
+    # anchors defined inside keys (never converted themselves), each merging the one before
+    lines = [f"? &m{i} {{" + (f"<<: *m{i - 1}, " if i else "") + f"k{i}: 1}}\n: 1" for i in range(200)]
+    return ("\n".join(lines) + "\nv: *m199\n").encode()
+
+
+def _deep_block_map() -> bytes:
+    return ("".join(" " * i + "k:\n" for i in range(1000)) + " " * 1000 + "v\n").encode()
+
+
+def _huge_file(d: Path) -> None:
+    with (d / "huge_file.yaml").open("wb") as f:
+        f.write(VALID.encode())
+        line = b"# " + b"x" * 1021 + b"\n"  # 1 KiB
+        for _ in range(50 * 1024 - 1):
+            f.write(line)
+        f.write(b"#" * (50 * 2**20 - f.tell()))  # exactly 50 MiB
+
+
+def _mkfifo(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        os.mkfifo(d / name)
+
+    return setup
+
+
+def _mkdir(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        (d / name).mkdir()
+
+    return setup
+
+
+def _symlink(name: str, target: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        os.symlink(target, d / name)
+
+    return setup
+
+
+def _extends_chain(d: Path) -> None:
+    for i in range(40):
+        (d / f"c{i:02}.yaml").write_text(f"specvit: 1\nextends: c{i + 1:02}.yaml\n")
+    (d / "c40.yaml").write_text(VALID)
+
+
+def _unreadable(d: Path) -> None:
+    path = d / "path_unreadable.yaml"
+    path.write_text(VALID)
+    path.chmod(0)
+
+
+_EXTENDS = b"specvit: 1\nextends: %s\nname: child\n"
+
+CASES: list[Case] = [
+    # --- documents that are not a spec
+    Case(
+        "empty",
+        "an empty file",
+        "1:1: the file holds no YAML document (a spec starts with 'specvit: 1')",
+        text=b"",
+    ),
+    Case(
+        "comment_only",
+        "a file that is only a comment",
+        "1:1: the file holds no YAML document (a spec starts with 'specvit: 1')",
+        text=b"# specvit: 1\n",
+    ),
+    Case(
+        "root_list",
+        "a list at the top level",
+        "1:1: the spec must be a mapping of keys at the top level, got a list",
+        text=b"- specvit: 1\n- name: tiny\n",
+    ),
+    Case(
+        "root_scalar",
+        "a scalar at the top level",
+        "1:1: the spec must be a mapping of keys at the top level, got 42",
+        text=b"42\n",
+    ),
+    # --- bytes and characters
+    Case(
+        "not_utf8",
+        "a byte that is not UTF-8 (0xff in the name)",
+        "2:8: the file is not UTF-8 text (byte 0xff at offset 18) (save the spec as UTF-8)",
+        text=VALID.encode().replace(b"name: tiny", b"name: t\xffny"),
+    ),
+    Case(
+        "control_character",
+        "a NUL character (valid UTF-8, not allowed in YAML)",
+        "2:9: the character #x0000 is not allowed in YAML",
+        text=_valid_with("name: tiny", "name: ti\x00ny"),
+    ),
+    Case(
+        "tab_indent",
+        "a tab used for indentation",
+        "11:1: a tab character where YAML expects indentation or a value "
+        "(YAML does not allow tabs for indentation; indent with spaces)",
+        text=_valid_with("    heads: 12", "\theads: 12"),
+    ),
+    Case(
+        "syntax_error",
+        "a YAML syntax error (an unclosed '[')",
+        "5:56: YAML syntax error: expected ',' or ']', but got '}' (while parsing a flow sequence)",
+        text=_valid_with("size: 32, patch: 8", "size: [32, patch: 8"),
+    ),
+    Case(
+        "duplicate_key",
+        "a key given twice in one mapping",
+        "10:3: encoder.depth: duplicate key 'depth' (first at line 9)",
+        text=_valid_with("  depth: 2\n", "  depth: 2\n  depth: 3\n"),
+    ),
+    Case(
+        "key_is_a_list",
+        "a key that is a list (`? [a, b]`)",
+        "16:3: keys must be plain strings, got a list (write the key as a name such as width)",
+        text=(VALID + "? [a, b]\n: 1\n").encode(),
+    ),
+    # --- code, tags, aliases
+    Case(
+        "python_object",
+        '`name: !!python/object/apply:os.system ["touch <case dir>/ran"]`',
+        "2:7: name: the tag !!python/object/apply:os.system is refused",
+        setup=_python_object,
+        must_not_create="ran",
+    ),
+    Case(
+        "bad_tagged_value",
+        "`!!int abc`: an explicit tag on a value that is not of that type",
+        "8:10: encoder.width: 'abc' is not a valid !!int (remove the tag or correct the value)",
+        text=_valid_with("width: 768", "width: !!int abc"),
+    ),
+    Case(
+        "tagged_empty_value",
+        "`width: !!int` (a tag with no value)",
+        "8:10: encoder.width: '' is not a valid !!int (remove the tag or correct the value)",
+        text=_valid_with("width: 768", "width: !!int"),
+    ),
+    Case(
+        "alias_bomb",
+        'an alias bomb ("billion laughs": 10 levels of 9 aliases)',
+        "1:20: the document expands to more than 10000 values",
+        text=_alias_bomb(),
+    ),
+    Case(
+        "alias_to_itself",
+        "an anchored list that holds an alias to itself (`a: &a [*a]`)",
+        "1:4: a.0: an alias (*name) refers to a collection that contains it",
+        text=b"a: &a [*a]\n",
+    ),
+    Case(
+        "merge_chain",
+        "200 anchors, each merging (`<<`) the one before",
+        "273:3: v: the document nests deeper than 64 levels once its aliases are expanded",
+        text=_merge_chain(),
+    ),
+    # --- size and shape
+    Case(
+        "deep_flow",
+        "5,000 levels of flow lists (`[[[[...`)",
+        "1:68: the document nests deeper than 64 levels",
+        text=b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    ),
+    Case(
+        "deep_block_list",
+        "5,000 levels of block lists (`- - - - ...`)",
+        "1:129: the document nests deeper than 64 levels",
+        text=b"- " * 5000 + b"x\n",
+    ),
+    Case(
+        "deep_block_map",
+        "1,000 levels of indented mappings (500 KB)",
+        "65:65: the document nests deeper than 64 levels",
+        text=_deep_block_map(),
+    ),
+    Case(
+        "huge_file",
+        "a 50 MiB file",
+        "1:1: the file is 52,428,800 bytes, over the 1,048,576-byte limit for a spec",
+        setup=_huge_file,
+    ),
+    Case(
+        "too_many_values",
+        "100,000 values in one list (300 KB, under the size limit)",
+        "1:29999: the document holds more than 10000 values",
+        text=b"a: [" + b"0, " * 100_000 + b"]\n",
+    ),
+    # --- values
+    Case(
+        "integer_10e30",
+        "`width: 10**30`",
+        "8:10: encoder.width: must be <= 65536, got 1000000000000000000000000000000",
+        text=_valid_with("width: 768", f"width: {10**30}"),
+    ),
+    Case(
+        "integer_5000_digits",
+        "an integer of 5,000 digits (more than Python converts)",
+        "8:10: encoder.width: the integer has 5,000 digits, too many to read",
+        text=_valid_with("width: 768", "width: " + "9" * 5000),
+    ),
+    Case(
+        "zero_size",
+        "`depth: 0`",
+        "9:10: encoder.depth: must be >= 1, got 0",
+        text=_valid_with("depth: 2", "depth: 0"),
+    ),
+    Case(
+        "negative_size",
+        "`width: -768`",
+        "8:10: encoder.width: must be >= 1, got -768",
+        text=_valid_with("width: 768", "width: -768"),
+    ),
+    Case(
+        "nan",
+        "`ratio: .nan`",
+        "14:18: encoder.block.mlp.ratio: must be a finite number, got nan",
+        text=_valid_with("ratio: 4", "ratio: .nan"),
+    ),
+    Case(
+        "infinity",
+        "`eps: .inf`",
+        "13:50: encoder.block.norm.eps: must be a finite number, got inf",
+        text=_valid_with("eps: 1.0e-6", "eps: .inf"),
+    ),
+    Case(
+        "bool_for_number",
+        "`heads: true` (a boolean where a number belongs)",
+        "11:12: encoder.block.heads: expected an integer, got true "
+        "(booleans are not numbers here; write a number)",
+        text=_valid_with("heads: 12", "heads: true"),
+    ),
+    Case(
+        "quoted_number",
+        '`heads: "12"` (a number as a string)',
+        "11:12: encoder.block.heads: expected an integer, got '12' (write the number without quotes: 12)",
+        text=_valid_with("heads: 12", 'heads: "12"'),
+    ),
+    # --- extends
+    Case(
+        "extends_cycle",
+        "a.yaml extends b.yaml, which extends a.yaml",
+        "2:10: extends: extends forms a cycle: a.yaml -> b.yaml -> a.yaml",
+        files={"a.yaml": b"specvit: 1\nextends: b.yaml\n", "b.yaml": b"specvit: 1\nextends: a.yaml\n"},
+        spec="a.yaml",
+        error_file="b.yaml",
+    ),
+    Case(
+        "extends_missing",
+        "extends names a file that does not exist",
+        "2:10: spec 'missing.yaml' does not exist (check the path)",
+        text=_EXTENDS % b"missing.yaml",
+    ),
+    Case(
+        "extends_directory",
+        "extends names a directory",
+        "2:10: spec 'presets' is a directory (give the path of a .yaml file)",
+        text=_EXTENDS % b"presets",
+        setup=_mkdir("presets"),
+    ),
+    Case(
+        "extends_fifo",
+        "extends names a FIFO nobody writes to (reading it would wait forever)",
+        "2:10: spec 'base.yaml' is not a regular file (give the path of a .yaml file)",
+        text=_EXTENDS % b"base.yaml",
+        setup=_mkfifo("base.yaml"),
+    ),
+    Case(
+        "extends_symlink_loop",
+        "extends names a symlink to itself",
+        "2:10: spec 'loop.yaml' cannot be read: Too many levels of symbolic links",
+        text=_EXTENDS % b"loop.yaml",
+        setup=_symlink("loop.yaml", "loop.yaml"),
+    ),
+    Case(
+        "extends_nul",
+        '`extends: "a\\0b.yaml"` (a NUL character in the path)',
+        "2:10: spec 'a\\x00b.yaml' cannot be read: the path holds a NUL character",
+        text=_EXTENDS % b'"a\\0b.yaml"',
+    ),
+    Case(
+        "extends_chain",
+        "a chain of 41 files, each extending the next",
+        "2:10: extends: extends chains more than 32 files",
+        setup=_extends_chain,
+        spec="c00.yaml",
+        error_file="c31.yaml",
+    ),
+    # --- the spec path itself
+    Case(
+        "path_missing",
+        "a spec path that does not exist",
+        "spec 'missing.yaml' does not exist (check the path)",
+        spec="missing.yaml",
+        error_file=None,
+    ),
+    Case(
+        "path_dangling_symlink",
+        "a spec path that is a symlink to nothing",
+        "spec 'path_dangling_symlink.yaml' does not exist (check the path)",
+        setup=_symlink("path_dangling_symlink.yaml", "nowhere.yaml"),
+        error_file=None,
+    ),
+    Case(
+        "path_directory",
+        "a spec path that is a directory",
+        "spec 'specs' is a directory (give the path of a .yaml file)",
+        setup=_mkdir("specs"),
+        spec="specs",
+        error_file=None,
+    ),
+    Case(
+        "path_fifo",
+        "a spec path that is a FIFO nobody writes to",
+        "spec 'path_fifo.yaml' is not a regular file (give the path of a .yaml file)",
+        setup=_mkfifo("path_fifo.yaml"),
+        error_file=None,
+    ),
+    Case(
+        "path_symlink_loop",
+        "a spec path that is a symlink to itself (unreadable, even by root)",
+        "spec 'path_symlink_loop.yaml' cannot be read: Too many levels of symbolic links",
+        setup=_symlink("path_symlink_loop.yaml", "path_symlink_loop.yaml"),
+        error_file=None,
+    ),
+    Case(
+        "path_unreadable",
+        "a spec file with mode 000 (read as user nobody when the tests run as root)",
+        "spec 'path_unreadable.yaml' cannot be read (permission denied) (check the file's permissions)",
+        setup=_unreadable,
+        error_file=None,
+        unprivileged=True,
+    ),
+]
+
+BY_ID = {case.id: case for case in CASES}
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`specvit.load_spec` did with a case.
+
+    Args:
+        first_line: the first line of the SpecError, as printed; None if there was no error.
+        seconds: how long the call took.
+    """
+
+    first_line: str | None
+    seconds: float
+
+
+def must_drop_privileges(case: Case) -> bool:
+    """Whether ``case`` has to run as ``nobody`` for file permissions to apply (it does as root)."""
+    return case.unprivileged and hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@contextlib.contextmanager
+def privileges_dropped(case: Case) -> Iterator[None]:
+    """Run the body with the effective user id ``nobody`` if the case needs it, else unchanged."""
+    if not must_drop_privileges(case):
+        yield
+        return
+    os.seteuid(NOBODY)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def run_in_process(case: Case, case_dir: Path) -> Outcome:
+    """Give the case (already created in ``case_dir``) to :func:`specvit.load_spec`."""
+    import specvit
+
+    first_line = None
+    with privileges_dropped(case):
+        start = time.perf_counter()
+        try:
+            specvit.load_spec(case_dir / case.spec_name)
+        except specvit.SpecError as exc:
+            first_line = str(exc).splitlines()[0]
+        seconds = time.perf_counter() - start
+    return Outcome(first_line, seconds)
+
+
+def cli_command(case: Case, case_dir: Path) -> list[str]:
+    """The command that validates the case through the CLI (as ``nobody`` when it must drop privileges)."""
+    path = str(case_dir / case.spec_name)
+    if must_drop_privileges(case):
+        # python itself lives under /root, which nobody cannot enter: drop the user after start-up
+        code = (
+            "import os, sys, specvit.cli, specvit.spec.loader; "
+            f"os.seteuid({NOBODY}); sys.exit(specvit.cli.main(sys.argv[1:]))"
+        )
+        return [sys.executable, "-c", code, "validate", path]
+    return [sys.executable, "-m", "specvit.cli", "validate", path]
+
+
+def snapshot(case_dir: Path) -> dict[str, tuple[int, int, int, bytes | None]]:
+    """Every entry under ``case_dir`` (symlinks not followed): mode, size, mtime and small files' bytes."""
+    out: dict[str, tuple[int, int, int, bytes | None]] = {}
+    for entry in sorted(case_dir.rglob("*")):
+        info = entry.lstat()
+        data = None
+        if stat.S_ISREG(info.st_mode) and info.st_size <= 2**20:
+            with contextlib.suppress(PermissionError):
+                data = entry.read_bytes()
+        out[str(entry.relative_to(case_dir))] = (info.st_mode, info.st_size, info.st_mtime_ns, data)
+    return out
+
+
+def shown(line: str, case_dir: Path) -> str:
+    """``line`` with the case's directory left out of every path, as the docs show it."""
+    return line.replace(f"{case_dir}{os.sep}", "")
+
+
+@contextlib.contextmanager
+def traversable_tmpdir() -> Iterator[Path]:
+    """A temporary directory that every user can enter (so that ``nobody`` meets only the file's mode)."""
+    with tempfile.TemporaryDirectory(prefix="specvit-robustness-") as tmp:
+        path = Path(tmp).resolve()
+        path.chmod(0o711)
+        yield path
+
+
+# ---------------------------------------------------------------------------------------------- docs
+
+_INTRO = """\
+# Robustness: what bad input gets
+
+<!-- Generated by `python tests/robustness_cases.py` from the table in tests/robustness_cases.py;
+     tests/test_robustness.py fails when this file is stale. Do not edit by hand. -->
+
+A spec is untrusted input. Whatever a spec file holds, specvit answers with a `SpecError` that lists every
+problem at once, each as `file:line:col: key.path: message (hint)`; `specvit validate` prints them and
+exits with status 2, never with a traceback. Where there is no line to point at (the path does not exist,
+is a directory, cannot be read), the message names the path. Every input below gets its answer within
+1 second, and `specvit validate` only reads: the files it is given are left as they were.
+
+The policy:
+
+- **Safe YAML only.** Mappings, lists, strings, numbers, booleans and null. Any other tag
+  (`!!python/object/apply:...`, `!!binary`, `!!timestamp`, `!local`) is refused by name and nothing is
+  constructed from it, so a spec cannot run code. Duplicate keys are errors, not "last one wins".
+- **Bounded.** A spec file is at most 1 MiB (larger files are refused before they are read), nests at
+  most 64 levels deep, and holds at most 10,000 values, counted after aliases (`*name`) and merge keys
+  (`<<`) are expanded, so that no file can hang specvit or exhaust its memory. An alias may not refer to
+  a collection that contains it. A chain of `extends` is at most 32 files long and may not loop; it names
+  regular files only (a FIFO or a device would wait forever for input).
+- **Slow is bounded, not absent.** PyYAML's scanner is pure Python and reads roughly 0.3 to 1 MB a
+  second, so a document near the limits (a 1 MiB comment, 1 MiB of blank lines, 10,000 keys and values)
+  takes a few seconds to refuse or accept; the limits are what keep that from growing.
+- **Numbers are never quoted.** `heads: "12"` is refused with the hint "write the number without quotes:
+  12", and `heads: true` is refused too: in YAML a quoted value is a string and `true` is a boolean. If
+  specvit converted them, a typo such as `"12 "` or `"1e3"` would be read as a number it does not say,
+  editors using the JSON Schema (`specvit schema`) would flag what `specvit validate` accepts, and
+  `spec.to_yaml()` would not give back the file. A spec means what its YAML types say.
+- **Every problem at once.** Type errors, unknown keys and missing keys are reported together, each at
+  its own line; the cross-field rules (divisibility, which attention goes where) run once the types are
+  right.
+
+The inputs tried, and the first error line each gets (the temporary directory left out of the paths):
+
+"""
+
+_OUTRO = """
+Besides this table, `tests/test_robustness.py` gives `specvit.parse_spec` random bytes and random
+YAML-like text built from YAML tokens and spec keys (Hypothesis), and `tests/fuzz_parse_spec.py` fuzzes
+it with coverage guidance (atheris; `make fuzz`): every outcome must be a spec or a `SpecError`.
+"""
+
+
+def _cell(text: str) -> str:
+    """``text`` as inline code in a Markdown table cell."""
+    text = text.replace("|", "\\|")
+    fence = "``" if "`" in text else "`"
+    pad = " " if "`" in text else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def render_doc(lines: Mapping[str, str | None]) -> str:
+    """docs/robustness.md, from the first error line of every case (by case id)."""
+    rows = ["| case | input | first error line |", "|---|---|---|"]
+    for case in CASES:
+        line = lines[case.id]
+        got = _cell(line) if line is not None else "**no error**"
+        description = case.input.replace("|", "\\|")
+        rows.append(f"| `{case.id}` | {description} | {got} |")
+    return _INTRO + "\n".join(rows) + "\n" + _OUTRO
+
+
+def first_lines() -> dict[str, str | None]:
+    """Run every case in-process in a temporary directory: the first error line of each, as shown."""
+    out: dict[str, str | None] = {}
+    with traversable_tmpdir() as base:
+        for case in CASES:
+            case_dir = case.create(base)
+            line = run_in_process(case, case_dir).first_line
+            out[case.id] = None if line is None else shown(line, case_dir)
+    return out
+
+
+def main() -> None:
+    """Write docs/robustness.md from the table."""
+    from specvit.io import atomic_write
+
+    atomic_write(DOC, render_doc(first_lines()))
+    print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
