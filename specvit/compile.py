@@ -30,6 +30,7 @@ from specvit.nn import (
     TokenEmbed,
     build_mlp,
 )
+from specvit.nn.window import PatchMerging, WindowAttention
 from specvit.spec.schema import Spec
 
 __all__ = ["BUILDERS", "available_memory", "build_model", "init_weights"]
@@ -51,6 +52,19 @@ def _attention(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
         proj_drop=hp["proj_drop"],
         **f,
     )
+    if a["op"] == "window_attention":
+        return WindowAttention(
+            hp["dim"],
+            hp["heads"],
+            tuple(hp["grid"]),
+            hp["window"],
+            hp["shift"],
+            qkv_bias=hp["qkv_bias"],
+            proj_bias=hp["proj_bias"],
+            attn_drop=hp["attn_drop"],
+            proj_drop=hp["proj_drop"],
+            **f,
+        )
     if a["op"] == "cross_attention":
         return CrossAttention(hp["dim"], hp["heads"], memory_dim=hp["memory_dim"], **common)
     return SelfAttention(hp["dim"], hp["heads"], causal=hp["causal"], **common)
@@ -84,6 +98,14 @@ def _patch_embed(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
     )
 
 
+def _patch_merging(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
+    hp = a["hparams"]
+    norm = BUILDERS[hp["norm"]](
+        {"hparams": {"dim": 4 * hp["dim"], "eps": hp["eps"], "bias": hp["bias"]}}, built, f
+    )
+    return PatchMerging(hp["dim"], tuple(hp["grid"]), norm, **f)
+
+
 BUILDERS: dict[str, BuilderFn] = {
     "patch_embed": _patch_embed,
     "token_embed": _token_embed,
@@ -104,6 +126,8 @@ BUILDERS: dict[str, BuilderFn] = {
     "self_attention": _attention,
     "masked_self_attention": _attention,
     "cross_attention": _attention,
+    "window_attention": _attention,
+    "patch_merging": _patch_merging,
     "mlp": lambda a, b, f: build_mlp(
         a["hparams"]["dim"],
         a["hparams"]["hidden"],
@@ -128,11 +152,12 @@ def _compile(graph: ArchGraph, dtype: torch.dtype | None) -> SpecModel:
     return MODEL_CLASSES[graph.spec.model](graph, build)
 
 
-def _fill(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
+def _fill_full(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
     """Initialise ``param`` in place with ``fn``; a sharded DTensor gets its shard of the full tensor.
 
-    ``fn`` always sees a tensor of the parameter's full shape, so the random stream it draws from (and
-    hence every value) is the same on one process as under FSDP, on every rank.
+    ``fn`` always sees a float32 tensor of the parameter's full shape, so the random stream it draws from
+    (and hence every value, up to the final cast) is the same on one process as under FSDP, on every rank,
+    and in any dtype.
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -178,6 +203,12 @@ def init_weights(model: nn.Module, kind: str) -> None:
 
     head = getattr(model, "head", None)
     zero_head = kind == "vit" and head is not None and isinstance(getattr(head, "fc", None), nn.Linear)
+    done: set[int] = set()
+
+    def _fill(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
+        _fill_full(param, fn)
+        done.add(id(param))
+
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.Linear | nn.Conv2d):
@@ -203,6 +234,11 @@ def init_weights(model: nn.Module, kind: str) -> None:
                     _fill(p, lambda t: nn.init.normal_(t, std=1e-6 if kind == "vit" else 0.02))
             elif isinstance(m, TiedLinear) and m.bias is not None:
                 _fill(m.bias, nn.init.zeros_)
+            elif isinstance(m, WindowAttention):  # its Linear children are filled above
+                _fill(m.relative_position_bias_table, partial(nn.init.trunc_normal_, std=0.02))
+    missed = [name for name, p in model.named_parameters() if id(p) not in done]
+    if missed:
+        raise RuntimeError(f"init_weights has no rule for {', '.join(missed)}")
 
 
 def _resolve(

@@ -180,7 +180,7 @@ def _torch(spec: Spec, keys: Sequence[str]) -> _Layout:
         table[block + "attn.qkv.{p}"] = _one(layer + "self_attn.in_proj_{p}")
         table[block + "attn.proj.{p}"] = _one(layer + "self_attn.out_proj.{p}")
         if role == "decoder":
-            q_rows = stack.block.heads * stack.head_dim  # in_proj packs [q; k; v]
+            q_rows = stack.heads * stack.head_dim  # in_proj packs [q; k; v]
             table[block + "cross_attn.q.{p}"] = _one(layer + "multihead_attn.in_proj_{p}", _rows(0, q_rows))
             table[block + "cross_attn.kv.{p}"] = _one(
                 layer + "multihead_attn.in_proj_{p}", _rows(q_rows, None)
@@ -290,9 +290,38 @@ def _hf(spec: Spec, keys: Sequence[str]) -> _Layout:
     )
 
 
+def _timm_swin(spec: Spec, stack: StackSpec) -> _Layout:
+    """timm's SwinTransformer (>= 0.9 layout: patch merging at the start of stages 1..)."""
+    name = "timm SwinTransformer"
+    _check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    table: dict[str, Entry] = {
+        "encoder.patch_embed.proj.{p}": _one("patch_embed.proj.{p}"),
+        "encoder.embed_norm.{p}": _one("patch_embed.norm.{p}"),
+        "encoder.norm.{p}": _one("norm.{p}"),
+        "head.fc.{p}": _one("head.fc.{p}"),
+    }
+    for s in range(len(stack.stage_depths)):
+        ours, theirs = f"encoder.stages.{s}.", f"layers.{s}."
+        for part in ("downsample.norm", "downsample.reduction"):
+            table[ours + part + ".{p}"] = _one(theirs + part + ".{p}")
+        for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
+            table[ours + "blocks.{i}." + part + ".{p}"] = _one(theirs + "blocks.{i}." + part + ".{p}")
+        table[ours + "blocks.{i}.attn.relative_position_bias_table"] = _one(
+            theirs + "blocks.{i}.attn.relative_position_bias_table"
+        )
+    # buffers some timm versions save: derived from the window size, recomputed by specvit
+    ignore = (
+        r"layers\.\d+\.blocks\.\d+\.attn\.relative_position_index",
+        r"layers\.\d+\.blocks\.\d+\.attn_mask",
+    )
+    return _Layout(name, table, ignore)
+
+
 def _timm(spec: Spec, keys: Sequence[str]) -> _Layout:
     name = "timm VisionTransformer"
     stack = spec.stacks[spec.output_stack]
+    if spec.model == "encoder" and stack.hierarchical:
+        return _timm_swin(spec, stack)
     if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
         raise ValueError(
             f"source 'timm' converts VisionTransformer state dicts (image encoders); spec {spec.name!r} is "

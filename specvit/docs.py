@@ -35,7 +35,7 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
             schema.Rope2dPosition,
         ],
     ),
-    ("Blocks: `block:`", [schema.BlockSpec, schema.NormSpec, schema.MlpSpec]),
+    ("Blocks: `block:`", [schema.BlockSpec, schema.NormSpec, schema.MlpSpec, schema.WindowSpec]),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
     ("Heads: `head:`", [schema.ClassifierHead, schema.LMHead, schema.NoHead]),
 ]

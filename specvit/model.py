@@ -51,7 +51,7 @@ __all__ = [
 Builder = Callable[[str], nn.Module]  # node path -> its module
 LayerCache = dict[str, KVCache | CrossKVCache]
 
-_ATTENTION = ("self_attention", "masked_self_attention")
+_ATTENTION = ("self_attention", "masked_self_attention", "window_attention")
 
 
 class SharedEmbedding(nn.Module):
@@ -162,7 +162,9 @@ class Stack(nn.Module):
         super().__init__()
         g = graph.nx
         order = [n for n, a in g.nodes(data=True) if a["stack"] == role]
-        top = [n for n in order if g.nodes[n]["module"] and g.nodes[n]["block"] is None]
+        top = [
+            n for n in order if g.nodes[n]["module"] and g.nodes[n]["block"] is None and ".stages." not in n
+        ]
         for path in top:
             self.add_module(path[len(role) + 1 :], build(path))
         stack = graph.spec.stacks[role]
@@ -178,8 +180,8 @@ class Stack(nn.Module):
         elif pos.kind == "rope2d":
             grid = g.nodes[f"{role}.patch_embed"]["hparams"]["grid"]
             self.rope = Rope2d(stack.head_dim, (grid[0], grid[1]), pos.base)
-        blocks: list[Block] = []
-        for i, block in enumerate(graph.blocks(role)):
+        blocks: dict[str, list[Block]] = {}  # container path ({role} or {role}.stages.s) -> its blocks
+        for block in graph.blocks(role):
             prefix = block + "."
             names = [n for n in order if n.startswith(prefix)]
             steps = []
@@ -189,9 +191,14 @@ class Stack(nn.Module):
                 steps.append((n[len(prefix) :], g.nodes[n]["op"], rel))
             modules = {n[len(prefix) :]: build(n) for n in names if g.nodes[n]["module"]}
             rate = max((g.nodes[n]["hparams"].get("drop_path", 0.0) for n in names), default=0.0)
-            assert i == len(blocks)
-            blocks.append(Block(steps, modules, rate))
-        self.blocks = nn.ModuleList(blocks)
+            blocks.setdefault(block.rsplit(".blocks.", 1)[0], []).append(Block(steps, modules, rate))
+        if stack.hierarchical:
+            self.stages = nn.ModuleList(
+                Stage(blocks[f"{role}.stages.{i}"], build(f"{role}.stages.{i}.downsample") if i else None)
+                for i in range(len(stack.stage_depths))
+            )
+        else:
+            self.blocks = nn.ModuleList(blocks[role])
         self.checkpointing = False
 
     @staticmethod
@@ -250,7 +257,9 @@ class Stack(nn.Module):
         elif isinstance(self.rope, Rope2d):
             cos, sin = self.rope(self.num_prefix, device=x.device)
             rope = cos.to(x.dtype), sin.to(x.dtype)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.all_blocks()):
+            if (downsample := self._downsample.get(i)) is not None:
+                x = downsample(x)
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(
                     block, x, key_padding_mask, rope, memory, memory_padding_mask, use_reentrant=False
@@ -262,9 +271,43 @@ class Stack(nn.Module):
             x = norm(x)
         return x
 
+    def _stages(self) -> list[Stage]:
+        stages = self._modules.get("stages")
+        return [st for st in stages if isinstance(st, Stage)] if isinstance(stages, nn.ModuleList) else []
+
+    def all_blocks(self) -> list[Block]:
+        """Every block, in order (across stages for hierarchical stacks)."""
+        if self._stages():
+            return [blk for stage in self._stages() for blk in stage.blocks if isinstance(blk, Block)]
+        return [blk for blk in self.blocks if isinstance(blk, Block)]
+
+    @property
+    def _downsample(self) -> dict[int, nn.Module]:
+        """Block index -> the patch merging that runs before it (the first block of each later stage)."""
+        out, start = {}, 0
+        for stage in self._stages():
+            if stage.downsample is not None:
+                out[start] = stage.downsample
+            start += len(stage.blocks)
+        return out
+
     def new_cache(self) -> list[LayerCache]:
         """Empty KV caches, one per block."""
-        return [block.new_cache() for block in self.blocks if isinstance(block, Block)]
+        return [block.new_cache() for block in self.all_blocks()]
+
+
+class Stage(nn.Module):
+    """One stage of a hierarchical stack: an optional downsampling (patch merging), then blocks.
+
+    Args:
+        blocks: the stage's blocks.
+        downsample: the patch merging that opens the stage, or None for the first stage.
+    """
+
+    def __init__(self, blocks: list[Block], downsample: nn.Module | None):
+        super().__init__()
+        self.downsample = downsample
+        self.blocks = nn.ModuleList(blocks)
 
 
 class ClassifierHead(nn.Module):

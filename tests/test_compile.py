@@ -19,9 +19,13 @@ PRESETS = sorted((ROOT / "specs").glob("*.yaml"))
 
 
 def _small(path: Path) -> specvit.Spec:
-    """The preset with at most 2 blocks per stack, for speed; everything else as written."""
+    """The preset with at most 2 blocks per stack (or per stage), for speed; everything else as written."""
     spec = specvit.load_spec(path)
-    return specvit.load_spec(path, overrides={f"{r}.depth": min(s.depth, 2) for r, s in spec.stacks.items()})
+    over = {
+        f"{r}.depth": [min(d, 2) for d in s.depth] if isinstance(s.depth, list) else min(s.depth, 2)
+        for r, s in spec.stacks.items()
+    }
+    return specvit.load_spec(path, overrides=over)
 
 
 def _inputs(graph: specvit.ArchGraph, batch: int) -> dict[str, torch.Tensor]:

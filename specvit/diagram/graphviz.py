@@ -2,7 +2,7 @@
 
 :func:`plan` reads an :class:`~specvit.graph.ir.ArchGraph` into a :class:`Scene`: the boxes to draw
 with their label lines and colour category, the clusters (stacks, blocks, head) and the edges. In the
-collapsed view a run of identical blocks (:meth:`ArchGraph._fold`) is drawn once, its edges entering
+collapsed view a run of repeated blocks (:meth:`ArchGraph.fold`) is drawn once, its edges entering
 the first block and leaving the last. :func:`to_dot` writes the scene as Graphviz DOT and
 :func:`draw_dot` lays DOT out into SVG, PNG or PDF with the first engine available: pygraphviz (its
 wheel bundles the Graphviz libraries), else the system ``dot`` through the ``graphviz`` package.
@@ -185,9 +185,16 @@ def _details(op: str, hp: dict[str, Any]) -> tuple[str, ...]:
             flags.append(f"{hp['rope']['kind']} base {_value(hp['rope']['base'])}")
         if hp.get("qk_norm"):
             flags.append(f"qk {hp['qk_norm']}")
+        if "window" in hp:
+            m = hp["window"]
+            flags.append(
+                f"{m}x{m} windows · " + (f"shifted by {hp['shift']}" if hp["shift"] else "not shifted")
+            )
         lines.append(" · ".join(flags))
     elif op == "mlp":
         lines.append(f"hidden {hp['hidden']} · {hp['activation']}")
+    elif op == "patch_merging":
+        lines.append(f"2x2 tokens · {4 * hp['dim']} → {hp['out']} · grid {_value(hp['grid'])} → half")
     elif op == "patch_embed":
         lines.append(f"patch {_value(hp['patch'])} · grid {_value(hp['grid'])} · {hp['projection']}")
     elif op == "token_embed":
@@ -250,13 +257,13 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     if view not in ("collapsed", "expanded"):
         raise ValueError(f"view must be 'collapsed' or 'expanded', not {view!r}")
     g = graph.nx
-    fold = graph._fold() if view == "collapsed" else {}
+    fold = graph.fold() if view == "collapsed" else {}
 
     def drawn(path: str) -> str:
-        """The box standing for ``path``: its counterpart in the first block of its run."""
+        """The box standing for ``path``: its counterpart in the representative block of its run."""
         block = g.nodes[path]["block"]
-        if block in fold and fold[block][0] != block:
-            return fold[block][0] + path[len(block) :]
+        if block in fold and fold[block].rep != block:
+            return fold[block].rep + path[len(block) :]
         return path
 
     params: dict[str, int] = {}
@@ -289,11 +296,10 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
             members = clusters[stack].members
         if block is not None:
             if block not in clusters:
-                count = fold[block][1] if block in fold else 1
-                if count > 1:
-                    last = int(block.rsplit(".", 1)[1]) + count - 1
+                if block in fold:
                     note = f"{_params(params[block])} per block"
-                    clusters[block] = Cluster(block, f"{block}-{last}  x{count}", note, "folded")
+                    label = f"{fold[block].label}  x{fold[block].count}"
+                    clusters[block] = Cluster(block, label, note, "folded")
                 else:
                     clusters[block] = Cluster(block, block, _params(params[block]), "block")
                 members.append(clusters[block])
@@ -303,8 +309,8 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     links: dict[tuple[str, str, str], Link] = {}
     for u, v, port in g.edges(data="port"):
         bu, bv = g.nodes[u]["block"], g.nodes[v]["block"]
-        if bu != bv and bu in fold and bv in fold and fold[bu][0] == fold[bv][0]:
-            continue  # from one block of a run into the next: the run is drawn once
+        if bu != bv and bu in fold and bv in fold and fold[bu].run == fold[bv].run and fold[bv].rep != bv:
+            continue  # within a run, into a block that is drawn as its representative: drawn once
         kind: LinkKind = "flow"
         if port == "memory":
             kind = "memory"

@@ -29,10 +29,27 @@ import networkx as nx
 if TYPE_CHECKING:
     from specvit.spec.schema import Spec
 
-__all__ = ["ArchGraph", "Dim", "Shape", "SummaryRow"]
+__all__ = ["ArchGraph", "Dim", "Fold", "Shape", "SummaryRow"]
 
 Dim = int | str
 Shape = tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """A block's place in a folded run of repeated blocks.
+
+    Args:
+        rep: the block drawn (and summarised) for this one.
+        count: how many blocks ``rep`` stands for.
+        label: how the folded blocks are named in views (``encoder.blocks.0-11``).
+        run: the first block of the run, naming the run.
+    """
+
+    rep: str
+    count: int
+    label: str
+    run: str
 
 
 @dataclass(frozen=True)
@@ -123,36 +140,65 @@ class ArchGraph:
         """Rows of (path, op, output shape, params, FLOPs), in execution order.
 
         Args:
-            expand: one row per node; by default the nodes of identical repeated blocks are folded
-                into the rows of the first block with a count (params and FLOPs stay per block).
+            expand: one row per node; by default each folded run of repeated blocks (see :meth:`fold`)
+                shows only its representative blocks, with a count (params and FLOPs stay per block).
         """
         rows: list[SummaryRow] = []
-        folded = {} if expand else self._fold()
+        folded = {} if expand else self.fold()
         for path, a in self.nx.nodes(data=True):
-            block = a["block"]
-            if block is not None and block in folded:
-                first, count = folded[block]
-                if first != block:
+            fold = folded.get(a["block"]) if a["block"] is not None else None
+            if fold is not None:
+                if fold.rep != a["block"]:
                     continue
-                last = int(block.rsplit(".", 1)[1]) + count - 1
-                shown = path.replace(block, f"{block}-{last}", 1) if count > 1 else path
-                rows.append(SummaryRow(shown, a["op"], a["shape"], a["params"], a["flops"], count))
+                shown = path.replace(fold.rep, fold.label, 1)
+                rows.append(SummaryRow(shown, a["op"], a["shape"], a["params"], a["flops"], fold.count))
             else:
                 rows.append(SummaryRow(path, a["op"], a["shape"], a["params"], a["flops"]))
         return rows
 
-    def _fold(self) -> dict[str, tuple[str, int]]:
-        """block path -> (first block of its run of identical blocks, run length)."""
-        out: dict[str, tuple[str, int]] = {}
+    def fold(self) -> dict[str, Fold]:
+        """How the collapsed views fold repeated blocks: block path -> its :class:`Fold`.
+
+        A run of identical blocks folds into its first block (``encoder.blocks.0-11``, x12); a run that
+        alternates two kinds of block, as Swin's plain and shifted windows, folds into its first two
+        blocks (``encoder.stages.2.blocks.0,2,4`` and ``...1,3,5``, x3 each). Runs never cross a stage.
+        Blocks that repeat nothing are absent.
+        """
+        out: dict[str, Fold] = {}
+        containers: dict[str, list[str]] = {}
         for stack in ("encoder", "decoder"):
-            run: list[str] = []
-            for block in [*self.blocks(stack), None]:
-                if run and (block is None or self.signature(block) != self.signature(run[0])):
-                    for member in run:
-                        out[member] = (run[0], len(run))
-                    run = []
-                if block is not None:
-                    run.append(block)
+            for block in self.blocks(stack):
+                containers.setdefault(block.rsplit(".blocks.", 1)[0], []).append(block)
+        for blocks in containers.values():
+            sigs = [self.signature(b) for b in blocks]
+            i = 0
+            while i < len(blocks):
+                same = 1
+                while i + same < len(blocks) and sigs[i + same] == sigs[i]:
+                    same += 1
+                pairs = 1
+                while (
+                    i + 2 * pairs + 1 < len(blocks)
+                    and sigs[i + 2 * pairs : i + 2 * pairs + 2] == sigs[i : i + 2]
+                ):
+                    pairs += 1
+                if same > 1:
+                    first, last = (int(blocks[j].rsplit(".", 1)[1]) for j in (i, i + same - 1))
+                    label = f"{blocks[i].rsplit('.', 1)[0]}.{first}-{last}"
+                    for b in blocks[i : i + same]:
+                        out[b] = Fold(blocks[i], same, label, blocks[i])
+                    i += same
+                elif pairs > 1:
+                    for offset in (0, 1):
+                        members = blocks[i + offset : i + 2 * pairs : 2]
+                        label = (
+                            blocks[i].rsplit(".", 1)[0] + "." + ",".join(b.rsplit(".", 1)[1] for b in members)
+                        )
+                        for b in members:
+                            out[b] = Fold(members[0], pairs, label, blocks[i])
+                    i += 2 * pairs
+                else:
+                    i += 1
         return out
 
     def signature(self, block: str) -> tuple[Any, ...]:

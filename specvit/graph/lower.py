@@ -105,16 +105,16 @@ class _Lowering:
         b = s.block
         norm_kind, eps, nbias = b.norm.kind, b.norm.eps, b.norm.bias
 
-        def norm(path: str, x: str, source: str, block: str | None = None) -> str:
+        def norm(path: str, x: str, source: str, block: str | None = None, dim: int = D) -> str:
             shape = self.g.nodes[x]["shape"]
             return self.add(
                 path,
                 norm_kind,
                 shape=shape,
                 srcs={"x": x},
-                expects={"x": (*shape[:-1], D)},
-                params=norm_params(norm_kind, D, nbias),
-                hparams={"dim": D, "eps": eps, "bias": nbias},
+                expects={"x": (*shape[:-1], dim)},
+                params=norm_params(norm_kind, dim, nbias),
+                hparams={"dim": dim, "eps": eps, "bias": nbias},
                 source=source,
                 block=block,
                 stack=role,
@@ -273,13 +273,77 @@ class _Lowering:
         if s.embed_norm:
             x = norm(f"{role}.embed_norm", x, f"{role}.embed_norm")
 
-        # -- blocks
-        H, Hkv, hd = b.heads, s.kv_heads, s.head_dim
-        tokens = self.numel((B, n, D))
+        # -- blocks, stage by stage (a plain stack is one stage whose blocks are {role}.blocks.i)
         rope = (
             {"kind": pos.kind, "base": getattr(pos, "base", None)} if pos.kind in ("rope", "rope2d") else None
         )
-        qk = {"qk_norm": norm_kind if b.qk_norm else None}
+        names = [_SUBLAYER_MODULE[layer] for layer in b.layers]
+        names = [f"{nm}{k + 1}" if names.count(nm) > 1 else nm for k, nm in enumerate(names)]
+        grid = s.input.grid if isinstance(s.input, ImageInput) else None
+        index = 0  # block index over the whole stack, for the stochastic-depth schedule
+        for si, (depth, H) in enumerate(zip(s.stage_depths, s.stage_heads, strict=True)):
+            D = s.stage_widths[si]
+            stage = f"{role}.stages.{si}" if s.hierarchical else role
+            if si > 0:
+                assert grid is not None
+                C, (gh, gw) = D // 2, grid
+                n = n // 4 if isinstance(n, int) else n
+                x = self.add(
+                    f"{stage}.downsample",
+                    "patch_merging",
+                    shape=(B, n, D),
+                    srcs={"x": x},
+                    expects={"x": (B, gh * gw, C)},
+                    params=norm_params(norm_kind, 4 * C, nbias) + 8 * C * C,
+                    flops=linear_flops(self.size(B) * self.size(n), 4 * C, D),
+                    hparams={
+                        "dim": C,
+                        "out": D,
+                        "grid": [gh, gw],
+                        "norm": norm_kind,
+                        "eps": eps,
+                        "bias": nbias,
+                    },
+                    source=f"{role}.depth",
+                    stack=role,
+                )
+                grid = (gh // 2, gw // 2)
+            for i in range(depth):
+                blk = f"{stage}.blocks.{i}"
+                dp = s.drop_path * index / (s.total_depth - 1) if s.total_depth > 1 else 0.0
+                shift = 0
+                if b.window is not None and grid is not None:
+                    m = min(b.window.size, *grid)  # a stage smaller than the window attends over all of it
+                    shift = m // 2 if b.window.shift and i % 2 and min(grid) > b.window.size else 0
+                x = self._block(role, s, blk, x, n, D, H, names, rope, memory, dp, grid, shift, norm)
+                index += 1
+        if s.final_norm:
+            x = norm(f"{role}.norm", x, f"{role}.final_norm", dim=s.out_width)
+        return x
+
+    def _block(
+        self,
+        role: str,
+        s: StackSpec,
+        blk: str,
+        x: str,
+        n: Dim,
+        D: int,
+        H: int,
+        names: list[str],
+        rope: dict[str, Any] | None,
+        memory: tuple[str, Dim, int] | None,
+        dp: float,
+        grid: tuple[int, int] | None,
+        shift: int,
+        norm: Any,
+    ) -> str:
+        """One residual block's nodes; returns the block's output node."""
+        B, b = "B", s.block
+        Hkv = s.kv_heads if not s.hierarchical else H
+        hd = s.head_dim if not s.hierarchical else D // H
+        tokens = self.numel((B, n, D))
+        norm_kind, nbias = b.norm.kind, b.norm.bias
         qk_params = 2 * norm_params(norm_kind, hd, nbias) if b.qk_norm else 0
         attn_hp = {
             "dim": D,
@@ -288,117 +352,126 @@ class _Lowering:
             "head_dim": hd,
             "qkv_bias": b.qkv_bias,
             "proj_bias": b.proj_bias,
-            "eps": eps,
+            "eps": b.norm.eps,
             "attn_drop": s.dropout.attention,
             "proj_drop": s.dropout.projection,
-            **qk,
+            "qk_norm": norm_kind if b.qk_norm else None,
         }
-        names = [_SUBLAYER_MODULE[layer] for layer in b.layers]
-        names = [f"{nm}{k + 1}" if names.count(nm) > 1 else nm for k, nm in enumerate(names)]
-        mlp_hidden = s.mlp_hidden
-        glu = b.mlp.activation in ("swiglu", "geglu")
-        fc1_out = 2 * mlp_hidden if glu else mlp_hidden
-        for i in range(s.depth):
-            blk = f"{role}.blocks.{i}"
-            dp = s.drop_path * i / (s.depth - 1) if s.depth > 1 else 0.0
-            for k, (layer, name) in enumerate(zip(b.layers, names, strict=True), start=1):
-                src_key = f"{role}.block.layers.{k - 1}"
-                residual = x
-                h = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk) if b.norm.placement == "pre" else x
-                if layer in ("self_attention", "masked_self_attention"):
-                    causal = layer == "masked_self_attention"
-                    h = self.add(
-                        f"{blk}.{name}",
-                        layer,
-                        shape=(B, n, D),
-                        srcs={"x": h},
-                        expects={"x": (B, n, D)},
-                        params=D * (H + 2 * Hkv) * hd
-                        + (H + 2 * Hkv) * hd * b.qkv_bias
-                        + H * hd * D
-                        + D * b.proj_bias
-                        + qk_params,
-                        flops=linear_flops(tokens, D, (H + 2 * Hkv) * hd)
-                        + 4 * self.size(B) * H * self.size(n) ** 2 * hd
-                        + linear_flops(tokens, H * hd, D),
-                        hparams={**attn_hp, "causal": causal, "rope": rope},
-                        source=src_key,
-                        block=blk,
-                        stack=role,
-                    )
-                elif layer == "cross_attention":
-                    assert memory is not None
-                    mem_node, m, dm = memory
-                    mem_tokens = self.size("B") * self.size(m)
-                    h = self.add(
-                        f"{blk}.{name}",
-                        layer,
-                        shape=(B, n, D),
-                        srcs={"x": h, "memory": mem_node},
-                        expects={"x": (B, n, D), "memory": (B, m, dm)},
-                        params=D * H * hd
-                        + H * hd * b.qkv_bias
-                        + dm * 2 * Hkv * hd
-                        + 2 * Hkv * hd * b.qkv_bias
-                        + H * hd * D
-                        + D * b.proj_bias
-                        + qk_params,
-                        flops=linear_flops(tokens, D, H * hd)
-                        + linear_flops(mem_tokens, dm, 2 * Hkv * hd)
-                        + 4 * self.size(B) * H * self.size(n) * self.size(m) * hd
-                        + linear_flops(tokens, H * hd, D),
-                        hparams={**attn_hp, "memory_dim": dm},
-                        source=src_key,
-                        block=blk,
-                        stack=role,
-                    )
-                else:
-                    h = self.add(
-                        f"{blk}.{name}",
-                        "mlp",
-                        shape=(B, n, D),
-                        srcs={"x": h},
-                        expects={"x": (B, n, D)},
-                        params=D * fc1_out + fc1_out * b.mlp.bias + mlp_hidden * D + D * b.mlp.bias,
-                        flops=linear_flops(tokens, D, fc1_out) + linear_flops(tokens, mlp_hidden, D),
-                        hparams={
-                            "dim": D,
-                            "hidden": mlp_hidden,
-                            "activation": b.mlp.activation,
-                            "bias": b.mlp.bias,
-                            "dropout": s.dropout.mlp,
-                        },
-                        source=f"{role}.block.mlp",
-                        block=blk,
-                        stack=role,
-                    )
-                if b.layer_scale is not None:
-                    h = self.add(
-                        f"{blk}.ls{k}",
-                        "layer_scale",
-                        shape=(B, n, D),
-                        srcs={"x": h},
-                        params=D,
-                        hparams={"dim": D, "init": b.layer_scale},
-                        source=f"{role}.block.layer_scale",
-                        block=blk,
-                        stack=role,
-                    )
-                x = self.add(
-                    f"{blk}.add{k}",
-                    "add",
+        mlp_hidden = int(b.mlp.hidden * D / s.width) if b.mlp.hidden is not None else 4 * D
+        fc1_out = 2 * mlp_hidden if b.mlp.activation in ("swiglu", "geglu") else mlp_hidden
+        for k, (layer, name) in enumerate(zip(b.layers, names, strict=True), start=1):
+            src_key = f"{role}.block.layers.{k - 1}"
+            residual = x
+            h = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk, D) if b.norm.placement == "pre" else x
+            if layer == "self_attention" and b.window is not None:
+                assert grid is not None
+                m = min(b.window.size, *grid)
+                h = self.add(
+                    f"{blk}.{name}",
+                    "window_attention",
                     shape=(B, n, D),
-                    srcs={"x": residual, "branch": h},
-                    module=False,
-                    hparams={"drop_path": round(dp, 6)},
+                    srcs={"x": h},
+                    expects={"x": (B, n, D)},
+                    params=D * 3 * D + 3 * D * b.qkv_bias + D * D + D * b.proj_bias + (2 * m - 1) ** 2 * H,
+                    flops=linear_flops(tokens, D, 3 * D)
+                    + 4 * tokens * m * m * D
+                    + linear_flops(tokens, D, D),
+                    hparams={**attn_hp, "window": m, "shift": shift, "grid": list(grid)},
+                    source=f"{role}.block.window",
+                    block=blk,
+                    stack=role,
+                )
+            elif layer in ("self_attention", "masked_self_attention"):
+                h = self.add(
+                    f"{blk}.{name}",
+                    layer,
+                    shape=(B, n, D),
+                    srcs={"x": h},
+                    expects={"x": (B, n, D)},
+                    params=D * (H + 2 * Hkv) * hd
+                    + (H + 2 * Hkv) * hd * b.qkv_bias
+                    + H * hd * D
+                    + D * b.proj_bias
+                    + qk_params,
+                    flops=linear_flops(tokens, D, (H + 2 * Hkv) * hd)
+                    + 4 * self.size(B) * H * self.size(n) ** 2 * hd
+                    + linear_flops(tokens, H * hd, D),
+                    hparams={**attn_hp, "causal": layer == "masked_self_attention", "rope": rope},
                     source=src_key,
                     block=blk,
                     stack=role,
                 )
-                if b.norm.placement == "post":
-                    x = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk)
-        if s.final_norm:
-            x = norm(f"{role}.norm", x, f"{role}.final_norm")
+            elif layer == "cross_attention":
+                assert memory is not None
+                mem_node, mlen, dm = memory
+                mem_tokens = self.size("B") * self.size(mlen)
+                h = self.add(
+                    f"{blk}.{name}",
+                    layer,
+                    shape=(B, n, D),
+                    srcs={"x": h, "memory": mem_node},
+                    expects={"x": (B, n, D), "memory": (B, mlen, dm)},
+                    params=D * H * hd
+                    + H * hd * b.qkv_bias
+                    + dm * 2 * Hkv * hd
+                    + 2 * Hkv * hd * b.qkv_bias
+                    + H * hd * D
+                    + D * b.proj_bias
+                    + qk_params,
+                    flops=linear_flops(tokens, D, H * hd)
+                    + linear_flops(mem_tokens, dm, 2 * Hkv * hd)
+                    + 4 * self.size(B) * H * self.size(n) * self.size(mlen) * hd
+                    + linear_flops(tokens, H * hd, D),
+                    hparams={**attn_hp, "memory_dim": dm},
+                    source=src_key,
+                    block=blk,
+                    stack=role,
+                )
+            else:
+                h = self.add(
+                    f"{blk}.{name}",
+                    "mlp",
+                    shape=(B, n, D),
+                    srcs={"x": h},
+                    expects={"x": (B, n, D)},
+                    params=D * fc1_out + fc1_out * b.mlp.bias + mlp_hidden * D + D * b.mlp.bias,
+                    flops=linear_flops(tokens, D, fc1_out) + linear_flops(tokens, mlp_hidden, D),
+                    hparams={
+                        "dim": D,
+                        "hidden": mlp_hidden,
+                        "activation": b.mlp.activation,
+                        "bias": b.mlp.bias,
+                        "dropout": s.dropout.mlp,
+                    },
+                    source=f"{role}.block.mlp",
+                    block=blk,
+                    stack=role,
+                )
+            if b.layer_scale is not None:
+                h = self.add(
+                    f"{blk}.ls{k}",
+                    "layer_scale",
+                    shape=(B, n, D),
+                    srcs={"x": h},
+                    params=D,
+                    hparams={"dim": D, "init": b.layer_scale},
+                    source=f"{role}.block.layer_scale",
+                    block=blk,
+                    stack=role,
+                )
+            x = self.add(
+                f"{blk}.add{k}",
+                "add",
+                shape=(B, n, D),
+                srcs={"x": residual, "branch": h},
+                module=False,
+                hparams={"drop_path": round(dp, 6)},
+                source=src_key,
+                block=blk,
+                stack=role,
+            )
+            if b.norm.placement == "post":
+                x = norm(f"{blk}.norm{k}", x, f"{role}.block.norm", blk, D)
         return x
 
     # -- whole model ----------------------------------------------------------------------------
@@ -413,10 +486,10 @@ class _Lowering:
             )
             x = self.stack(role, stack, seq, memory)
             if role == "encoder":
-                memory = (x, self.g.nodes[x]["shape"][1], stack.width)
+                memory = (x, self.g.nodes[x]["shape"][1], stack.out_width)
         last = spec.stacks[spec.output_stack]
         head = spec.head
-        B, D = "B", last.width
+        B, D = "B", last.out_width
         shape = self.g.nodes[x]["shape"]
         if isinstance(head, ClassifierHead):
             x = self.add(

@@ -58,6 +58,7 @@ class Mlp(nn.Module):
         super().__init__()
         if activation not in get_args(PlainActivation):
             raise ValueError(f"Mlp activation must be one of {get_args(PlainActivation)}, got {activation!r}")
+        self.activation = activation
         self.fc1 = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)

@@ -31,23 +31,26 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     out: list[Problem] = []
     b = s.block
     at = f"{role}.block"
-    if b.head_dim is None and s.width % b.heads:
-        out.append(
-            Problem(
-                f"{at}.heads",
-                f"width {s.width} is not divisible by {b.heads} heads",
-                f"use a divisor of {s.width} such as {_divisors_near(s.width, b.heads)}, "
-                "or set block.head_dim",
+    if s.hierarchical or isinstance(b.heads, list) or b.window is not None:
+        out += _hierarchy(role, s)
+    else:
+        if b.head_dim is None and s.width % s.heads:
+            out.append(
+                Problem(
+                    f"{at}.heads",
+                    f"width {s.width} is not divisible by {s.heads} heads",
+                    f"use a divisor of {s.width} such as {_divisors_near(s.width, s.heads)}, "
+                    "or set block.head_dim",
+                )
             )
-        )
-    if b.kv_heads is not None and b.heads % b.kv_heads:
-        out.append(
-            Problem(
-                f"{at}.kv_heads",
-                f"{b.heads} heads are not divisible by kv_heads={b.kv_heads}",
-                f"use a divisor of {b.heads} such as {_divisors_near(b.heads, b.kv_heads)}",
+        if b.kv_heads is not None and s.heads % b.kv_heads:
+            out.append(
+                Problem(
+                    f"{at}.kv_heads",
+                    f"{s.heads} heads are not divisible by kv_heads={b.kv_heads}",
+                    f"use a divisor of {s.heads} such as {_divisors_near(s.heads, b.kv_heads)}",
+                )
             )
-        )
     if isinstance(s.input, ImageInput):
         sides = [
             (size, patch) for size, patch in zip(s.input.size, s.input.patch, strict=True) if size % patch
@@ -172,6 +175,95 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 "set project: true, or make dim equal to width",
             )
         )
+    return out
+
+
+def _hierarchy(role: str, s: StackSpec) -> list[Problem]:
+    """Rules of hierarchical stacks (depth per stage) and windowed attention (Swin)."""
+    out: list[Problem] = []
+    b, at = s.block, f"{role}.block"
+    what = "windowed attention" if not s.hierarchical else "a hierarchical stack (depth per stage)"
+    if not isinstance(s.input, ImageInput):
+        return [
+            Problem(
+                f"{role}.depth" if s.hierarchical else f"{at}.window",
+                f"{what} needs an image input",
+                "use an image input, or one number for depth and no window",
+            )
+        ]
+    if isinstance(b.heads, list) and not s.hierarchical:
+        return [
+            Problem(
+                f"{at}.heads",
+                "heads is a list but depth is one number",
+                "give depth per stage too, e.g. depth: [2, 2, 6, 2]",
+            )
+        ]
+    if len(s.stage_heads) != len(s.stage_depths):
+        return [
+            Problem(
+                f"{at}.heads",
+                f"{len(s.stage_heads)} stages of heads, but depth has {len(s.stage_depths)}",
+                "give one head count per stage",
+            )
+        ]
+    for i, (width, heads) in enumerate(zip(s.stage_widths, s.stage_heads, strict=True)):
+        if width % heads:
+            out.append(
+                Problem(
+                    f"{at}.heads",
+                    f"stage {i} is {width} wide, not divisible by {heads} heads",
+                    f"use a divisor of {width} such as {_divisors_near(width, heads)}",
+                )
+            )
+    gh, gw = s.input.grid
+    merges = len(s.stage_depths) - 1
+    if gh % 2**merges or gw % 2**merges:
+        out.append(
+            Problem(
+                f"{role}.depth",
+                f"{merges + 1} stages halve the {gh}x{gw} patch grid {merges} times, "
+                f"which needs it divisible by {2**merges}",
+                "use fewer stages, or an image and patch size giving a divisible grid",
+            )
+        )
+    elif b.window is not None:
+        m = b.window.size
+        for i in range(merges + 1):
+            sh, sw = gh >> i, gw >> i
+            if min(sh, sw) > m and (sh % m or sw % m):
+                out.append(
+                    Problem(
+                        f"{at}.window.size",
+                        f"stage {i}'s {sh}x{sw} grid is not divisible by window {m}",
+                        f"use a window that divides {sh} and {sw}",
+                    )
+                )
+    for key, value, hint in (
+        (f"{role}.prefix", s.num_prefix, "remove the class and register tokens; classify with pool: mean"),
+        (f"{at}.kv_heads", b.kv_heads, "remove kv_heads"),
+        (f"{at}.head_dim", b.head_dim, "remove head_dim; it is width / heads per stage"),
+        (f"{at}.qk_norm", b.qk_norm, "set qk_norm: false"),
+    ):
+        if value:
+            out.append(Problem(key, f"{what} does not support this", hint))
+    if s.position.kind not in ("none", "learned", "sincos2d"):
+        out.append(
+            Problem(
+                f"{role}.position",
+                f"{what} cannot take {s.position.kind} positions",
+                "use none (Swin's relative bias), learned or sincos2d",
+            )
+        )
+    for i, layer in enumerate(b.layers):
+        if layer not in ("self_attention", "mlp"):
+            out.append(
+                Problem(
+                    f"{at}.layers.{i}",
+                    f"{what} has only self_attention and mlp sublayers",
+                    "use layers: [self_attention, mlp]",
+                )
+            )
     return out
 
 

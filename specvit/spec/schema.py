@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from specvit.errors import Location
@@ -31,6 +40,7 @@ __all__ = [
     "Spec",
     "StackSpec",
     "TokensInput",
+    "WindowSpec",
 ]
 
 FORMAT_VERSION = 1
@@ -65,6 +75,21 @@ def _pair(value: Any) -> Any:
 def _kind_shortcut(value: Any) -> Any:
     """Lets ``position: learned`` stand for ``position: {kind: learned}``."""
     return {"kind": value} if isinstance(value, str) else value
+
+
+def _single_or_stages(value: Any) -> str:
+    return "stages" if isinstance(value, list) else "single"
+
+
+def _per_stage(bound: int, what: str) -> Any:
+    """``int`` or a list of ints, one per stage of a hierarchical stack; errors come from one branch only."""
+    one = Annotated[int, Field(ge=1, le=bound)]
+    return Annotated[
+        Annotated[one, Tag("single")]
+        | Annotated[list[one], Tag("stages"), Field(min_length=1, max_length=8)],
+        Discriminator(_single_or_stages),
+        Field(description=what),
+    ]
 
 
 Pair = Annotated[
@@ -238,10 +263,21 @@ class MlpSpec(Node):
     bias: bool = Field(True, description="Biases in the MLP's linear layers.")
 
 
+class WindowSpec(Node):
+    """Attention within M x M windows of the patch grid, with a learned relative position bias (Swin)."""
+
+    size: int = Field(
+        ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
+    )
+    shift: bool = Field(
+        True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
+    )
+
+
 class BlockSpec(Node):
     """One residual block, repeated `depth` times."""
 
-    heads: int = Field(ge=1, le=MAX_HEADS, description="Attention (query) heads.")
+    heads: _per_stage(MAX_HEADS, "Attention (query) heads; a list gives each stage's heads.")  # type: ignore[valid-type]
     kv_heads: int | None = Field(
         None,
         ge=1,
@@ -263,6 +299,9 @@ class BlockSpec(Node):
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
+    window: WindowSpec | None = Field(
+        None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
+    )
 
 
 class DropoutSpec(Node):
@@ -283,7 +322,11 @@ class StackSpec(Node):
         description="Position encoding: none, learned, sincos, sincos2d, rope, rope2d."
     )
     width: int = Field(ge=1, le=MAX_WIDTH, description="Model width (embedding dim) of every token.")
-    depth: int = Field(ge=1, le=MAX_DEPTH, description="Number of blocks.")
+    depth: _per_stage(  # type: ignore[valid-type]
+        MAX_DEPTH,
+        "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
+        "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin.",
+    )
     block: BlockSpec = Field(description="The repeated block.")
     dropout: DropoutSpec = Field(default_factory=DropoutSpec, description="Dropout probabilities.")
     drop_path: Probability = Field(0.0, description="Stochastic depth rate of the last block, linear from 0.")
@@ -300,12 +343,44 @@ class StackSpec(Node):
         return self
 
     @property
+    def hierarchical(self) -> bool:
+        """A stack of stages with patch merging between them (``depth`` is a list)."""
+        return isinstance(self.depth, list)
+
+    @property
+    def stage_depths(self) -> list[int]:
+        return list(self.depth) if isinstance(self.depth, list) else [self.depth]
+
+    @property
+    def stage_heads(self) -> list[int]:
+        heads = self.block.heads
+        return list(heads) if isinstance(heads, list) else [heads] * len(self.stage_depths)
+
+    @property
+    def stage_widths(self) -> list[int]:
+        return [self.width * 2**i for i in range(len(self.stage_depths))]
+
+    @property
+    def total_depth(self) -> int:
+        return sum(self.stage_depths)
+
+    @property
+    def out_width(self) -> int:
+        """Width of the stack's output (the last stage's)."""
+        return self.stage_widths[-1]
+
+    @property
+    def heads(self) -> int:
+        """Heads of the first stage (of every block, for plain stacks)."""
+        return self.stage_heads[0]
+
+    @property
     def head_dim(self) -> int:
-        return self.block.head_dim or self.width // self.block.heads
+        return self.block.head_dim or self.width // self.heads
 
     @property
     def kv_heads(self) -> int:
-        return self.block.kv_heads or self.block.heads
+        return self.block.kv_heads or self.heads
 
     @property
     def mlp_hidden(self) -> int:
@@ -318,7 +393,7 @@ class StackSpec(Node):
 
     @property
     def num_tokens(self) -> int | None:
-        """Tokens seen by the blocks when the input fixes them (images), else None."""
+        """Tokens seen by the (first) blocks when the input fixes them (images), else None."""
         if isinstance(self.input, ImageInput):
             return self.input.num_patches + self.num_prefix
         return None
@@ -439,6 +514,7 @@ class Spec(Node):
         """One line for ``specvit validate``: name, model kind, depth, width, heads."""
         parts = [f"{self.name}: {self.model}"]
         for role, s in self.stacks.items():
-            parts.append(f"{role} {s.input.kind} depth={s.depth} width={s.width} heads={s.block.heads}")
+            depth, heads = (s.depth, s.block.heads) if not s.hierarchical else (s.stage_depths, s.stage_heads)
+            parts.append(f"{role} {s.input.kind} depth={depth} width={s.width} heads={heads}")
         parts.append(f"head={self.head.kind}")
         return ", ".join(parts)

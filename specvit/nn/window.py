@@ -1,0 +1,176 @@
+"""Swin's shifted-window attention and patch merging (Liu et al., 2021).
+
+Tokens are a row-major (gh, gw) grid. Windows of M x M tokens attend within themselves, with a learned
+relative position bias; in shifted blocks the grid is cyclically rolled by -M/2 first and the pairs that
+come from different regions of the unrolled image are masked with -100 (the paper's value). The index,
+bias and mask are computed from static shapes in forward, so there are no buffers to initialise.
+
+Dim legend: B batch, N = gh*gw tokens, C width, H heads, hd head dim, M window, L = M*M tokens per
+window, nW windows per image.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["PatchMerging", "WindowAttention", "relative_position_index", "shift_mask"]
+
+MASKED = -100.0
+
+
+def relative_position_index(window: int, device: torch.device | None = None) -> Tensor:
+    """(L, L) index into the ((2M-1)^2, H) bias table for every pair of tokens in a window."""
+    coords = torch.stack(
+        torch.meshgrid(
+            torch.arange(window, device=device), torch.arange(window, device=device), indexing="ij"
+        )
+    ).flatten(1)  # (2, L)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (L, L, 2), in [0, 2M-2]
+    return rel[..., 0] * (2 * window - 1) + rel[..., 1]  # (L, L)
+
+
+def shift_mask(grid: tuple[int, int], window: int, shift: int, device: torch.device | None = None) -> Tensor:
+    """(nW, L, L) additive mask of a cyclically shifted grid: -100 between tokens of different regions."""
+    gh, gw = grid
+    labels = torch.zeros(gh, gw, device=device)
+    region = 0
+    for rows in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+        for cols in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+            labels[rows, cols] = region
+            region += 1
+    windows = (
+        labels.view(gh // window, window, gw // window, window).permute(0, 2, 1, 3).reshape(-1, window**2)
+    )
+    different = windows[:, None, :] != windows[:, :, None]  # (nW, L, L)
+    return torch.zeros(different.shape, device=device).masked_fill(different, MASKED)
+
+
+class WindowAttention(nn.Module):
+    """Multi-head self-attention within (shifted) M x M windows, with a relative position bias table.
+
+    Args:
+        dim: width C.
+        num_heads: heads H.
+        grid: (gh, gw) token grid; both divisible by ``window``.
+        window: window side M.
+        shift: cyclic shift (M/2 in every second Swin block, 0 otherwise).
+        qkv_bias: biases in the fused qkv projection.
+        proj_bias: bias in the output projection.
+        attn_drop: dropout on the attention weights (training only).
+        proj_drop: dropout after the output projection.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        grid: tuple[int, int],
+        window: int,
+        shift: int = 0,
+        *,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if grid[0] % window or grid[1] % window:
+            raise ValueError(f"grid {grid} is not divisible by window {window}")
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.grid, self.window, self.shift = grid, window, shift
+        self.attn_drop = attn_drop
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window - 1) ** 2, num_heads, device=device, dtype=dtype)
+        )  # ((2M-1)^2, H)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+
+    def _bias(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """(nW or 1, H, L, L) relative position bias plus, for shifted windows, the region mask."""
+        L = self.window**2
+        index = relative_position_index(self.window, device)  # (L, L)
+        bias = self.relative_position_bias_table[index.view(-1)].view(L, L, -1).permute(2, 0, 1)  # (H, L, L)
+        if self.shift:
+            mask = shift_mask(self.grid, self.window, self.shift, device).to(dtype)  # (nW, L, L)
+            return bias[None] + mask[:, None]  # (nW, H, L, L)
+        return bias[None]  # (1, H, L, L)
+
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: object | None = None,
+    ) -> Tensor:
+        """Attend within windows. x: (B, N, C) -> (B, N, C); masks, rope and caches do not apply here."""
+        if key_padding_mask is not None or rope is not None or cache is not None:
+            raise ValueError("window attention takes no padding mask, rotary tables or KV cache")
+        b, n, c = x.shape
+        (gh, gw), m, s = self.grid, self.window, self.shift
+        h, hd = self.num_heads, self.head_dim
+        x = x.view(b, gh, gw, c)
+        if s:
+            x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
+        nw = (gh // m) * (gw // m)
+        windows = x.view(b, gh // m, m, gw // m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, nw, m * m, c)
+        qkv = self.qkv(windows).view(b, nw, m * m, 3, h, hd).permute(3, 0, 1, 4, 2, 5)  # (3, B, nW, H, L, hd)
+        q, k, v = qkv.unbind(0)  # (B, nW, H, L, hd)
+        dropout = self.attn_drop if self.training else 0.0
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self._bias(x.device, x.dtype), dropout_p=dropout
+        )
+        out = out.transpose(2, 3).reshape(b, nw, m * m, c)  # (B, nW, L, C)
+        out = self.proj_drop(self.proj(out))
+        out = (
+            out.view(b, gh // m, gw // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, gh, gw, c)
+        )  # (B, gh, gw, C)
+        if s:
+            out = torch.roll(out, shifts=(s, s), dims=(1, 2))
+        return out.reshape(b, n, c)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, grid={self.grid}, window={self.window}, shift={self.shift}"
+
+
+class PatchMerging(nn.Module):
+    """Swin's downsampling: each 2x2 neighbourhood concatenated (4C), normalised, projected to 2C.
+
+    The concatenation order is the paper's: (0, 0), (1, 0), (0, 1), (1, 1) as (row, col) offsets.
+
+    Args:
+        dim: input width C.
+        grid: (gh, gw) input token grid, both even.
+        norm: the norm over 4C features.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        grid: tuple[int, int],
+        norm: nn.Module,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if grid[0] % 2 or grid[1] % 2:
+            raise ValueError(f"patch merging needs an even grid, got {grid}")
+        self.grid = grid
+        self.norm = norm
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, _, c = x.shape
+        gh, gw = self.grid
+        x = x.view(b, gh // 2, 2, gw // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, gh * gw // 4, 4 * c)
+        return self.reduction(self.norm(x))  # (B, N/4, 2C)
