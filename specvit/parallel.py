@@ -1,0 +1,218 @@
+"""Training past one process: FSDP2 sharding of a compiled model, full state dicts, memory per rank.
+
+:func:`shard` applies PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) to every block of every
+stack, then to the root, whose group holds the rest: embeddings, prefix tokens, positions, final norms
+and the head. Tied LM heads (:class:`~specvit.model.TiedLinear`) and shared embeddings
+(:class:`~specvit.model.SharedEmbedding`) only hold a reference to a ``TokenEmbed`` of a stack, never
+inside a block, so the one weight they share lives in the root group and is gathered once per forward.
+
+DDP needs nothing from here: wrap the plain model in ``torch.nn.parallel.DistributedDataParallel``.
+See ``docs/distributed.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from specvit.model import Block, SpecModel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from specvit.spec.schema import Spec
+
+__all__ = [
+    "ADAMW_BYTES_PER_PARAM",
+    "MemoryEstimate",
+    "default_mesh",
+    "full_state_dict",
+    "memory_estimate",
+    "memory_table",
+    "shard",
+]
+
+ADAMW_BYTES_PER_PARAM = 16
+"""fp32 training with AdamW: parameter 4, gradient 4, ``exp_avg`` 4, ``exp_avg_sq`` 4 bytes."""
+
+
+def _device_type() -> str:
+    """The device type of the default process group's backend: ``cpu`` for gloo, ``cuda`` for nccl."""
+    backend = str(dist.get_backend())
+    if ":" in backend:  # a per-device backend string, e.g. "cpu:gloo,cuda:nccl": prefer the accelerator
+        devices = [part.split(":")[0] for part in backend.split(",")]
+        return next((d for d in devices if d != "cpu"), "cpu")
+    devices = [d for d, b in dist.Backend.default_device_backend_map.items() if b == backend]
+    return devices[0] if devices else "cpu"
+
+
+def default_mesh() -> DeviceMesh:
+    """A 1-D device mesh over every rank of the default process group.
+
+    Raises:
+        RuntimeError: when no process group is initialised (start under ``torchrun`` and call
+            ``torch.distributed.init_process_group()`` first).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "specvit.parallel needs a process group: run under torchrun and call "
+            "torch.distributed.init_process_group() first, or pass a mesh"
+        )
+    return init_device_mesh(_device_type(), (dist.get_world_size(),))
+
+
+def shard(
+    model: SpecModel,
+    mesh: DeviceMesh | None = None,
+    reshard_after_forward: bool = True,
+    mp_policy: MixedPrecisionPolicy | None = None,
+) -> SpecModel:
+    """Shard ``model`` in place with FSDP2: each block of each stack is one group, the root the last.
+
+    Works on a model built on the meta device (then ``model.to_empty(device=...)`` and
+    ``model.init_weights()``, which gives every rank its shard of the same weights a single-process
+    build has under the same ``torch.manual_seed``) as on a materialised one (each rank keeps its shard
+    of the weights it has, which must be the same on every rank: seed before building).
+
+    Args:
+        model: a compiled model, not wrapped (no DDP, not already sharded).
+        mesh: the device mesh to shard over; default :func:`default_mesh`, every rank of the default
+            process group.
+        reshard_after_forward: free each block's gathered parameters after its forward and gather them
+            again for the backward (less memory), or keep them until the backward (less communication).
+            The root group is never resharded between forward and backward.
+        mp_policy: FSDP2 mixed precision, e.g. ``MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+            reduce_dtype=torch.float32)``: compute in bf16, keep sharded parameters, gradients and
+            optimizer states in the parameters' dtype. Default: compute in the parameters' dtype.
+
+    Raises:
+        TypeError: when ``model`` is not a :class:`~specvit.model.SpecModel`, or is already sharded.
+        RuntimeError: without a mesh and without a process group.
+
+    Returns:
+        The same model object, now also an ``FSDPModule`` (``model.unshard()``, ``model.reshard()``).
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if not isinstance(model, SpecModel):
+        raise TypeError(f"shard() takes a specvit model, got {type(model).__name__} (unwrap it first)")
+    if isinstance(model, FSDPModule):
+        raise TypeError("the model is already sharded")
+    mesh = mesh if mesh is not None else default_mesh()
+    policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
+    for block in [m for m in model.modules() if isinstance(m, Block)]:  # every stack (and stage)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The whole, unsharded state dict of a plain, DDP-wrapped or FSDP2-sharded model, on the CPU.
+
+    A collective under a process group: every rank must call it. The full dict comes back on rank 0
+    only, other ranks get ``{}``; save it from rank 0 with ``model.save_pretrained(dir, state_dict=...)``.
+    Keys are those of the plain model (no ``module.`` prefix of DDP). For a model that is not sharded
+    the tensors are the live parameters themselves, not copies: save (or clone) before the next step.
+
+    Args:
+        model: the model, as trained (sharded, wrapped or plain).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {name: value for name, value in state.items() if isinstance(value, Tensor)}
+
+
+# ------------------------------------------------------------------------------------ memory per rank
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Parameter counts of a model, split as :func:`shard` groups them, read from its graph.
+
+    Attributes:
+        name: the spec's name.
+        params: all parameters (tied weights counted once).
+        root_params: parameters outside the blocks (embeddings, positions, prefix, final norms, head):
+            FSDP2's root group.
+        block_params: parameters of the largest block.
+    """
+
+    name: str
+    params: int
+    root_params: int
+    block_params: int
+
+    def ddp_bytes(self) -> int:
+        """Bytes per rank of fp32 parameters, gradients and AdamW states under DDP: all of it on every rank."""
+        return ADAMW_BYTES_PER_PARAM * self.params
+
+    def sharded_bytes(self, ranks: int) -> int:
+        """Bytes per rank of fp32 parameters, gradients and AdamW states under FSDP2: a 1/ranks share.
+
+        Args:
+            ranks: the number of ranks sharded over.
+        """
+        return -(-ADAMW_BYTES_PER_PARAM * self.params // ranks)
+
+    def gathered_bytes(self, bytes_per_param: int) -> int:
+        """Bytes of parameters FSDP2 holds gathered at once: the root group, the running block and the next.
+
+        Args:
+            bytes_per_param: 4 when computing in fp32, 2 with a bf16 ``param_dtype``.
+        """
+        return bytes_per_param * (self.root_params + 2 * self.block_params)
+
+
+def memory_estimate(spec: Spec) -> MemoryEstimate:
+    """Parameter counts of ``spec``'s model from its graph (``build_graph(spec)``), nothing allocated.
+
+    Args:
+        spec: a validated spec.
+    """
+    from specvit.graph import build_graph
+
+    graph = build_graph(spec)
+    per_block: dict[str, int] = {}
+    for _, a in graph.nx.nodes(data=True):
+        if a["block"] is not None:
+            per_block[a["block"]] = per_block.get(a["block"], 0) + int(a["params"])
+    total = graph.total_params
+    return MemoryEstimate(spec.name, total, total - sum(per_block.values()), max(per_block.values()))
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def memory_table(specs: Sequence[Spec], ranks: Sequence[int] = (1, 8, 64)) -> str:
+    """A Markdown table of the training memory per rank of each spec's model, for 1, 8 and 64 ranks.
+
+    Columns: DDP (fp32 parameters, gradients and AdamW states, 16 bytes per parameter, replicated);
+    FSDP2 (the same 16 bytes per parameter, sharded over the ranks); and what FSDP2 gathers at once on
+    top (the root group plus two blocks, in fp32 or as bf16 with a bf16 ``param_dtype``). Activations
+    are not included. GB are 10^9 bytes.
+
+    Args:
+        specs: the specs to list.
+        ranks: the world sizes to list.
+    """
+    lines = [
+        "| model | parameters | ranks | DDP per rank | FSDP2 per rank, sharded | FSDP2 gathered, fp32 / bf16 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for spec in specs:
+        m = memory_estimate(spec)
+        for n in ranks:
+            lines.append(
+                f"| {m.name} | {m.params:,} | {n} | {_gb(m.ddp_bytes())} | {_gb(m.sharded_bytes(n))} | "
+                f"{_gb(m.gathered_bytes(4))} / {_gb(m.gathered_bytes(2))} |"
+            )
+    return "\n".join(lines)
