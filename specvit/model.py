@@ -28,6 +28,7 @@ from specvit.nn import (
     Rope,
     Rope2d,
     SinCosPosition,
+    Sine2dPosition,
     TokenEmbed,
 )
 
@@ -121,6 +122,8 @@ class Block(nn.Module):
         memory: Tensor | None = None,
         memory_padding_mask: Tensor | None = None,
         cache: LayerCache | None = None,
+        pos: Tensor | None = None,
+        memory_pos: Tensor | None = None,
     ) -> Tensor:
         values = {"in": x}
         out = x
@@ -130,11 +133,11 @@ class Block(nn.Module):
                 out = h + self.drop_path(values[srcs["branch"]])
             elif op in _ATTENTION:
                 kv = cache.get(name) if cache is not None else None
-                out = self._modules[name](h, key_padding_mask, rope, kv)  # type: ignore[misc]
+                out = self._modules[name](h, key_padding_mask, rope, kv, pos)  # type: ignore[misc]
             elif op == "cross_attention":
                 kv = cache.get(name) if cache is not None else None
                 assert memory is not None or kv is not None, "cross-attention needs the encoder's memory"
-                out = self._modules[name](h, memory, memory_padding_mask, kv)  # type: ignore[misc]
+                out = self._modules[name](h, memory, memory_padding_mask, kv, pos, memory_pos)  # type: ignore[misc]
             else:
                 out = self._modules[name](h)  # type: ignore[misc]
             values[name] = out
@@ -213,6 +216,7 @@ class Stack(nn.Module):
         token_type_ids: Tensor | None = None,
         memory: Tensor | None = None,
         memory_padding_mask: Tensor | None = None,
+        memory_pos: Tensor | None = None,
         cache: list[LayerCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
@@ -224,6 +228,7 @@ class Stack(nn.Module):
             token_type_ids: (B, S) segment ids for stacks with token types (zeros when omitted).
             memory: (B, M, Dm) encoder output, for stacks with cross-attention.
             memory_padding_mask: (B, M) bool, True = padding memory token.
+            memory_pos: (1, M, Dm) positions for the memory's keys (DETR), from :meth:`attention_pos`.
             cache: one KV cache per block (see :meth:`new_cache`), for incremental decoding.
             offset: absolute position of the first new token (the cached length).
 
@@ -231,12 +236,19 @@ class Stack(nn.Module):
             (B, N, D) tokens, prefix tokens first.
         """
         part = self._modules.get
+        qk_pos = None  # added to the queries and keys of every attention (DETR), never to the tokens
+        if (queries := part("query_embed")) is not None:
+            assert memory is not None, "a queries decoder needs the encoder's memory"
+            qk_pos = queries(memory.shape[0])  # (B, N, D)
+            x = torch.zeros_like(qk_pos)
         if (embed := part("patch_embed") or part("tok_embed") or part("feat_proj")) is not None:
             tokens = x
             x = embed(x)  # (B, S, D)
             if (types := part("type_embed")) is not None:
                 x = x + types(token_type_ids if token_type_ids is not None else torch.zeros_like(tokens))
         pos, prefix = part("pos_embed"), part("prefix")
+        if isinstance(pos, Sine2dPosition):
+            qk_pos, pos = pos(x), None
         if pos is not None and self.pos_first:
             x = self._positions(pos, x, offset)
         if prefix is not None:
@@ -262,14 +274,30 @@ class Stack(nn.Module):
                 x = downsample(x)
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(
-                    block, x, key_padding_mask, rope, memory, memory_padding_mask, use_reentrant=False
+                    block,
+                    x,
+                    key_padding_mask,
+                    rope,
+                    memory,
+                    memory_padding_mask,
+                    None,
+                    qk_pos,
+                    memory_pos,
+                    use_reentrant=False,
                 )
             else:
                 layer_cache = cache[i] if cache is not None else None
-                x = block(x, key_padding_mask, rope, memory, memory_padding_mask, layer_cache)
+                x = block(
+                    x, key_padding_mask, rope, memory, memory_padding_mask, layer_cache, qk_pos, memory_pos
+                )
         if (norm := part("norm")) is not None:
             x = norm(x)
         return x
+
+    def attention_pos(self, x: Tensor) -> Tensor | None:
+        """The positions this stack adds to every attention's keys (DETR's sine2d) for its output x, or None."""
+        pos = self._modules.get("pos_embed")
+        return pos(x) if isinstance(pos, Sine2dPosition) else None
 
     def _stages(self) -> list[Stage]:
         stages = self._modules.get("stages")
@@ -335,6 +363,23 @@ class ClassifierHead(nn.Module):
         return self.fc(self.drop(x))  # (B, classes)
 
 
+class DetectionHead(nn.Module):
+    """DETR's per-query outputs: ``{"logits": (B, N, classes + 1), "boxes": (B, N, 4)}``.
+
+    Args:
+        class_embed: the class logits layer.
+        bbox_embed: the box MLP (sigmoid outputs, (cx, cy, w, h) in [0, 1]).
+    """
+
+    def __init__(self, class_embed: nn.Module, bbox_embed: nn.Module):
+        super().__init__()
+        self.class_embed = class_embed
+        self.bbox_embed = bbox_embed
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> dict[str, Tensor]:
+        return {"logits": self.class_embed(x), "boxes": self.bbox_embed(x)}
+
+
 class LMHead(nn.Module):
     """Vocabulary logits for every token.
 
@@ -371,6 +416,8 @@ class SpecModel(nn.Module):
             self.add_module(role, Stack(graph, role, build))
         g = graph.nx
         self.head: nn.Module | None = None
+        if "head.class_embed" in g:
+            self.head = DetectionHead(build("head.class_embed"), build("head.bbox_embed"))
         if "head.fc" in g:
             fc = build("head.fc")
             if "head.pool" in g:
@@ -392,7 +439,7 @@ class SpecModel(nn.Module):
             if isinstance(stack, Stack):
                 stack.checkpointing = enabled
 
-    def _head(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+    def _head(self, x: Tensor, key_padding_mask: Tensor | None) -> Any:
         return self.head(x, key_padding_mask) if self.head is not None else x
 
     def init_weights(self) -> None:
@@ -517,7 +564,7 @@ class EncoderDecoderModel(SpecModel):
 
     def decode(
         self,
-        tgt: Tensor,
+        tgt: Tensor | None,
         memory: Tensor,
         tgt_key_padding_mask: Tensor | None = None,
         memory_padding_mask: Tensor | None = None,
@@ -525,12 +572,16 @@ class EncoderDecoderModel(SpecModel):
         cache: list[LayerCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (B, T, V) (or features without a head) of ``tgt`` given the encoder's ``memory``."""
+        """Logits (B, T, V) (or features without a head) of ``tgt`` given the encoder's ``memory``.
+
+        A decoder of learned queries (DETR) takes ``tgt=None`` and returns its head's outputs per query.
+        """
         h = self.decoder(
             tgt,
             tgt_key_padding_mask,
             memory=memory,
             memory_padding_mask=memory_padding_mask,
+            memory_pos=self.encoder.attention_pos(memory),
             cache=cache,
             offset=offset,
         )
@@ -539,15 +590,15 @@ class EncoderDecoderModel(SpecModel):
     def forward(
         self,
         src: Tensor,
-        tgt: Tensor,
+        tgt: Tensor | None = None,
         src_key_padding_mask: Tensor | None = None,
         tgt_key_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """Logits (B, T, V), or decoder features without a head.
+    ) -> Any:
+        """Logits (B, T, V), or decoder features without a head; DETR's ``{"logits", "boxes"}`` per query.
 
         Args:
             src: encoder input: token ids (B, S), features (B, S, Df) or images.
-            tgt: decoder input (B, T).
+            tgt: decoder input (B, T); None for a decoder of learned queries.
             src_key_padding_mask: (B, S) bool, True = padding.
             tgt_key_padding_mask: (B, T) bool, True = padding.
         """

@@ -117,7 +117,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -141,7 +141,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d (did you mean 'learned'?)",
     ),
     (
         VIT,
@@ -273,7 +273,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, none)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, none)",
     ),
     (
         VIT,

@@ -16,10 +16,12 @@ from specvit.graph.ir import ArchGraph, Dim, Shape
 from specvit.spec.schema import (
     MAX_LEN,
     ClassifierHead,
+    DetectionHead,
     FeaturesInput,
     ImageInput,
     LearnedPosition,
     LMHead,
+    QueriesInput,
     Spec,
     StackSpec,
     TokensInput,
@@ -51,6 +53,8 @@ class _Lowering:
         self.spec = spec
         self.dims = dims
         self.g = nx.DiGraph()
+        self.qk_pos: str | None = None  # node whose output every attention of the current stack adds to q, k
+        self.memory_pos: str | None = None  # node added to the memory's keys in cross-attention
 
     def size(self, d: Dim) -> int:
         return d if isinstance(d, int) else self.dims[d]
@@ -192,6 +196,28 @@ class _Lowering:
                     stack=role,
                 )
             n = seq
+        elif isinstance(inp, QueriesInput):
+            # DETR: the decoder starts from zeros; the learned queries are the positions of every attention
+            x = self.add(
+                f"{role}.input",
+                "input",
+                shape=(B, seq, D),
+                module=False,
+                hparams={"kind": "queries", "count": inp.count},
+                source=f"{role}.input",
+                stack=role,
+            )
+            self.qk_pos = self.add(
+                f"{role}.query_embed",
+                "queries",
+                shape=(B, seq, D),
+                srcs={"x": x},
+                params=inp.count * D,
+                hparams={"count": inp.count, "dim": D},
+                source=f"{role}.input",
+                stack=role,
+            )
+            n = seq
         else:
             assert isinstance(inp, FeaturesInput)
             x = self.add(
@@ -199,7 +225,7 @@ class _Lowering:
                 "input",
                 shape=(B, seq, inp.dim),
                 module=False,
-                hparams={"kind": "features", "dim": inp.dim},
+                hparams={"kind": "features", "dim": inp.dim, "grid": list(inp.grid) if inp.grid else None},
                 source=f"{role}.input",
                 stack=role,
             )
@@ -250,6 +276,17 @@ class _Lowering:
                 stack=role,
             )
 
+        if pos.kind == "sine2d":  # not added to the tokens: every attention adds it to its queries and keys
+            assert s.grid is not None
+            self.qk_pos = self.add(
+                f"{role}.pos_embed",
+                "pos_sine2d",
+                shape=(1, n, D),
+                srcs={"x": x},
+                hparams={"kind": "sine2d", "dim": D, "base": pos.base, "grid": list(s.grid)},
+                source=f"{role}.position",
+                stack=role,
+            )
         has_table = pos.kind in ("learned", "sincos", "sincos2d")
         if has_table and before_prefix:
             x = positions(x, n)
@@ -382,12 +419,16 @@ class _Lowering:
                     stack=role,
                 )
             elif layer in ("self_attention", "masked_self_attention"):
+                srcs: dict[str, str] = {"x": h}
+                expects: dict[str, Shape] = {"x": (B, n, D)}
+                if self.qk_pos is not None:
+                    srcs["pos"], expects["pos"] = self.qk_pos, self.g.nodes[self.qk_pos]["shape"]
                 h = self.add(
                     f"{blk}.{name}",
                     layer,
                     shape=(B, n, D),
-                    srcs={"x": h},
-                    expects={"x": (B, n, D)},
+                    srcs=srcs,
+                    expects=expects,
                     params=D * (H + 2 * Hkv) * hd
                     + (H + 2 * Hkv) * hd * b.qkv_bias
                     + H * hd * D
@@ -405,12 +446,17 @@ class _Lowering:
                 assert memory is not None
                 mem_node, mlen, dm = memory
                 mem_tokens = self.size("B") * self.size(mlen)
+                srcs = {"x": h, "memory": mem_node}
+                expects = {"x": (B, n, D), "memory": (B, mlen, dm)}
+                for port, node in (("pos", self.qk_pos), ("memory_pos", self.memory_pos)):
+                    if node is not None:
+                        srcs[port], expects[port] = node, self.g.nodes[node]["shape"]
                 h = self.add(
                     f"{blk}.{name}",
                     layer,
                     shape=(B, n, D),
-                    srcs={"x": h, "memory": mem_node},
-                    expects={"x": (B, n, D), "memory": (B, mlen, dm)},
+                    srcs=srcs,
+                    expects=expects,
                     params=D * H * hd
                     + H * hd * b.qkv_bias
                     + dm * 2 * Hkv * hd
@@ -481,12 +527,24 @@ class _Lowering:
         memory: tuple[str, Dim, int] | None = None
         x = ""
         for role, stack in spec.stacks.items():
-            seq: Dim = stack.num_tokens or (
-                "S" if spec.model != "encoder_decoder" else ("S_src" if role == "encoder" else "S_tgt")
+            inp = stack.input
+            fixed = (
+                inp.count
+                if isinstance(inp, QueriesInput)
+                else inp.num_tokens
+                if isinstance(inp, FeaturesInput)
+                else None
             )
+            seq: Dim = (
+                fixed
+                or stack.num_tokens
+                or ("S" if spec.model != "encoder_decoder" else ("S_src" if role == "encoder" else "S_tgt"))
+            )
+            self.qk_pos = None
             x = self.stack(role, stack, seq, memory)
             if role == "encoder":
                 memory = (x, self.g.nodes[x]["shape"][1], stack.out_width)
+                self.memory_pos = self.qk_pos  # DETR: the encoder's positions go to the memory's keys
         last = spec.stacks[spec.output_stack]
         head = spec.head
         B, D = "B", last.out_width
@@ -546,6 +604,43 @@ class _Lowering:
                 source="head",
                 stack="head",
             )
+        elif isinstance(head, DetectionHead):
+            tokens = self.numel(shape)
+            logits = self.add(
+                "head.class_embed",
+                "linear",
+                shape=(*shape[:-1], head.classes + 1),
+                srcs={"x": x},
+                expects={"x": shape},
+                params=(D + 1) * (head.classes + 1),
+                flops=linear_flops(tokens, D, head.classes + 1),
+                hparams={"in": D, "out": head.classes + 1, "bias": True},
+                source="head.classes",
+                stack="head",
+            )
+            hidden = head.box_layers - 1
+            boxes = self.add(
+                "head.bbox_embed",
+                "box_mlp",
+                shape=(*shape[:-1], 4),
+                srcs={"x": x},
+                expects={"x": shape},
+                params=hidden * (D * D + D) + 4 * D + 4,
+                flops=hidden * linear_flops(tokens, D, D) + linear_flops(tokens, D, 4),
+                hparams={"dim": D, "layers": head.box_layers},
+                source="head.box_layers",
+                stack="head",
+            )
+            self.add(
+                "output",
+                "output",
+                shape=self.g.nodes[logits]["shape"],
+                srcs={"logits": logits, "boxes": boxes},
+                module=False,
+                stack="head",
+                hparams={"model": spec.model, "outputs": {"boxes": (*shape[:-1], 4)}},
+            )
+            return
         self.add(
             "output",
             "output",

@@ -1,8 +1,8 @@
 """PyTorch building blocks of specvit models (no dependency on ``specvit.spec`` or ``specvit.graph``)."""
 
 from specvit.nn.attention import CrossAttention, CrossKVCache, KVCache, SelfAttention
-from specvit.nn.embed import PatchEmbed, PrefixTokens, TokenEmbed
-from specvit.nn.heads import Pool
+from specvit.nn.embed import PatchEmbed, PrefixTokens, QueryEmbed, TokenEmbed
+from specvit.nn.heads import BoxMlp, Pool
 from specvit.nn.layers import DropPath, LayerScale
 from specvit.nn.mlp import GluMlp, Mlp, build_mlp
 from specvit.nn.position import (
@@ -11,12 +11,15 @@ from specvit.nn.position import (
     Rope2d,
     SinCos2dPosition,
     SinCosPosition,
+    Sine2dPosition,
     apply_rope,
     sincos_1d,
     sincos_2d,
+    sine_2d,
 )
 
 __all__ = [
+    "BoxMlp",
     "CrossAttention",
     "CrossKVCache",
     "DropPath",
@@ -28,14 +31,17 @@ __all__ = [
     "PatchEmbed",
     "Pool",
     "PrefixTokens",
+    "QueryEmbed",
     "Rope",
     "Rope2d",
     "SelfAttention",
     "SinCos2dPosition",
     "SinCosPosition",
+    "Sine2dPosition",
     "TokenEmbed",
     "apply_rope",
     "build_mlp",
     "sincos_1d",
     "sincos_2d",
+    "sine_2d",
 ]

@@ -191,6 +191,7 @@ class SelfAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
         cache: KVCache | None = None,
+        pos: Tensor | None = None,
     ) -> Tensor:
         """Attend x to itself (and to the cached tokens).
 
@@ -203,13 +204,23 @@ class SelfAttention(nn.Module):
             cache: KV cache of this layer; the new keys/values are appended to it. Masking is unchanged
                 by the cache: a causal layer lets query i (absolute position cache.length + i) see keys
                 j <= cache.length + i, a non-causal one lets the new tokens see every cached and new key.
+            pos: (B or 1, N, D) positions added to the input of the queries and keys only, not of the values
+                (DETR); the projections cost what the fused one does.
 
         Returns:
             (B, N, D).
         """
         b, n, _ = x.shape
         h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(x).view(b, n, h + 2 * hkv, hd).transpose(1, 2)  # (B, H + 2Hkv, N, hd)
+        if pos is None:
+            qkv = self.qkv(x)  # (B, N, (H + 2Hkv) * hd)
+        else:
+            rows = (h + hkv) * hd  # q and k rows of the packed weight read x + pos; v rows read x
+            w, bias = self.qkv.weight, self.qkv.bias
+            qk = F.linear(x + pos, w[:rows], bias[:rows] if bias is not None else None)
+            v_in = F.linear(x, w[rows:], bias[rows:] if bias is not None else None)
+            qkv = torch.cat((qk, v_in), dim=-1)  # (B, N, (H + 2Hkv) * hd)
+        qkv = qkv.view(b, n, h + 2 * hkv, hd).transpose(1, 2)  # (B, H + 2Hkv, N, hd)
         q, k, v = qkv.split((h, hkv, hkv), dim=1)  # (B, H, N, hd), (B, Hkv, N, hd), (B, Hkv, N, hd)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -304,6 +315,8 @@ class CrossAttention(nn.Module):
         memory: Tensor,
         memory_padding_mask: Tensor | None = None,
         cache: CrossKVCache | None = None,
+        pos: Tensor | None = None,
+        memory_pos: Tensor | None = None,
     ) -> Tensor:
         """Attend x to the memory.
 
@@ -312,18 +325,30 @@ class CrossAttention(nn.Module):
             memory: (B, M, Dm) memory tokens; not read when ``cache`` already holds its keys/values.
             memory_padding_mask: (B, M) bool, True = padding memory token.
             cache: when given and filled, its keys/values are reused; when given and empty, it is filled.
+            pos: (B or 1, N, D) positions added to the queries' input (DETR's query embeddings).
+            memory_pos: (B or 1, M, Dm) positions added to the keys' input, not the values' (DETR).
 
         Returns:
             (B, N, D).
         """
         b, n, _ = x.shape
         h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        q = self.q_norm(self.q(x).view(b, n, h, hd).transpose(1, 2))  # (B, H, N, hd)
+        q = self.q_norm(
+            self.q(x if pos is None else x + pos).view(b, n, h, hd).transpose(1, 2)
+        )  # (B, H, N, hd)
         if cache is not None and cache.k is not None and cache.v is not None:
             k, v = cache.k, cache.v  # (B, Hkv, M, hd)
         else:
             m = memory.shape[1]
-            kv = self.kv(memory).view(b, m, 2, hkv, hd).permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, hd)
+            if memory_pos is None:
+                kv_flat = self.kv(memory)  # (B, M, 2 * Hkv * hd)
+            else:
+                rows = hkv * hd  # k rows of the packed weight read memory + pos; v rows read memory
+                w, bias = self.kv.weight, self.kv.bias
+                k_in = F.linear(memory + memory_pos, w[:rows], bias[:rows] if bias is not None else None)
+                v_in = F.linear(memory, w[rows:], bias[rows:] if bias is not None else None)
+                kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
+            kv = kv_flat.view(b, m, 2, hkv, hd).permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, hd)
             k, v = self.k_norm(kv[0]), kv[1]  # (B, Hkv, M, hd)
             if cache is not None:
                 cache.k, cache.v = k, v

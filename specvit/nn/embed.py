@@ -156,3 +156,25 @@ class PrefixTokens(nn.Module):
 
     def extra_repr(self) -> str:
         return f"cls={self.cls_token is not None}, num_prefix={self.num_prefix}"
+
+
+class QueryEmbed(nn.Module):
+    """DETR's learned object queries: a (N, D) table, expanded over the batch.
+
+    Args:
+        count: number of queries N.
+        dim: width D.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self, count: int, dim: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(count, dim, device=device, dtype=dtype))  # (N, D)
+        nn.init.normal_(self.weight)
+
+    def forward(self, batch: int) -> Tensor:
+        # a copy, not an expanded view: a view of a parameter made under no_grad confuses autograd's hooks
+        return self.weight[None].repeat(batch, 1, 1)  # (B, N, D)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 
@@ -43,3 +44,32 @@ class Pool(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, num_prefix={self.num_prefix}"
+
+
+class BoxMlp(nn.Module):
+    """DETR's box regressor: Linear-ReLU repeated, a last Linear to 4, then a sigmoid.
+
+    Args:
+        dim: width D (also the hidden width).
+        layers: number of linear layers.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        layers: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        outs = [dim] * (layers - 1) + [4]
+        self.layers = nn.ModuleList(nn.Linear(dim, o, device=device, dtype=dtype) for o in outs)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.relu(x)
+        return x.sigmoid()  # (B, N, 4)

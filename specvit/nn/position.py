@@ -274,3 +274,51 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return x * cos + _rotate_half(x) * sin  # (B, H, N, hd)
     xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, hd/S)
     return (xs * cos + _rotate_half(xs) * sin).flatten(-2)  # (B, H, N, hd)
+
+
+def sine_2d(
+    grid_h: int, grid_w: int, dim: int, base: float = 10000.0, device: torch.device | str | None = None
+) -> Tensor:
+    """DETR's ``PositionEmbeddingSine(normalize=True)`` for an unpadded (grid_h, grid_w) map: (gh*gw, dim).
+
+    Rows and columns are numbered from 1 and scaled to (0, 2*pi]; the first dim/2 channels encode the row
+    (y), the last dim/2 the column (x), each as sin/cos interleaved over frequencies ``base**(2*(i//2)/(dim/2))``.
+    Tokens are row-major.
+    """
+    half = dim // 2
+    eps, scale = 1e-6, 2 * math.pi
+    y = torch.arange(1, grid_h + 1, dtype=torch.float32, device=device) / (grid_h + eps) * scale  # (gh,)
+    x = torch.arange(1, grid_w + 1, dtype=torch.float32, device=device) / (grid_w + eps) * scale  # (gw,)
+    steps = torch.arange(half, dtype=torch.float32, device=device)
+    freq = base ** (2 * torch.div(steps, 2, rounding_mode="floor") / half)  # (dim/2,)
+
+    def encode(coord: Tensor) -> Tensor:
+        angles = coord[:, None] / freq  # (L, dim/2)
+        return torch.stack((angles[:, 0::2].sin(), angles[:, 1::2].cos()), dim=2).flatten(1)  # (L, dim/2)
+
+    pos_y = encode(y)[:, None, :].expand(grid_h, grid_w, half)  # (gh, gw, dim/2)
+    pos_x = encode(x)[None, :, :].expand(grid_h, grid_w, half)  # (gh, gw, dim/2)
+    return torch.cat((pos_y, pos_x), dim=2).reshape(grid_h * grid_w, dim)  # (gh*gw, dim)
+
+
+class Sine2dPosition(nn.Module):
+    """DETR's 2D sine positions of a token grid, returned (not added): attention layers add them to q and k.
+
+    Args:
+        dim: width D, divisible by 4.
+        grid: (gh, gw) token grid.
+        base: temperature.
+    """
+
+    def __init__(self, dim: int, grid: tuple[int, int], base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 4:
+            raise ValueError(f"Sine2dPosition needs a width divisible by 4, got {dim}")
+        self.dim, self.grid, self.base = dim, grid, base
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(1, gh*gw, D) positions for the tokens x: (B, gh*gw, D), in x's dtype."""
+        return sine_2d(*self.grid, self.dim, self.base, device=x.device).to(x.dtype)[None]
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, grid={self.grid}, base={self.base}"

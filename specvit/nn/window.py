@@ -110,10 +110,11 @@ class WindowAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         rope: tuple[Tensor, Tensor] | None = None,
         cache: object | None = None,
+        pos: Tensor | None = None,
     ) -> Tensor:
-        """Attend within windows. x: (B, N, C) -> (B, N, C); masks, rope and caches do not apply here."""
-        if key_padding_mask is not None or rope is not None or cache is not None:
-            raise ValueError("window attention takes no padding mask, rotary tables or KV cache")
+        """Attend within windows. x: (B, N, C) -> (B, N, C); masks, rope, caches and positions do not apply."""
+        if key_padding_mask is not None or rope is not None or cache is not None or pos is not None:
+            raise ValueError("window attention takes no padding mask, rotary tables, KV cache or positions")
         b, n, c = x.shape
         (gh, gw), m, s = self.grid, self.window, self.shift
         h, hd = self.num_heads, self.head_dim

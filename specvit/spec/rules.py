@@ -9,10 +9,12 @@ from __future__ import annotations
 from specvit.errors import Problem
 from specvit.spec.schema import (
     ClassifierHead,
+    DetectionHead,
     FeaturesInput,
     ImageInput,
     LearnedPosition,
     LMHead,
+    QueriesInput,
     Spec,
     StackSpec,
     TokensInput,
@@ -98,8 +100,49 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
             )
         )
 
+    if isinstance(s.input, QueriesInput) and not (role == "decoder" and spec.model == "encoder_decoder"):
+        out.append(
+            Problem(
+                f"{role}.input.kind",
+                "queries are the input of an encoder_decoder's decoder",
+                "use queries only in the decoder of an encoder_decoder model",
+            )
+        )
+    if isinstance(s.input, QueriesInput) and s.position.kind != "none":
+        out.append(
+            Problem(
+                f"{role}.position",
+                "learned queries are their own positions",
+                "set position: none for a queries input",
+            )
+        )
     pos = s.position
     pos_at = f"{role}.position"
+    if pos.kind == "sine2d":
+        if s.grid is None:
+            out.append(
+                Problem(
+                    pos_at,
+                    "sine2d positions need a 2D grid of tokens",
+                    "use an image input, or give the features input a grid: [rows, cols]",
+                )
+            )
+        elif s.num_prefix:
+            out.append(
+                Problem(
+                    f"{role}.prefix",
+                    "sine2d positions cover the grid only, not prefix tokens",
+                    "remove the prefix tokens",
+                )
+            )
+        if s.width % 4:
+            out.append(
+                Problem(
+                    pos_at,
+                    f"sine2d positions need a width divisible by 4, got {s.width}",
+                    "use a width that is a multiple of 4",
+                )
+            )
     if pos.kind in ("sincos2d", "rope2d") and not isinstance(s.input, ImageInput):
         out.append(
             Problem(
@@ -308,6 +351,14 @@ def check(spec: Spec) -> list[Problem]:
                 "head.pool",
                 "pool cls needs a class token",
                 f"set {spec.output_stack}.prefix.cls: true, or use pool: mean",
+            )
+        )
+    if isinstance(head, DetectionHead) and spec.model == "encoder":
+        out.append(
+            Problem(
+                "head.kind",
+                "a detection head predicts per query of a decoder",
+                "use model: encoder_decoder with a queries decoder (DETR)",
             )
         )
     if isinstance(head, LMHead):

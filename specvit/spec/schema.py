@@ -29,6 +29,7 @@ __all__ = [
     "FORMAT_VERSION",
     "BlockSpec",
     "ClassifierHead",
+    "DetectionHead",
     "DropoutSpec",
     "FeaturesInput",
     "ImageInput",
@@ -37,6 +38,8 @@ __all__ = [
     "NoHead",
     "NormSpec",
     "PrefixSpec",
+    "QueriesInput",
+    "Sine2dPosition",
     "Spec",
     "StackSpec",
     "TokensInput",
@@ -156,9 +159,24 @@ class FeaturesInput(Node):
         None,
         description="Project features to the width with a linear layer; null means 'only when dim != width'.",
     )
+    grid: Pair | None = Field(
+        None,
+        description="The features form a [rows, cols] map (a CNN's, as in DETR), in row-major order; null: a sequence.",
+    )
+
+    @property
+    def num_tokens(self) -> int | None:
+        return self.grid[0] * self.grid[1] if self.grid is not None else None
 
 
-InputSpec = Annotated[ImageInput | TokensInput | FeaturesInput, Field(discriminator="kind")]
+class QueriesInput(Node):
+    """N learned object queries (DETR): the decoder starts from zeros and the queries are its positions."""
+
+    kind: Literal["queries"] = Field(description="Discriminator: learned queries (a decoder's input).")
+    count: int = Field(ge=1, le=MAX_LEN, description="Number of queries, i.e. of predictions per image.")
+
+
+InputSpec = Annotated[ImageInput | TokensInput | FeaturesInput | QueriesInput, Field(discriminator="kind")]
 
 
 class PrefixSpec(Node):
@@ -224,9 +242,29 @@ class Rope2dPosition(Node):
     base: float = Field(100.0, gt=1.0, description="Rotary base; CroCo uses 100.")
 
 
+class Sine2dPosition(Node):
+    """DETR's 2D sine positions, added to queries and keys in every attention layer (never to values).
+
+    Coordinates are normalised to (0, 2*pi]; half the channels encode the row, half the column, each as
+    interleaved sin/cos of ``base**(2i/d)`` frequencies. The decoder's cross-attention adds them to the
+    memory's keys too.
+    """
+
+    kind: Literal["sine2d"] = Field(
+        description="Discriminator: DETR's 2D sine positions in every attention layer."
+    )
+    base: float = Field(10000.0, gt=1.0, description="Temperature of the frequencies.")
+
+
 PositionSpec = Annotated[
     Annotated[
-        NoPosition | LearnedPosition | SinCosPosition | SinCos2dPosition | RopePosition | Rope2dPosition,
+        NoPosition
+        | LearnedPosition
+        | SinCosPosition
+        | SinCos2dPosition
+        | RopePosition
+        | Rope2dPosition
+        | Sine2dPosition,
         Field(discriminator="kind"),
     ],
     BeforeValidator(_kind_shortcut),
@@ -393,9 +431,22 @@ class StackSpec(Node):
 
     @property
     def num_tokens(self) -> int | None:
-        """Tokens seen by the (first) blocks when the input fixes them (images), else None."""
+        """Tokens seen by the (first) blocks when the input fixes them (images, feature maps, queries), else None."""
         if isinstance(self.input, ImageInput):
             return self.input.num_patches + self.num_prefix
+        if isinstance(self.input, FeaturesInput) and self.input.num_tokens is not None:
+            return self.input.num_tokens + self.num_prefix
+        if isinstance(self.input, QueriesInput):
+            return self.input.count
+        return None
+
+    @property
+    def grid(self) -> tuple[int, int] | None:
+        """The 2D token grid of an image or feature-map input."""
+        if isinstance(self.input, ImageInput):
+            return self.input.grid
+        if isinstance(self.input, FeaturesInput):
+            return self.input.grid
         return None
 
 
@@ -424,6 +475,16 @@ class LMHead(Node):
     bias: bool = Field(False, description="Bias in the output layer.")
 
 
+class DetectionHead(Node):
+    """DETR's heads on every query: class logits (classes + 'no object') and a box MLP with a sigmoid."""
+
+    kind: Literal["detection"] = Field(description="Discriminator: per-query class logits and boxes.")
+    classes: int = Field(
+        ge=1, le=MAX_VOCAB, description="Object classes; the logits add one 'no object' class."
+    )
+    box_layers: int = Field(3, ge=1, le=8, description="Layers of the box MLP (hidden width = the model's).")
+
+
 class NoHead(Node):
     """No head: the model returns the final token features."""
 
@@ -431,7 +492,8 @@ class NoHead(Node):
 
 
 HeadSpec = Annotated[
-    Annotated[ClassifierHead | LMHead | NoHead, Field(discriminator="kind")], BeforeValidator(_kind_shortcut)
+    Annotated[ClassifierHead | LMHead | DetectionHead | NoHead, Field(discriminator="kind")],
+    BeforeValidator(_kind_shortcut),
 ]
 
 
@@ -456,7 +518,8 @@ class Spec(Node):
         None, description="The decoder stack (model decoder or encoder_decoder)."
     )
     head: HeadSpec = Field(
-        default_factory=lambda: NoHead(kind="none"), description="Output head: classifier, lm or none."
+        default_factory=lambda: NoHead(kind="none"),
+        description="Output head: classifier, lm, detection or none.",
     )
     shared_embeddings: bool = Field(
         False,
