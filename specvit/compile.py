@@ -8,8 +8,9 @@ by :func:`init_weights`, so that a normal build and a meta-device build followed
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -19,14 +20,17 @@ from torch import nn
 from specvit.graph.ir import ArchGraph
 from specvit.model import MODEL_CLASSES, SharedEmbedding, SpecModel, TiedLinear
 from specvit.nn import (
+    BoxMlp,
     CrossAttention,
     LayerScale,
     LearnedPosition,
     PatchEmbed,
     PrefixTokens,
+    QueryEmbed,
     SelfAttention,
     SinCos2dPosition,
     SinCosPosition,
+    Sine2dPosition,
     TokenEmbed,
     build_mlp,
 )
@@ -137,19 +141,63 @@ BUILDERS: dict[str, BuilderFn] = {
         **f,
     ),
     "layer_scale": lambda a, b, f: LayerScale(a["hparams"]["dim"], a["hparams"]["init"], **f),
+    "queries": lambda a, b, f: QueryEmbed(a["hparams"]["count"], a["hparams"]["dim"], **f),
+    "pos_sine2d": lambda a, b, f: Sine2dPosition(
+        a["hparams"]["dim"], tuple(a["hparams"]["grid"]), a["hparams"]["base"]
+    ),
+    "box_mlp": lambda a, b, f: BoxMlp(a["hparams"]["dim"], a["hparams"]["layers"], **f),
 }
+
+
+_INIT_FUNCTIONS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "xavier_uniform_",
+    "xavier_normal_",
+)
+
+
+@contextlib.contextmanager
+def _skip_default_init() -> Iterator[None]:
+    """Make torch.nn.init's functions no-ops while modules are constructed (as HF's ``no_init_weights``).
+
+    The parameters live on the meta device and :func:`init_weights` draws every one of them afterwards (it
+    raises on any parameter without a rule), so the default inits would be work thrown away: on ViT-H they
+    are half of the build time. Not thread-safe: do not construct other modules in another thread meanwhile.
+    """
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+
+    def skip(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return tensor
+
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, skip)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def _compile(graph: ArchGraph, dtype: torch.dtype | None) -> SpecModel:
     built: dict[str, nn.Module] = {}
-    factory = {"dtype": dtype}
+    # Every parameter is created on the meta device explicitly (cheaper than a torch.device("meta") context,
+    # which intercepts every torch call); build_model materialises and initialises them afterwards.
+    factory = {"dtype": dtype, "device": "meta"}
 
     def build(path: str) -> nn.Module:
         module = BUILDERS[graph[path]["op"]](graph[path], built, factory)
         built[path] = module
         return module
 
-    return MODEL_CLASSES[graph.spec.model](graph, build)
+    with _skip_default_init():
+        return MODEL_CLASSES[graph.spec.model](graph, build)
 
 
 def _fill_full(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
@@ -234,6 +282,8 @@ def init_weights(model: nn.Module, kind: str) -> None:
                     _fill(p, lambda t: nn.init.normal_(t, std=1e-6 if kind == "vit" else 0.02))
             elif isinstance(m, TiedLinear) and m.bias is not None:
                 _fill(m.bias, nn.init.zeros_)
+            elif isinstance(m, QueryEmbed):  # DETR: nn.Embedding's N(0, 1)
+                _fill(m.weight, nn.init.normal_)
             elif isinstance(m, WindowAttention):  # its Linear children are filled above
                 _fill(m.relative_position_bias_table, partial(nn.init.trunc_normal_, std=0.02))
     missed = [name for name, p in model.named_parameters() if id(p) not in done]
@@ -329,8 +379,7 @@ def build_model(
     graph = _resolve(source, overrides)
     target = torch.device(device or "cpu")
     _check_fits(graph, target, dtype, max_bytes)
-    with torch.device("meta"):
-        model = _compile(graph, dtype)
+    model = _compile(graph, dtype)
     model.set_checkpointing(checkpointing)
     if target.type != "meta":
         model.to_empty(device=target)

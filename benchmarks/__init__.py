@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of specvit and its peers: python -m benchmarks."""
