@@ -88,12 +88,11 @@ def reverse() -> None:
     import torch
     import torch.nn.functional as F
 
-    from specvit import parse_spec
     from specvit.compile import build_model
     from specvit.model import EncoderDecoderModel
 
     torch.manual_seed(0)
-    model = build_model(parse_spec(REVERSER))
+    model = build_model(SPECS / "tiny_seq2seq.yaml")
     assert isinstance(model, EncoderDecoderModel)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     start = time.perf_counter()
@@ -114,26 +113,6 @@ def reverse() -> None:
     )
     for s, o in zip(src.tolist(), out.tolist(), strict=True):
         print(f"  {s} -> {o}  {'ok' if o == s[::-1] else 'WRONG'}")
-
-
-REVERSER = """specvit: 1
-name: reverser
-model: encoder_decoder
-encoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 64
-  depth: 2
-  block: {heads: 4, mlp: {ratio: 2}}
-decoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 64
-  depth: 2
-  block: {heads: 4, layers: [masked_self_attention, cross_attention, mlp], mlp: {ratio: 2}}
-shared_embeddings: true
-head: {kind: lm, tied: true}
-"""
 
 
 def main() -> int:

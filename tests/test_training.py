@@ -12,24 +12,6 @@ import specvit
 
 ROOT = Path(__file__).resolve().parents[1]
 
-REVERSE = """specvit: 1
-name: reverser
-model: encoder_decoder
-encoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 64
-  depth: 2
-  block: {heads: 4, mlp: {ratio: 2}}
-decoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 64
-  depth: 2
-  block: {heads: 4, layers: [masked_self_attention, cross_attention, mlp], mlp: {ratio: 2}}
-shared_embeddings: true
-head: {kind: lm, tied: true}
-"""
 BOS, FIRST, VOCAB, LENGTH = 1, 2, 12, 8
 
 
@@ -41,7 +23,7 @@ def _reverse_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Te
 def test_encoder_decoder_learns_to_reverse() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    model = specvit.build_model(specvit.parse_spec(REVERSE))
+    model = specvit.build_model(ROOT / "specs" / "tiny_seq2seq.yaml")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(300):
         src, tgt = _reverse_batch(64, gen)
