@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specvit.graph.ir import ArchGraph
-from specvit.model import MODEL_CLASSES, SharedEmbedding, SpecModel, TiedLinear
+from specvit.model import MODEL_CLASSES, SharedEmbedding, SharedLinear, SpecModel, TiedLinear
 from specvit.nn import (
     BoxMlp,
     CrossAttention,
@@ -85,6 +85,8 @@ def _linear(a: Attrs, built: dict[str, nn.Module], f: Any) -> nn.Module:
     hp = a["hparams"]
     if hp.get("tied_to"):
         return TiedLinear(built[hp["tied_to"]], bias=hp["bias"], **f)  # type: ignore[arg-type]
+    if hp.get("shared_with"):
+        return SharedLinear(built[hp["shared_with"]])  # type: ignore[arg-type]
     return nn.Linear(hp["in"], hp["out"], bias=hp["bias"], **f)
 
 

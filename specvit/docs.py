@@ -22,7 +22,7 @@ __all__ = ["spec_reference", "write_docs"]
 SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ("The spec", [schema.Spec]),
     ("Stacks: `encoder:` and `decoder:`", [schema.StackSpec]),
-    ("Inputs: `input:`", [schema.ImageInput, schema.TokensInput, schema.FeaturesInput]),
+    ("Inputs: `input:`", [schema.ImageInput, schema.TokensInput, schema.FeaturesInput, schema.SiameseInput]),
     ("Prefix tokens: `prefix:`", [schema.PrefixSpec]),
     (
         "Positions: `position:`",
@@ -37,7 +37,7 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ),
     ("Blocks: `block:`", [schema.BlockSpec, schema.NormSpec, schema.MlpSpec, schema.WindowSpec]),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
-    ("Heads: `head:`", [schema.ClassifierHead, schema.LMHead, schema.NoHead]),
+    ("Heads: `head:`", [schema.ClassifierHead, schema.LMHead, schema.PatchesHead, schema.NoHead]),
 ]
 
 INTRO = """\

@@ -44,6 +44,7 @@ __all__ = [
     "EncoderModel",
     "LMHead",
     "SharedEmbedding",
+    "SharedLinear",
     "SpecModel",
     "Stack",
     "TiedLinear",
@@ -72,6 +73,25 @@ class SharedEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         return self.source(tokens)  # (B, S, D)
+
+
+class SharedLinear(nn.Module):
+    """Applies another linear layer, weight and bias (CroCo's decoder_embed on the memory); owns no parameters.
+
+    Args:
+        source: the linear layer that owns the parameters.
+    """
+
+    def __init__(self, source: nn.Linear):
+        super().__init__()
+        self._source = (source,)  # a tuple, so the source is not registered twice
+
+    @property
+    def source(self) -> nn.Linear:
+        return self._source[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.source(x)  # (B, M, D_out)
 
 
 class TiedLinear(nn.Module):
@@ -124,8 +144,28 @@ class Block(nn.Module):
         cache: LayerCache | None = None,
         pos: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        memory_rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
+        """Run the block's steps.
+
+        Args:
+            x: (B, N, D) tokens.
+            key_padding_mask: (B, N) bool, True = padding.
+            rope: ``(cos, sin)`` tables of the tokens, for the self-attention's queries and keys.
+            memory: (B, M, Dm) the memory read by cross-attention (and by a memory norm, if any).
+            memory_padding_mask: (B, M) bool, True = padding memory token.
+            cache: KV caches of the attention layers, by step name.
+            pos: positions added to the queries and keys of every attention (DETR).
+            memory_pos: positions added to the memory's keys in cross-attention (DETR).
+            memory_rope: ``(cos, sin)`` tables of the memory tokens (CroCo); when given, cross-attention
+                rotates its keys by these and its queries by ``rope``.
+
+        Returns:
+            (B, N, D).
+        """
         values = {"in": x}
+        if memory is not None:
+            values["memory"] = memory
         out = x
         for name, op, srcs in self.steps:
             h = values[srcs["x"]]
@@ -136,8 +176,12 @@ class Block(nn.Module):
                 out = self._modules[name](h, key_padding_mask, rope, kv, pos)  # type: ignore[misc]
             elif op == "cross_attention":
                 kv = cache.get(name) if cache is not None else None
-                assert memory is not None or kv is not None, "cross-attention needs the encoder's memory"
-                out = self._modules[name](h, memory, memory_padding_mask, kv, pos, memory_pos)  # type: ignore[misc]
+                mem = values.get(srcs["memory"])
+                assert mem is not None or kv is not None, "cross-attention needs the encoder's memory"
+                q_rope = rope if memory_rope is not None else None
+                out = self._modules[name](  # type: ignore[misc]
+                    h, mem, memory_padding_mask, kv, pos, memory_pos, q_rope, memory_rope
+                )
             else:
                 out = self._modules[name](h)  # type: ignore[misc]
             values[name] = out
@@ -181,16 +225,31 @@ class Stack(nn.Module):
         if pos.kind == "rope":
             self.rope = Rope(stack.head_dim, pos.base)
         elif pos.kind == "rope2d":
-            grid = g.nodes[f"{role}.patch_embed"]["hparams"]["grid"]
+            # a siamese decoder's tokens are the encoder's patches, on the encoder's grid
+            embed = f"{role}.patch_embed" if f"{role}.patch_embed" in g else f"{role}.encoder"
+            grid = g.nodes[embed]["hparams"]["grid"]
             self.rope = Rope2d(stack.head_dim, (grid[0], grid[1]), pos.base)
+        # CroCo: the memory (the encoder's output for the other image) lies on the same patch grid, so
+        # cross-attention rotates its keys by the same tables as its queries
+        self.siamese = g.nodes[f"{role}.input"]["hparams"]["kind"] == "siamese"
         blocks: dict[str, list[Block]] = {}  # container path ({role} or {role}.stages.s) -> its blocks
         for block in graph.blocks(role):
             prefix = block + "."
             names = [n for n in order if n.startswith(prefix)]
+            # the block's input is the residual of its first add; any other outside tensor is the memory
+            first_add = next(n for n in names if g.nodes[n]["op"] == "add")
+            block_in = next(u for u, _, d in g.in_edges(first_add, data=True) if d["port"] == "x")
             steps = []
             for n in names:
-                srcs = {d["port"]: u for u, _, d in g.in_edges(n, data=True) if d["port"] != "memory"}
-                rel = {p: (u[len(prefix) :] if u.startswith(prefix) else "in") for p, u in srcs.items()}
+                srcs = {  # DETR's positions arrive as arguments (pos, memory_pos), not from other steps
+                    d["port"]: u
+                    for u, _, d in g.in_edges(n, data=True)
+                    if d["port"] not in ("pos", "memory_pos")
+                }
+                rel = {
+                    p: u[len(prefix) :] if u.startswith(prefix) else ("in" if u == block_in else "memory")
+                    for p, u in srcs.items()
+                }
                 steps.append((n[len(prefix) :], g.nodes[n]["op"], rel))
             modules = {n[len(prefix) :]: build(n) for n in names if g.nodes[n]["module"]}
             rate = max((g.nodes[n]["hparams"].get("drop_path", 0.0) for n in names), default=0.0)
@@ -223,10 +282,12 @@ class Stack(nn.Module):
         """Embed the input and run the blocks.
 
         Args:
-            x: images (B, C, H, W), token ids (B, S) or features (B, S, Df).
+            x: images (B, C, H, W), token ids (B, S) or features (B, S, Df); for a siamese decoder, the shared
+                encoder's output (B, N, De) for the second image.
             key_padding_mask: (B, S) bool, True = padding; with a cache it covers cached and new tokens.
             token_type_ids: (B, S) segment ids for stacks with token types (zeros when omitted).
-            memory: (B, M, Dm) encoder output, for stacks with cross-attention.
+            memory: (B, M, Dm) encoder output, for stacks with cross-attention (a siamese decoder projects it
+                with ``memory_embed`` first).
             memory_padding_mask: (B, M) bool, True = padding memory token.
             memory_pos: (1, M, Dm) positions for the memory's keys (DETR), from :meth:`attention_pos`.
             cache: one KV cache per block (see :meth:`new_cache`), for incremental decoding.
@@ -237,11 +298,15 @@ class Stack(nn.Module):
         """
         part = self._modules.get
         qk_pos = None  # added to the queries and keys of every attention (DETR), never to the tokens
+        if (memory_embed := part("memory_embed")) is not None and memory is not None:
+            memory = memory_embed(memory)  # (B, M, D): the memory projected by the decoder's embed (CroCo)
         if (queries := part("query_embed")) is not None:
             assert memory is not None, "a queries decoder needs the encoder's memory"
             qk_pos = queries(memory.shape[0])  # (B, N, D)
             x = torch.zeros_like(qk_pos)
-        if (embed := part("patch_embed") or part("tok_embed") or part("feat_proj")) is not None:
+        if (
+            embed := part("patch_embed") or part("tok_embed") or part("feat_proj") or part("embed")
+        ) is not None:
             tokens = x
             x = embed(x)  # (B, S, D)
             if (types := part("type_embed")) is not None:
@@ -269,6 +334,7 @@ class Stack(nn.Module):
         elif isinstance(self.rope, Rope2d):
             cos, sin = self.rope(self.num_prefix, device=x.device)
             rope = cos.to(x.dtype), sin.to(x.dtype)
+        memory_rope = rope if self.siamese else None
         for i, block in enumerate(self.all_blocks()):
             if (downsample := self._downsample.get(i)) is not None:
                 x = downsample(x)
@@ -283,12 +349,21 @@ class Stack(nn.Module):
                     None,
                     qk_pos,
                     memory_pos,
+                    memory_rope,
                     use_reentrant=False,
                 )
             else:
                 layer_cache = cache[i] if cache is not None else None
                 x = block(
-                    x, key_padding_mask, rope, memory, memory_padding_mask, layer_cache, qk_pos, memory_pos
+                    x,
+                    key_padding_mask,
+                    rope,
+                    memory,
+                    memory_padding_mask,
+                    layer_cache,
+                    qk_pos,
+                    memory_pos,
+                    memory_rope,
                 )
         if (norm := part("norm")) is not None:
             x = norm(x)
@@ -381,10 +456,10 @@ class DetectionHead(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Vocabulary logits for every token.
+    """A linear layer on every token: vocabulary logits (lm head) or pixels per patch (patches head).
 
     Args:
-        fc: the output layer, (D -> V), possibly tied to the token embedding.
+        fc: the output layer, (D -> V) and possibly tied to the token embedding, or (D -> p*p*C).
     """
 
     def __init__(self, fc: nn.Module):
@@ -392,7 +467,7 @@ class LMHead(nn.Module):
         self.fc = fc
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        return self.fc(x)  # (B, S, V)
+        return self.fc(x)  # (B, S, V) or (B, N, p*p*C)
 
 
 class SpecModel(nn.Module):
@@ -574,8 +649,11 @@ class EncoderDecoderModel(SpecModel):
     ) -> Tensor:
         """Logits (B, T, V) (or features without a head) of ``tgt`` given the encoder's ``memory``.
 
-        A decoder of learned queries (DETR) takes ``tgt=None`` and returns its head's outputs per query.
+        A decoder of learned queries (DETR) takes ``tgt=None`` and returns its head's outputs per query. A
+        siamese decoder (CroCo) takes the second image (B, C, H, W) as ``tgt`` and runs the encoder on it.
         """
+        if self.decoder.siamese:
+            tgt = self.encoder(tgt)  # (B, N, De): the shared encoder's second pass
         h = self.decoder(
             tgt,
             tgt_key_padding_mask,
@@ -596,9 +674,13 @@ class EncoderDecoderModel(SpecModel):
     ) -> Any:
         """Logits (B, T, V), or decoder features without a head; DETR's ``{"logits", "boxes"}`` per query.
 
+        A siamese decoder (CroCo) reads two images through the one encoder: ``src`` gives the memory (CroCo's
+        reference view, ``img2``) and ``tgt`` the decoder's tokens (the view completed, ``img1``), so
+        CroCo's ``model(img1, img2)`` is ``model(img2, img1)`` here; a patches head returns (B, N, p*p*C).
+
         Args:
             src: encoder input: token ids (B, S), features (B, S, Df) or images.
-            tgt: decoder input (B, T); None for a decoder of learned queries.
+            tgt: decoder input (B, T), or the second image of a siamese decoder; None for learned queries.
             src_key_padding_mask: (B, S) bool, True = padding.
             tgt_key_padding_mask: (B, T) bool, True = padding.
         """

@@ -117,7 +117,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -273,7 +273,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, none)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none)",
     ),
     (
         VIT,

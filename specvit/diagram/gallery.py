@@ -20,7 +20,14 @@ __all__ = ["PRESETS", "ROOT", "build", "diagrams", "page"]
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root: presets are read from ``ROOT/specs``."""
 
-PRESETS = ("vit_base_patch16_224", "transformer_base", "gpt2_small", "bert_base", "mnist_vit")
+PRESETS = (
+    "vit_base_patch16_224",
+    "transformer_base",
+    "gpt2_small",
+    "bert_base",
+    "mnist_vit",
+    "croco_vit_base",
+)
 """The presets drawn, in page order."""
 
 

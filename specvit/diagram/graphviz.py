@@ -216,12 +216,17 @@ def _details(op: str, hp: dict[str, Any]) -> tuple[str, ...]:
         lines.append(f"{hp['in']} → {hp['out']}")
         if hp.get("tied_to"):
             lines.append(f"tied to {hp['tied_to']}")
+        if hp.get("shared_with"):
+            lines.append(f"shared with {hp['shared_with']}")
+    elif op == "shared_encoder":
+        lines.append(f"the {hp['shared_with']} again · shared weights")
+        lines.append(f"grid {_value(hp['grid'])}")
     elif op == "layer_scale":
         lines.append(f"init {_value(hp['init'])}")
     elif op == "input":
         lines.append(f"{hp['kind']} · vocab {hp['vocab']}" if "vocab" in hp else str(hp["kind"]))
     elif "eps" in hp:
-        lines.append(f"eps {_value(hp['eps'])}")
+        lines.append(f"eps {_value(hp['eps'])}" + (" · on the memory" if hp.get("memory") else ""))
     return tuple(line for line in lines if line)
 
 

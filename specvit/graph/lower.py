@@ -21,7 +21,9 @@ from specvit.spec.schema import (
     ImageInput,
     LearnedPosition,
     LMHead,
+    PatchesHead,
     QueriesInput,
+    SiameseInput,
     Spec,
     StackSpec,
     TokensInput,
@@ -109,8 +111,13 @@ class _Lowering:
         b = s.block
         norm_kind, eps, nbias = b.norm.kind, b.norm.eps, b.norm.bias
 
-        def norm(path: str, x: str, source: str, block: str | None = None, dim: int = D) -> str:
+        def norm(
+            path: str, x: str, source: str, block: str | None = None, dim: int = D, memory: bool = False
+        ) -> str:
             shape = self.g.nodes[x]["shape"]
+            hparams: dict[str, Any] = {"dim": dim, "eps": eps, "bias": nbias}
+            if memory:  # normalises the memory a cross-attention reads (CroCo's norm_y)
+                hparams["memory"] = True
             return self.add(
                 path,
                 norm_kind,
@@ -118,7 +125,7 @@ class _Lowering:
                 srcs={"x": x},
                 expects={"x": (*shape[:-1], dim)},
                 params=norm_params(norm_kind, dim, nbias),
-                hparams={"dim": dim, "eps": eps, "bias": nbias},
+                hparams=hparams,
                 source=source,
                 block=block,
                 stack=role,
@@ -218,6 +225,58 @@ class _Lowering:
                 stack=role,
             )
             n = seq
+        elif isinstance(inp, SiameseInput):
+            # CroCo: the shared encoder runs again on a second image; one linear layer (decoder_embed)
+            # projects both its output (the decoder's tokens) and the first image's (the memory)
+            enc = self.spec.encoder
+            assert enc is not None and isinstance(enc.input, ImageInput) and memory is not None
+            (ih, iw), c = enc.input.size, enc.input.channels
+            mem_node, mlen, dm = memory
+            x = self.add(
+                f"{role}.input",
+                "input",
+                shape=(B, c, ih, iw),
+                module=False,
+                hparams={"kind": "siamese", "size": [ih, iw], "channels": c},
+                source=f"{role}.input",
+                stack=role,
+            )
+            x = self.add(
+                f"{role}.encoder",
+                "shared_encoder",
+                shape=(B, mlen, dm),
+                srcs={"x": x},
+                expects={"x": (B, c, ih, iw)},
+                module=False,  # the encoder's modules, run a second time: their FLOPs again, no parameters
+                flops=sum(int(a["flops"]) for _, a in self.g.nodes(data=True) if a["stack"] == "encoder"),
+                hparams={"shared_with": "encoder", "grid": list(enc.input.grid), "dim": dm},
+                source=f"{role}.input",
+                stack=role,
+            )
+            tokens = self.size(B) * self.size(mlen)
+            x = self.add(
+                f"{role}.embed",
+                "linear",
+                shape=(B, mlen, D),
+                srcs={"x": x},
+                params=dm * D + D,
+                flops=linear_flops(tokens, dm, D),
+                hparams={"in": dm, "out": D, "bias": True},
+                source=f"{role}.input",
+                stack=role,
+            )
+            projected = self.add(
+                f"{role}.memory_embed",
+                "linear",
+                shape=(B, mlen, D),
+                srcs={"x": mem_node},
+                flops=linear_flops(tokens, dm, D),
+                hparams={"in": dm, "out": D, "bias": True, "shared_with": f"{role}.embed"},
+                source=f"{role}.input",
+                stack=role,
+            )
+            memory = (projected, mlen, D)
+            n = mlen
         else:
             assert isinstance(inp, FeaturesInput)
             x = self.add(
@@ -445,6 +504,15 @@ class _Lowering:
             elif layer == "cross_attention":
                 assert memory is not None
                 mem_node, mlen, dm = memory
+                if b.memory_norm:
+                    mem_node = norm(
+                        f"{blk}.{name.replace('cross_attn', 'memory_norm')}",
+                        mem_node,
+                        f"{role}.block.memory_norm",
+                        blk,
+                        dm,
+                        memory=True,
+                    )
                 mem_tokens = self.size("B") * self.size(mlen)
                 srcs = {"x": h, "memory": mem_node}
                 expects = {"x": (B, n, D), "memory": (B, mlen, dm)}
@@ -468,7 +536,12 @@ class _Lowering:
                     + linear_flops(mem_tokens, dm, 2 * Hkv * hd)
                     + 4 * self.size(B) * H * self.size(n) * self.size(mlen) * hd
                     + linear_flops(tokens, H * hd, D),
-                    hparams={**attn_hp, "memory_dim": dm},
+                    # a siamese decoder's memory lies on its own patch grid: RoPE rotates queries and keys
+                    hparams={
+                        **attn_hp,
+                        "memory_dim": dm,
+                        "rope": rope if isinstance(s.input, SiameseInput) else None,
+                    },
                     source=src_key,
                     block=blk,
                     stack=role,
@@ -536,7 +609,9 @@ class _Lowering:
                 else None
             )
             seq: Dim = (
-                fixed
+                memory[1]
+                if isinstance(inp, SiameseInput) and memory is not None
+                else fixed
                 or stack.num_tokens
                 or ("S" if spec.model != "encoder_decoder" else ("S_src" if role == "encoder" else "S_tgt"))
             )
@@ -601,6 +676,22 @@ class _Lowering:
                     "bias": head.bias,
                     "tied_to": f"{owner}.tok_embed" if head.tied else None,
                 },
+                source="head",
+                stack="head",
+            )
+        elif isinstance(head, PatchesHead):
+            image = spec.encoder if isinstance(last.input, SiameseInput) else last
+            assert image is not None and isinstance(image.input, ImageInput)
+            (ph, pw), c = image.input.patch, image.input.channels
+            x = self.add(
+                "head.fc",
+                "linear",
+                shape=(*shape[:-1], ph * pw * c),
+                srcs={"x": x},
+                expects={"x": shape},
+                params=D * ph * pw * c + ph * pw * c * head.bias,
+                flops=linear_flops(self.numel(shape), D, ph * pw * c),
+                hparams={"in": D, "out": ph * pw * c, "bias": head.bias, "patch": [ph, pw], "channels": c},
                 source="head",
                 stack="head",
             )

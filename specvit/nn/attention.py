@@ -260,7 +260,7 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Multi-head cross-attention from tokens to a memory, with GQA/MQA, optional QK-norm and a KV cache.
+    """Multi-head cross-attention from tokens to a memory, with GQA/MQA, optional QK-norm, RoPE and a KV cache.
 
     Args:
         dim: query token width D.
@@ -317,6 +317,8 @@ class CrossAttention(nn.Module):
         cache: CrossKVCache | None = None,
         pos: Tensor | None = None,
         memory_pos: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+        memory_rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Attend x to the memory.
 
@@ -327,6 +329,9 @@ class CrossAttention(nn.Module):
             cache: when given and filled, its keys/values are reused; when given and empty, it is filled.
             pos: (B or 1, N, D) positions added to the queries' input (DETR's query embeddings).
             memory_pos: (B or 1, M, Dm) positions added to the keys' input, not the values' (DETR).
+            rope: ``(cos, sin)`` tables of the N queries: RoPE rotates the queries (CroCo), or None.
+            memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys before they are
+                cached (CroCo), or None.
 
         Returns:
             (B, N, D).
@@ -336,6 +341,8 @@ class CrossAttention(nn.Module):
         q = self.q_norm(
             self.q(x if pos is None else x + pos).view(b, n, h, hd).transpose(1, 2)
         )  # (B, H, N, hd)
+        if rope is not None:
+            q = apply_rope(q, *rope)
         if cache is not None and cache.k is not None and cache.v is not None:
             k, v = cache.k, cache.v  # (B, Hkv, M, hd)
         else:
@@ -350,6 +357,8 @@ class CrossAttention(nn.Module):
                 kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
             kv = kv_flat.view(b, m, 2, hkv, hd).permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, hd)
             k, v = self.k_norm(kv[0]), kv[1]  # (B, Hkv, M, hd)
+            if memory_rope is not None:
+                k = apply_rope(k, *memory_rope)
             if cache is not None:
                 cache.k, cache.v = k, v
 

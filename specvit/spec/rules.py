@@ -14,7 +14,9 @@ from specvit.spec.schema import (
     ImageInput,
     LearnedPosition,
     LMHead,
+    PatchesHead,
     QueriesInput,
+    SiameseInput,
     Spec,
     StackSpec,
     TokensInput,
@@ -91,6 +93,14 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     "use masked_self_attention",
                 )
             )
+    if b.memory_norm and "cross_attention" not in b.layers:
+        out.append(
+            Problem(
+                f"{at}.memory_norm",
+                "memory_norm normalises the memory of a cross_attention, and the block has none",
+                "remove memory_norm, or add cross_attention to the layers",
+            )
+        )
     if spec.model == "encoder_decoder" and role == "decoder" and "cross_attention" not in b.layers:
         out.append(
             Problem(
@@ -143,7 +153,9 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     "use a width that is a multiple of 4",
                 )
             )
-    if pos.kind in ("sincos2d", "rope2d") and not isinstance(s.input, ImageInput):
+    if isinstance(s.input, SiameseInput):
+        out += _siamese(role, s, spec)
+    elif pos.kind in ("sincos2d", "rope2d") and not isinstance(s.input, ImageInput):
         out.append(
             Problem(
                 pos_at,
@@ -179,7 +191,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 "use a width that is a multiple of 4",
             )
         )
-    if isinstance(pos, LearnedPosition):
+    if isinstance(pos, LearnedPosition) and not isinstance(s.input, SiameseInput):
         if isinstance(s.input, ImageInput):
             needed = s.input.num_patches + (s.num_prefix if pos.include_prefix else 0)
             if pos.max_len is not None and pos.max_len != needed:
@@ -216,6 +228,48 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 f"{role}.input.project",
                 f"features of dim {s.input.dim} cannot pass through to width {s.width} without a projection",
                 "set project: true, or make dim equal to width",
+            )
+        )
+    return out
+
+
+def _siamese(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    """Rules of a siamese input: a decoder reading the shared encoder's output for a second image (CroCo)."""
+    enc = spec.encoder
+    at = f"{role}.input.kind"
+    if not (role == "decoder" and spec.model == "encoder_decoder" and enc is not None):
+        return [
+            Problem(
+                at,
+                "a siamese input is the encoder's output for a second image, so it needs an encoder",
+                "use siamese only as the decoder input of an encoder_decoder model",
+            )
+        ]
+    if not isinstance(enc.input, ImageInput) or enc.hierarchical:
+        return [
+            Problem(
+                at,
+                f"a siamese decoder runs the encoder on a second image, and the encoder reads "
+                f"{enc.input.kind if not enc.hierarchical else 'images in stages'}",
+                "give the encoder a plain image input (one number for depth), as CroCo's ViT",
+            )
+        ]
+    out: list[Problem] = []
+    for key in ("encoder.prefix", f"{role}.prefix"):
+        if (enc if key.startswith("encoder") else s).num_prefix:
+            out.append(
+                Problem(
+                    key,
+                    "a siamese decoder's tokens are the encoder's patch tokens, without prefix tokens",
+                    "remove the class and register tokens (CroCo has none)",
+                )
+            )
+    if s.position.kind not in ("none", "rope2d"):
+        out.append(
+            Problem(
+                f"{role}.position",
+                f"a siamese decoder reads positioned encoder tokens; {s.position.kind} positions do not apply",
+                "use rope2d (on the encoder's patch grid, as CroCo) or none",
             )
         )
     return out
@@ -361,6 +415,25 @@ def check(spec: Spec) -> list[Problem]:
                 "use model: encoder_decoder with a queries decoder (DETR)",
             )
         )
+    if isinstance(head, PatchesHead):
+        image = spec.encoder if isinstance(last.input, SiameseInput) else last
+        if image is None or not isinstance(image.input, ImageInput) or image.hierarchical:
+            out.append(
+                Problem(
+                    "head.kind",
+                    f"a patches head predicts pixels per image patch, and the {spec.output_stack} reads "
+                    f"{last.input.kind if not last.hierarchical else 'merged patches'}",
+                    "use a plain image stack, or a siamese decoder, or another head",
+                )
+            )
+        elif last.num_prefix and image is last:  # a siamese decoder's prefix is refused by its own rule
+            out.append(
+                Problem(
+                    f"{spec.output_stack}.prefix",
+                    "a patches head predicts every token, and prefix tokens are no patches",
+                    "remove the class and register tokens",
+                )
+            )
     if isinstance(head, LMHead):
         if not isinstance(last.input, TokensInput):
             out.append(

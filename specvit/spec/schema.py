@@ -37,8 +37,10 @@ __all__ = [
     "MlpSpec",
     "NoHead",
     "NormSpec",
+    "PatchesHead",
     "PrefixSpec",
     "QueriesInput",
+    "SiameseInput",
     "Sine2dPosition",
     "Spec",
     "StackSpec",
@@ -176,7 +178,22 @@ class QueriesInput(Node):
     count: int = Field(ge=1, le=MAX_LEN, description="Number of queries, i.e. of predictions per image.")
 
 
-InputSpec = Annotated[ImageInput | TokensInput | FeaturesInput | QueriesInput, Field(discriminator="kind")]
+class SiameseInput(Node):
+    """A second image through the encoder, weights shared (CroCo): a decoder's input.
+
+    The image has the encoder's size and channels; its encoder output and the encoder's output for the
+    first image (the memory) are both projected to the decoder width by one linear layer (CroCo's
+    ``decoder_embed``). The decoder's tokens are the encoder's patch tokens, on its patch grid.
+    """
+
+    kind: Literal["siamese"] = Field(
+        description="Discriminator: the shared encoder's output for a second image (a decoder's input)."
+    )
+
+
+InputSpec = Annotated[
+    ImageInput | TokensInput | FeaturesInput | QueriesInput | SiameseInput, Field(discriminator="kind")
+]
 
 
 class PrefixSpec(Node):
@@ -340,6 +357,9 @@ class BlockSpec(Node):
     window: WindowSpec | None = Field(
         None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
     )
+    memory_norm: bool = Field(
+        False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
+    )
 
 
 class DropoutSpec(Node):
@@ -354,7 +374,9 @@ class DropoutSpec(Node):
 class StackSpec(Node):
     """An encoder or decoder: input embedding, positions, `depth` blocks, final norm."""
 
-    input: InputSpec = Field(description="What comes in: image patches, tokens or features.")
+    input: InputSpec = Field(
+        description="What comes in: image patches, tokens, features, learned queries or (a decoder) siamese."
+    )
     prefix: PrefixSpec = Field(default_factory=PrefixSpec, description="Class and register tokens.")
     position: PositionSpec = Field(
         description="Position encoding: none, learned, sincos, sincos2d, rope, rope2d."
@@ -485,6 +507,16 @@ class DetectionHead(Node):
     box_layers: int = Field(3, ge=1, le=8, description="Layers of the box MLP (hidden width = the model's).")
 
 
+class PatchesHead(Node):
+    """Pixels per token (CroCo, MAE): a linear layer from every patch token to patch x patch x channels values.
+
+    The patch size and channels are the image input's (the encoder's for a siamese decoder).
+    """
+
+    kind: Literal["patches"] = Field(description="Discriminator: per-patch pixel predictions.")
+    bias: bool = Field(True, description="Bias in the prediction layer.")
+
+
 class NoHead(Node):
     """No head: the model returns the final token features."""
 
@@ -492,7 +524,7 @@ class NoHead(Node):
 
 
 HeadSpec = Annotated[
-    Annotated[ClassifierHead | LMHead | DetectionHead | NoHead, Field(discriminator="kind")],
+    Annotated[ClassifierHead | LMHead | DetectionHead | PatchesHead | NoHead, Field(discriminator="kind")],
     BeforeValidator(_kind_shortcut),
 ]
 
@@ -519,7 +551,7 @@ class Spec(Node):
     )
     head: HeadSpec = Field(
         default_factory=lambda: NoHead(kind="none"),
-        description="Output head: classifier, lm, detection or none.",
+        description="Output head: classifier, lm, detection, patches or none.",
     )
     shared_embeddings: bool = Field(
         False,
