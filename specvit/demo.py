@@ -34,7 +34,7 @@ def _inputs(graph: ArchGraph, device: str) -> list[torch.Tensor]:
         hp = a["hparams"]
         if hp["kind"] == "tokens":
             out.append(torch.randint(0, hp["vocab"], shape, device=device))
-        else:
+        elif hp["kind"] != "queries":  # learned queries (DETR) take no input
             out.append(torch.randn(shape, device=device))
     return out
 
@@ -49,7 +49,7 @@ def models() -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     print(
-        f"{'spec':28} {'params':>12} {'FLOPs':>8}  {'input':22} {'output':18} {'built on':8} {'forward':>8}"
+        f"{'spec':30} {'params':>12} {'FLOPs':>8}  {'input':22} {'output':32} {'built on':8} {'forward':>8}"
     )
     status = 0
     for path in sorted(SPECS.glob("*.yaml")):
@@ -74,10 +74,11 @@ def models() -> int:
             out = model(*inputs)
         took = f"{(time.perf_counter() - start) * 1000:.0f} ms" if device == "cpu" else "-"
         shape_in = "x".join(str(d) for d in inputs[0].shape) + (" +tgt" if len(inputs) > 1 else "")
-        shape_out = "x".join(str(d) for d in out.shape)
+        outs = out.items() if isinstance(out, dict) else [("", out)]  # DETR returns {"logits", "boxes"}
+        shape_out = " + ".join(f"{k} {'x'.join(str(d) for d in v.shape)}".strip() for k, v in outs)
         print(
-            f"{spec.name:28} {graph.total_params:>12,} {format_count(graph.total_flops):>8}  {shape_in:22} "
-            f"{shape_out:18} {device:8} {took:>8}"
+            f"{spec.name:30} {graph.total_params:>12,} {format_count(graph.total_flops):>8}  {shape_in:22} "
+            f"{shape_out:32} {device:8} {took:>8}"
         )
     print(f"\ndiagrams: {OUT.relative_to(ROOT)}/*.svg  (FLOPs at batch 1, 16 tokens for token inputs)")
     return status
