@@ -11,32 +11,11 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
-
-    from specvit.graph import ArchGraph
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 OUT = ROOT / "build" / "diagrams"
 REAL_LIMIT = 130_000_000  # parameters: larger models are built on the meta device
-
-
-def _inputs(graph: ArchGraph, device: str) -> list[torch.Tensor]:
-    import torch
-
-    out = []
-    for role in graph.spec.stacks:
-        a = graph[f"{role}.input"]
-        shape = graph.concrete(a["shape"])
-        hp = a["hparams"]
-        if hp["kind"] == "tokens":
-            out.append(torch.randint(0, hp["vocab"], shape, device=device))
-        elif hp["kind"] != "queries":  # learned queries (DETR) take no input
-            out.append(torch.randn(shape, device=device))
-    return out
 
 
 def models() -> int:
@@ -46,6 +25,7 @@ def models() -> int:
     from specvit import SpecError, build_graph, build_model, load_spec
     from specvit.diagram import RenderError, render
     from specvit.diagram.text import format_count
+    from specvit.export import example_inputs
 
     OUT.mkdir(parents=True, exist_ok=True)
     print(
@@ -67,7 +47,7 @@ def models() -> int:
         device = "cpu" if graph.total_params <= REAL_LIMIT else "meta"
         torch.manual_seed(0)
         model = build_model(graph, device=device).eval()
-        inputs = _inputs(graph, device)
+        inputs = example_inputs(model, batch=1)
         with torch.no_grad():
             out = model(*inputs)  # warm-up: the first call pays one-off kernel selection
             start = time.perf_counter()

@@ -12,22 +12,32 @@ from pathlib import Path
 
 import torch
 
+from specvit.graph.ir import ArchGraph
 from specvit.model import SpecModel
 
-__all__ = ["example_inputs", "export_onnx", "export_program"]
+__all__ = ["example_inputs", "export_onnx", "export_program", "input_roles"]
 
 
-def example_inputs(model: SpecModel, batch: int = 2) -> tuple[torch.Tensor, ...]:
-    """Random inputs for ``model`` at the sizes of its graph (tokens for token inputs, else floats).
+def input_roles(graph: ArchGraph) -> list[str]:
+    """The stacks whose input the model's forward takes, in argument order (learned queries take none)."""
+    return [role for role in graph.spec.stacks if graph[f"{role}.input"]["hparams"]["kind"] != "queries"]
+
+
+def example_inputs(
+    source: SpecModel | ArchGraph, batch: int = 2, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Random forward arguments at the sizes of the graph: token ids for token inputs, else floats.
 
     Args:
-        model: a compiled model.
+        source: a compiled model (its graph and device are used) or a graph.
         batch: the batch size.
+        device: where to make them; default the model's device, or the CPU for a graph.
     """
-    graph = model.graph
-    device = next(model.parameters()).device
+    graph = source.graph if isinstance(source, SpecModel) else source
+    if device is None and isinstance(source, SpecModel):
+        device = next(source.parameters()).device
     out = []
-    for role in graph.spec.stacks:
+    for role in input_roles(graph):
         attrs = graph[f"{role}.input"]
         shape = (batch, *graph.concrete(attrs["shape"])[1:])
         if attrs["hparams"]["kind"] == "tokens":
@@ -71,7 +81,7 @@ def export_onnx(
     """
     model = model.eval()
     args = inputs if inputs is not None else example_inputs(model)
-    names = [f"{role}_input" for role in model.spec.stacks]
+    names = [f"{role}_input" for role in input_roles(model.graph)]
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # it warns about every torchvision op it cannot register

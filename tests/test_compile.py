@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import specvit
 from specvit.compile import build_model
+from specvit.export import example_inputs
 from specvit.graph import build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,30 +29,11 @@ def _small(path: Path) -> specvit.Spec:
     return specvit.load_spec(path, overrides=over)
 
 
-def _inputs(graph: specvit.ArchGraph, batch: int) -> dict[str, torch.Tensor]:
-    out = {}
-    for role in graph.spec.stacks:
-        a = graph[f"{role}.input"]
-        shape = (batch, *graph.concrete(a["shape"])[1:])
-        hp = a["hparams"]
-        if hp["kind"] == "tokens":
-            out[role] = torch.randint(0, hp["vocab"], shape)
-        elif hp["kind"] != "queries":  # learned queries need no input
-            out[role] = torch.randn(shape)
-    return out
-
-
 def _recorder(seen: dict[str, tuple[int, ...]], path: str) -> Any:
     def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
         seen.setdefault(path, tuple(out.shape))
 
     return hook
-
-
-def _run(model: specvit.SpecModel, x: dict[str, torch.Tensor]) -> Any:
-    if model.spec.model == "encoder_decoder":
-        return model(x["encoder"], x.get("decoder"))
-    return model(next(iter(x.values())))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
@@ -72,9 +54,9 @@ def test_graph_is_the_model(preset: Path) -> None:
         hooks.append(module.register_forward_hook(_recorder(seen, path)))
     assert sum(p.numel() for p in model.parameters()) == graph.total_params
 
-    x = _inputs(graph, batch)
+    x = example_inputs(graph, batch)
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        out = _run(model, x)
+        out = model(*x)
     for h in hooks:
         h.remove()
     assert {p: graph.concrete(graph[p]["shape"]) for p in graph.module_nodes()} == seen
