@@ -157,7 +157,7 @@ def vit_rows(repeat: int) -> list[Row]:
         export_onnx(ours, path)
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         x = torch.randn(8, 3, 224, 224)
-        t_ort = timeit(lambda: session.run(None, {"encoder_input": x.numpy()}), repeat)
+        t_ort = timeit(lambda: session.run(None, {"x": x.numpy()}), repeat)
         with torch.inference_mode():
             t_ours = timeit(lambda: ours(x), repeat)
         rows.append(

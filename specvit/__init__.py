@@ -12,7 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec import Spec, load_spec, parse_spec
 
 __all__ = [
     "ArchGraph",
@@ -25,6 +24,7 @@ __all__ = [
     "build_graph",
     "build_model",
     "convert_state_dict",
+    "eject",
     "load_pretrained",
     "load_spec",
     "parse_spec",
@@ -33,18 +33,23 @@ __all__ = [
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
-    from specvit.checkpoint import CheckpointError, load_pretrained
-    from specvit.compile import build_model
+    from specvit.checkpoint import CheckpointError
+    from specvit.compile import build_model, eject, load_pretrained
     from specvit.convert import convert_state_dict
     from specvit.diagram import render
     from specvit.graph import ArchGraph, build_graph
     from specvit.model import SpecModel
+    from specvit.spec import Spec, load_spec, parse_spec
 
 _LAZY = {
+    "Spec": "specvit.spec",
+    "load_spec": "specvit.spec",
+    "parse_spec": "specvit.spec",
     "ArchGraph": "specvit.graph",
     "build_graph": "specvit.graph",
     "build_model": "specvit.compile",
-    "load_pretrained": "specvit.checkpoint",
+    "eject": "specvit.compile",
+    "load_pretrained": "specvit.compile",
     "CheckpointError": "specvit.checkpoint",
     "convert_state_dict": "specvit.convert",
     "SpecModel": "specvit.model",

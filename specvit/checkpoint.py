@@ -1,7 +1,8 @@
 """Checkpoints: a directory with ``spec.yaml`` and ``model.safetensors``. Never pickle.
 
-Loading rebuilds the model from the spec on the meta device, checks every key and shape of the
-weight file against it before anything is allocated, then assigns the loaded tensors.
+:func:`specvit.load_pretrained` rebuilds the model from the spec on the meta device, checks every key and
+shape of the weight file against it (:func:`read_weights`) before anything is allocated, then assigns the
+loaded tensors.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from specvit.io import atomic_write
-from specvit.model import SpecModel
 
-__all__ = ["CheckpointError", "load_pretrained", "save_pretrained"]
+__all__ = ["SPEC_FILE", "WEIGHTS_FILE", "CheckpointError", "read_weights", "save_pretrained"]
 
 SPEC_FILE = "spec.yaml"
 WEIGHTS_FILE = "model.safetensors"
@@ -26,7 +27,7 @@ class CheckpointError(ValueError):
 
 
 def save_pretrained(
-    model: SpecModel,
+    model: Any,
     directory: str | os.PathLike[str],
     *,
     overwrite: bool = False,
@@ -62,40 +63,31 @@ def save_pretrained(
     return path
 
 
-def load_pretrained(
-    directory: str | os.PathLike[str],
-    device: torch.device | str | None = None,
-    dtype: torch.dtype | None = None,
-) -> SpecModel:
-    """Rebuild a model saved by :func:`save_pretrained`, in eval mode (as HF's ``from_pretrained``).
+def read_weights(
+    directory: str | os.PathLike[str], expected: Mapping[str, tuple[int, ...]], device: str
+) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint directory, checked key by key and shape by shape against ``expected``.
 
     Args:
         directory: the checkpoint directory.
-        device: where the weights go (default CPU).
-        dtype: cast the weights to this dtype (default: as stored).
+        expected: the model's state_dict keys and shapes.
+        device: where to load the tensors.
 
     Raises:
-        SpecError: when ``spec.yaml`` is invalid.
         CheckpointError: when the weight file is missing, truncated, corrupted, or its keys or shapes
-            do not match the spec (every mismatch is named).
+            do not match (every mismatch is named).
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from specvit.compile import build_model
-    from specvit.spec import load_spec
-
     path = Path(directory)
-    spec = load_spec(path / SPEC_FILE)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights} is missing")
     try:
-        state = load_file(weights, device=str(torch.device(device or "cpu")))
+        state = load_file(weights, device=device)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights} is truncated or corrupted ({exc})") from None
-    model = build_model(spec, device="meta", dtype=dtype)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in state.items()}
     problems = [f"missing {k} {list(s)}" for k, s in expected.items() if k not in got]
     problems += [f"unexpected {k} {list(s)}" for k, s in got.items() if k not in expected]
@@ -109,7 +101,4 @@ def load_pretrained(
             f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         )
         raise CheckpointError(f"the weights in {weights} do not match {path / SPEC_FILE}:\n  {shown}")
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return state

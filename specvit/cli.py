@@ -1,4 +1,4 @@
-"""The ``specvit`` command line: validate, schema, summary, render.
+"""The ``specvit`` command line: validate, schema, summary, render, export, eject.
 
 Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
 exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch.
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specvit.errors import SpecError
 
@@ -73,6 +73,7 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from specvit.diagram.text import format_table
     from specvit.graph import build_graph
 
     graph = build_graph(_load(args.spec, args.set), **_sizes(args))
@@ -87,7 +88,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
     else:
-        print(graph.format_summary(expand=args.expand))
+        print(format_table(graph, expand=args.expand))
     return 0
 
 
@@ -107,13 +108,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.checkpoint and not args.spec:
         print("specvit export: give a SPEC or --checkpoint DIR", file=sys.stderr)
         return EXIT_SPEC_ERROR
-    from specvit.checkpoint import load_pretrained
-    from specvit.compile import build_model
+    from specvit.compile import build_model, load_pretrained
     from specvit.export import example_inputs, export_onnx
 
     model = load_pretrained(args.checkpoint) if args.checkpoint else build_model(_load(args.spec, args.set))
     written = export_onnx(model, args.output, example_inputs(model, batch=2))
     print(f"wrote {written} (batch dimension dynamic)")
+    return 0
+
+
+def cmd_eject(args: argparse.Namespace) -> int:
+    import os
+
+    from specvit.compile import eject
+
+    if os.path.exists(args.output) and os.path.samefile(args.output, args.spec):
+        print(f"specvit eject: -o {args.output} is the spec itself; name another file", file=sys.stderr)
+        return EXIT_IO_ERROR
+    eject(_load(args.spec, args.set), args.output)
+    print(f"wrote {args.output} (standalone PyTorch: Model() builds it)")
     return 0
 
 
@@ -135,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Spec reference: docs/spec.md. Exit status: 0 ok, 1 file error, 2 invalid spec.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_reading(sub)
+    _add_writing(sub)
+    return parser
 
+
+def _add_reading(sub: Any) -> None:
+    """The subcommands that read specs and print: validate, summary, schema."""
     p = sub.add_parser(
         "validate",
         help="check specs; print one line per valid spec",
@@ -159,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(p)
     p.set_defaults(func=cmd_summary)
 
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of the spec language",
+        description="Print the JSON Schema of specs, for editors' YAML language servers (see docs/guide.md).",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    p.set_defaults(func=cmd_schema)
+
+
+def _add_writing(sub: Any) -> None:
+    """The subcommands that write files: render, export, eject."""
     p = sub.add_parser(
         "render",
         help="draw the architecture diagram (svg, png, pdf, dot, mmd)",
@@ -194,13 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser(
-        "schema",
-        help="print the JSON Schema of the spec language",
-        description="Print the JSON Schema of specs, for editors' YAML language servers (see docs/guide.md).",
+        "eject",
+        help="write the model as one standalone PyTorch file",
+        description="Write the model's forward, generated from its graph, with every layer it uses, as one "
+        "readable .py file that imports only torch: Model() builds it, with the state_dict keys of "
+        "specvit's model, so its weights load as they are.",
     )
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
-    p.set_defaults(func=cmd_schema)
-    return parser
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .py file to write")
+    _add_set(p)
+    p.set_defaults(func=cmd_eject)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

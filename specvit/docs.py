@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from specvit.io import atomic_write
+from specvit.ops import fragments
 from specvit.spec import schema
 
 __all__ = ["spec_reference", "write_docs"]
@@ -22,28 +23,20 @@ __all__ = ["spec_reference", "write_docs"]
 SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ("The spec", [schema.Spec]),
     ("Stacks: `encoder:` and `decoder:`", [schema.StackSpec]),
-    ("Inputs: `input:`", [schema.ImageInput, schema.TokensInput, schema.FeaturesInput, schema.SiameseInput]),
+    ("Inputs: `input:`", list(fragments("input"))),
     ("Prefix tokens: `prefix:`", [schema.PrefixSpec]),
-    (
-        "Positions: `position:`",
-        [
-            schema.NoPosition,
-            schema.LearnedPosition,
-            schema.SinCosPosition,
-            schema.SinCos2dPosition,
-            schema.RopePosition,
-            schema.Rope2dPosition,
-        ],
-    ),
+    ("Positions: `position:`", list(fragments("position"))),
     ("Blocks: `block:`", [schema.BlockSpec, schema.NormSpec, schema.MlpSpec, schema.WindowSpec]),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
-    ("Heads: `head:`", [schema.ClassifierHead, schema.LMHead, schema.PatchesHead, schema.NoHead]),
+    ("Heads: `head:`", list(fragments("head"))),
 ]
+"""The reference's sections; the kinds of inputs, positions and heads are every registered fragment."""
 
 INTRO = """\
 # Spec reference
 
-Generated from `specvit/spec/schema.py` by `python -m specvit.docs`; do not edit by hand.
+Generated from the schema and the registered op fragments (`specvit/spec/schema.py`, `specvit/ops/`) by
+`python -m specvit.docs`; do not edit by hand.
 
 Every spec is strict: unknown keys are errors (with a did-you-mean), numbers are numbers (`12`, never
 `"12"`, never `true`), and alternatives are chosen by a `kind` key. `position: learned` and `head: none`

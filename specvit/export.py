@@ -15,18 +15,19 @@ import torch
 from specvit.graph.ir import ArchGraph
 from specvit.model import SpecModel
 
-__all__ = ["example_inputs", "export_onnx", "export_program", "input_roles"]
+__all__ = ["example_inputs", "export_onnx", "export_program", "input_names"]
 
 
-def input_roles(graph: ArchGraph) -> list[str]:
-    """The stacks whose input the model's forward takes, in argument order (learned queries take none)."""
-    return [role for role in graph.spec.stacks if graph[f"{role}.input"]["hparams"]["kind"] != "queries"]
+def input_names(graph: ArchGraph) -> list[str]:
+    """The model's required forward arguments, in order (``x``; ``src``, ``tgt``): what an export takes."""
+    return [graph[n]["p"].arg for n in graph.placeholders() if graph[n]["p"].required]
 
 
 def example_inputs(
     source: SpecModel | ArchGraph, batch: int = 2, device: torch.device | str | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """Random forward arguments at the sizes of the graph: token ids for token inputs, else floats.
+    """Random values of the model's required forward arguments at the graph's sizes: ids below the
+    vocabulary for token inputs, else normal floats.
 
     Args:
         source: a compiled model (its graph and device are used) or a graph.
@@ -37,11 +38,13 @@ def example_inputs(
     if device is None and isinstance(source, SpecModel):
         device = next(source.parameters()).device
     out = []
-    for role in input_roles(graph):
-        attrs = graph[f"{role}.input"]
-        shape = (batch, *graph.concrete(attrs["shape"])[1:])
-        if attrs["hparams"]["kind"] == "tokens":
-            out.append(torch.randint(0, attrs["hparams"]["vocab"], shape, device=device))
+    for n in graph.placeholders():
+        p = graph[n]["p"]
+        if not p.required:
+            continue
+        shape = (batch, *graph.concrete(p.shape)[1:])
+        if p.dtype == "long":
+            out.append(torch.randint(0, p.vocab, shape, device=device))
         else:
             out.append(torch.randn(shape, device=device))
     return tuple(out)
@@ -71,8 +74,8 @@ def export_onnx(
 ) -> Path:
     """Write an ONNX file of the model's forward (dynamo exporter), batch dimension dynamic.
 
-    The file is written whole or not at all. Input names are ``encoder_input`` / ``decoder_input``,
-    the output ``output``.
+    The file is written whole or not at all. Inputs are named as the forward's arguments (``x``, ``src``,
+    ``tgt``), the output ``output``.
 
     Args:
         model: a compiled model.
@@ -81,7 +84,7 @@ def export_onnx(
     """
     model = model.eval()
     args = inputs if inputs is not None else example_inputs(model)
-    names = [f"{role}_input" for role in input_roles(model.graph)]
+    names = input_names(model.graph)
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # it warns about every torchvision op it cannot register

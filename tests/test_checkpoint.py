@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import specvit
-from specvit.checkpoint import CheckpointError, load_pretrained
+from specvit.checkpoint import CheckpointError
+from specvit.compile import load_pretrained
 from specvit.io import atomic_write
 
 ROOT = Path(__file__).resolve().parents[1]

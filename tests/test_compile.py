@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+from presets import PRESETS, small_spec
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -16,22 +17,11 @@ from specvit.export import example_inputs
 from specvit.graph import build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted((ROOT / "specs").glob("*.yaml"))
-
-
-def _small(path: Path) -> specvit.Spec:
-    """The preset with at most 2 blocks per stack (or per stage), for speed; everything else as written."""
-    spec = specvit.load_spec(path)
-    over = {
-        f"{r}.depth": [min(d, 2) for d in s.depth] if isinstance(s.depth, list) else min(s.depth, 2)
-        for r, s in spec.stacks.items()
-    }
-    return specvit.load_spec(path, overrides=over)
 
 
 def _recorder(seen: dict[str, tuple[int, ...]], path: str) -> Any:
-    def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
-        seen.setdefault(path, tuple(out.shape))
+    def hook(module: torch.nn.Module, args: Any, out: Any) -> None:
+        seen.setdefault(path, tuple((out[0] if isinstance(out, tuple) else out).shape))  # rotary: (cos, sin)
 
     return hook
 
@@ -40,7 +30,7 @@ def _recorder(seen: dict[str, tuple[int, ...]], path: str) -> Any:
 def test_graph_is_the_model(preset: Path) -> None:
     torch.manual_seed(0)
     batch = 2
-    spec = _small(preset)
+    spec = small_spec(preset)
     sizes = {"src_len": 12, "tgt_len": 9} if spec.model == "encoder_decoder" else {"seq_len": 12}
     graph = build_graph(spec, batch=batch, **sizes)
     model = build_model(graph).eval()
@@ -62,7 +52,7 @@ def test_graph_is_the_model(preset: Path) -> None:
     assert {p: graph.concrete(graph[p]["shape"]) for p in graph.module_nodes()} == seen
     outputs = graph[graph.output]
     if isinstance(out, dict):  # DETR: {"logits", "boxes"}
-        assert tuple(out["boxes"].shape) == graph.concrete(outputs["hparams"]["outputs"]["boxes"])
+        assert tuple(out["boxes"].shape) == graph.concrete(graph["head.bbox_embed"]["shape"])
         assert torch.isfinite(out["boxes"]).all()
         out = out["logits"]
     assert tuple(out.shape) == graph.concrete(outputs["shape"])

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 import specvit
 from specvit.errors import SpecError
+from specvit.ops.position import RopeParams
 
 ROOT = Path(__file__).resolve().parents[1]
 CROCO = ROOT / "specs" / "croco_vit_base.yaml"
@@ -272,9 +273,14 @@ def test_preset_parameters_and_graph() -> None:
     assert graph["decoder.encoder"]["shape"] == ("B", n, e)
     assert graph["decoder.memory_embed"]["shape"] == ("B", n, d)
     assert graph["head.fc"]["shape"] == ("B", n, p * p * 3)
-    into_cross = {u: port for u, v, port in graph.nx.in_edges("decoder.blocks.3.cross_attn", data="port")}
-    assert into_cross == {"decoder.blocks.3.norm2": "x", "decoder.blocks.3.memory_norm": "memory"}
-    assert graph["decoder.blocks.3.cross_attn"]["hparams"]["rope"] == {"kind": "rope2d", "base": 100.0}
+    into_cross = {(u, port) for u, v, port in graph.nx.in_edges("decoder.blocks.3.cross_attn", data="port")}
+    assert into_cross == {
+        ("decoder.blocks.3.norm2", "x"),
+        ("decoder.blocks.3.memory_norm", "memory"),
+        ("decoder.rope", "rope"),  # the queries and the memory's keys lie on one patch grid
+        ("decoder.rope", "memory_rope"),
+    }
+    assert graph["decoder.rope"]["p"] == RopeParams(head_dim=32, base=100.0, grid=(14, 14), prefix=0)
     memory_in = [u for u, _ in graph.nx.in_edges("decoder.blocks.3.memory_norm")]
     assert memory_in == ["decoder.memory_embed"]
 
@@ -285,13 +291,11 @@ def test_diagram_shows_the_shared_encoder_and_memory_norm() -> None:
     dot = to_dot(specvit.build_graph(specvit.load_spec(CROCO)))
     for text in (
         "decoder.encoder",
-        "shared_encoder",
         "the encoder again · shared weights",
         "decoder.memory_embed",
         "shared with decoder.embed",
         "memory_norm",
-        "on the memory",
-        "rope2d base 100",
+        "rotary 2D · grid 14x14 · base 100",
     ):
         assert text in dot, text
 

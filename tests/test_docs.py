@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 import specvit
+from specvit.codegen.emit import forward_source
+from specvit.codegen.scopes import analyse
 from specvit.docs import spec_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +30,26 @@ def _blocks(lang: str) -> list[tuple[str, str]]:
 
 def test_spec_reference_is_current() -> None:
     assert (ROOT / "docs" / "spec.md").read_text() == spec_reference(), "run: python -m specvit.docs"
+
+
+def _generated() -> list[tuple[str, str, str, str]]:
+    """Blocks fenced as ```python generated SPEC SCOPE: a scope's generated forward, as the docs show it."""
+    out = []
+    for doc in DOCS:
+        for spec, scope, code in re.findall(
+            r"```python generated (\S+) (\S+)\n(.*?)```", doc.read_text(), flags=re.S
+        ):
+            out.append((f"{doc.name}:{scope}", spec, scope, code))
+    return out
+
+
+@pytest.mark.parametrize(("where", "spec", "scope", "code"), _generated(), ids=[w for w, *_ in _generated()])
+def test_generated_code_in_the_docs_is_what_the_compiler_writes(
+    where: str, spec: str, scope: str, code: str
+) -> None:
+    graph = specvit.build_graph(specvit.load_spec(ROOT / spec))
+    scopes = analyse(graph)
+    assert forward_source(graph, scopes, scopes[scope]) + "\n" == code
 
 
 @pytest.mark.parametrize(("where", "code"), _blocks("python"), ids=[w for w, _ in _blocks("python")])

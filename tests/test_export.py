@@ -66,5 +66,5 @@ def test_cli_export(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    assert [i.name for i in session.get_inputs()] == ["encoder_input"]
-    assert session.run(None, {"encoder_input": np.zeros((4, 1, 28, 28), np.float32)})[0].shape == (4, 10)
+    assert [i.name for i in session.get_inputs()] == ["x"]
+    assert session.run(None, {"x": np.zeros((4, 1, 28, 28), np.float32)})[0].shape == (4, 10)

@@ -134,7 +134,7 @@ def test_vit_shapes_and_sources() -> None:
     assert g["encoder.input"]["shape"] == ("B", 3, 224, 224)
     assert g["encoder.patch_embed"]["shape"] == ("B", 196, 768)
     assert g["encoder.prefix"]["shape"] == ("B", 197, 768)
-    assert g["encoder.blocks.11.attn"]["hparams"]["heads"] == 12
+    assert g["encoder.blocks.11.attn"]["p"].heads == 12
     assert g["head.fc"]["shape"] == ("B", 1000)
     assert g["encoder.blocks.3.attn"]["source"].endswith("vit_base_patch16_224.yaml:16:14")
     assert g.dims == {"B": 1}
@@ -147,10 +147,12 @@ def test_encoder_decoder_shapes_and_memory_edges() -> None:
     assert g["decoder.blocks.0.cross_attn"]["inputs"] == {
         "x": ("B", "S_tgt", 512),
         "memory": ("B", "S_src", 512),
+        "memory_mask": ("B", "S_src"),
+        "cache": (),
     }
     memory_edges = [(u, v) for u, v, p in g.nx.edges(data="port") if p == "memory"]
     assert memory_edges == [("encoder.blocks.5.norm2", f"decoder.blocks.{i}.cross_attn") for i in range(6)]
-    assert g["head.fc"]["hparams"]["tied_to"] == "encoder.tok_embed"
+    assert g["head.fc"]["p"].tied_to == "encoder.tok_embed"
     assert g["decoder.tok_embed"]["params"] == 0 and g["head.fc"]["params"] == 0
 
 

@@ -120,24 +120,24 @@ def test_pre_and_post_norm_blocks_are_wired_differently() -> None:
     b = "encoder.blocks.0"
     # post-norm: attention reads the block input, the norm follows the residual add
     assert {
-        ("encoder.pos_embed", f"{b}.attn"),
+        ("encoder.pos_drop", f"{b}.attn"),
         (f"{b}.add1", f"{b}.norm1"),
         (f"{b}.norm1", f"{b}.mlp"),
     } <= post
     # pre-norm: the norm comes first and the residual stream skips it
     assert {
-        ("encoder.pos_embed", f"{b}.norm1"),
+        ("encoder.pos_drop", f"{b}.norm1"),
         (f"{b}.norm1", f"{b}.attn"),
         (f"{b}.add1", f"{b}.norm2"),
     } <= pre
-    assert ("encoder.pos_embed", f"{b}.attn") not in pre and (f"{b}.add1", f"{b}.norm1") not in pre
+    assert ("encoder.pos_drop", f"{b}.attn") not in pre and (f"{b}.add1", f"{b}.norm1") not in pre
     # in both the residual reaches the add straight from the block input
-    assert ("encoder.pos_embed", f"{b}.add1") in pre & post
+    assert ("encoder.pos_drop", f"{b}.add1") in pre & post
 
 
 def test_residual_edges_are_styled_apart() -> None:
     edges = {(u, v): attrs for u, v, attrs in _edges(to_dot(_graph("gpt2_small")))}
-    assert "#8c8c8c" in edges[("decoder.pos_embed", "decoder.blocks.0.add1")]
+    assert "#8c8c8c" in edges[("decoder.pos_drop", "decoder.blocks.0.add1")]
     assert "#8c8c8c" not in edges[("decoder.blocks.0.attn", "decoder.blocks.0.add1")]
 
 
@@ -308,3 +308,11 @@ def test_cli_render_writes_file_and_refuses_unknown_extension(tmp_path: Path) ->
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "the extension must be one of .svg, .png, .pdf, .dot, .mmd" in bad.stderr
     assert not (tmp_path / "x.txt").exists()
+
+
+@pytest.mark.parametrize("preset", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_renders_to_svg(preset: Path, tmp_path: Path) -> None:
+    """Every node's label is valid for Graphviz, those without a shape (a KV cache) included."""
+    pytest.importorskip("pygraphviz")
+    out = render(specvit.load_spec(preset), tmp_path / "model.svg")
+    assert out.read_text().lstrip().startswith("<?xml")

@@ -105,11 +105,11 @@ def test_graph_has_stages_with_token_counts_and_widths() -> None:
     g = specvit.build_graph(specvit.load_spec(TINY))
     shapes = [g[f"encoder.stages.{s}.blocks.0.attn"]["shape"] for s in range(4)]
     assert shapes == [("B", 3136, 96), ("B", 784, 192), ("B", 196, 384), ("B", 49, 768)]
-    assert [g[f"encoder.stages.{s}.downsample"]["shape"] for s in (1, 2, 3)] == shapes[1:]
-    shifts = [g[f"encoder.stages.2.blocks.{i}.attn"]["hparams"]["shift"] for i in range(6)]
+    assert [g[f"encoder.stages.{s}.downsample.reduction"]["shape"] for s in (1, 2, 3)] == shapes[1:]
+    shifts = [g[f"encoder.stages.2.blocks.{i}.attn"]["p"].shift for i in range(6)]
     assert shifts == [0, 3, 0, 3, 0, 3]
-    last = [g[f"encoder.stages.3.blocks.{i}.attn"]["hparams"] for i in range(2)]
-    assert [(h["window"], h["shift"]) for h in last] == [(7, 0), (7, 0)]  # 7x7 grid: one window, no shift
+    last = [g[f"encoder.stages.3.blocks.{i}.attn"]["p"] for i in range(2)]
+    assert [(p.window, p.shift) for p in last] == [(7, 0), (7, 0)]  # 7x7 grid: one window, no shift
     rows = {r.path: r.count for r in g.summary()}
     assert rows["encoder.stages.2.blocks.0,2,4.attn"] == rows["encoder.stages.2.blocks.1,3,5.attn"] == 3
     assert rows["encoder.stages.3.blocks.0-1.attn"] == 2

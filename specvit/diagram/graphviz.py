@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import graphviz
 
@@ -54,7 +54,7 @@ CATEGORIES: dict[str, tuple[str, str, str]] = {
     "mlp": ("#d3ecd1", "#3f8f3f", "MLP"),
     "norm": ("#fff1a8", "#b89b00", "norm"),
     "embedding": ("#d6e2f5", "#3d66ad", "embedding / position"),
-    "structural": ("#ececec", "#808080", "input / output / add"),
+    "structural": ("#ececec", "#808080", "input / output / add / dropout"),
     "head": ("#e8d5f0", "#8346a0", "head"),
 }
 """Colour category -> (fill, border, legend text): the fixed palette, in legend order."""
@@ -162,85 +162,13 @@ def format_shape(shape: Shape) -> str:
     return " x ".join(str(d) for d in shape)
 
 
-def _value(v: Any) -> str:
-    """``1e-06`` for floats, ``16x16`` for pairs, else ``str``."""
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, list | tuple):
-        return "x".join(str(x) for x in v)
-    return str(v)
-
-
-def _details(op: str, hp: dict[str, Any]) -> tuple[str, ...]:
-    """The key hyperparameters of a node of kind ``op``, one short line each."""
-    lines: list[str] = []
-    if op.endswith("attention"):
-        lines.append(f"heads {hp['heads']} · kv_heads {hp['kv_heads']} · head_dim {hp['head_dim']}")
-        flags = []
-        if "causal" in hp:
-            flags.append("causal" if hp["causal"] else "not causal")
-        if "memory_dim" in hp:
-            flags.append(f"memory dim {hp['memory_dim']}")
-        if hp.get("rope"):
-            flags.append(f"{hp['rope']['kind']} base {_value(hp['rope']['base'])}")
-        if hp.get("qk_norm"):
-            flags.append(f"qk {hp['qk_norm']}")
-        if "window" in hp:
-            m = hp["window"]
-            flags.append(
-                f"{m}x{m} windows · " + (f"shifted by {hp['shift']}" if hp["shift"] else "not shifted")
-            )
-        lines.append(" · ".join(flags))
-    elif op == "mlp":
-        lines.append(f"hidden {hp['hidden']} · {hp['activation']}")
-    elif op == "patch_merging":
-        lines.append(f"2x2 tokens · {4 * hp['dim']} → {hp['out']} · grid {_value(hp['grid'])} → half")
-    elif op == "patch_embed":
-        lines.append(f"patch {_value(hp['patch'])} · grid {_value(hp['grid'])} · {hp['projection']}")
-    elif op == "token_embed":
-        lines.append(f"vocab {hp['vocab']}" + (" · x sqrt(dim)" if hp["scale"] else ""))
-        if hp["shared_with"]:
-            lines.append(f"shared with {hp['shared_with']}")
-    elif op == "type_embed":
-        lines.append(f"type_vocab {hp['type_vocab']}")
-    elif op.startswith("pos_"):
-        lines.append(" · ".join(f"{k} {_value(hp[k])}" for k in ("max_len", "base", "grid") if hp.get(k)))
-    elif op == "prefix":
-        tokens = ["cls"] if hp["cls"] else []
-        if hp["registers"]:
-            tokens.append(f"{hp['registers']} registers")
-        lines.append(" + ".join(tokens))
-    elif op == "pool":
-        lines.append(f"{hp['pool']} pooling")
-    elif op == "linear":
-        lines.append(f"{hp['in']} → {hp['out']}")
-        if hp.get("tied_to"):
-            lines.append(f"tied to {hp['tied_to']}")
-        if hp.get("shared_with"):
-            lines.append(f"shared with {hp['shared_with']}")
-    elif op == "shared_encoder":
-        lines.append(f"the {hp['shared_with']} again · shared weights")
-        lines.append(f"grid {_value(hp['grid'])}")
-    elif op == "layer_scale":
-        lines.append(f"init {_value(hp['init'])}")
-    elif op == "input":
-        lines.append(f"{hp['kind']} · vocab {hp['vocab']}" if "vocab" in hp else str(hp["kind"]))
-    elif "eps" in hp:
-        lines.append(f"eps {_value(hp['eps'])}" + (" · on the memory" if hp.get("memory") else ""))
-    return tuple(line for line in lines if line)
-
-
-def _category(op: str, stack: str) -> str:
-    """The colour category of a node."""
-    if op.endswith("attention"):
-        return "attention"
-    if op == "mlp":
-        return "mlp"
-    if op.endswith("norm"):
-        return "norm"
-    if op in ("input", "output", "add", "layer_scale"):
-        return "structural"
-    return "head" if stack == "head" else "embedding"
+def _category(op_category: str, stack: str) -> str:
+    """The colour category of a node: its op's, with the head's own colour for what is not structural."""
+    if op_category == "position":
+        return "embedding"
+    if stack == "head" and op_category not in ("structural", "norm"):
+        return "head"
+    return op_category if op_category in CATEGORIES else "structural"
 
 
 def _params(n: int) -> str:
@@ -283,12 +211,12 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     for path, a in g.nodes(data=True):
         if drawn(path) != path:
             continue
-        op, stack, block = a["op"], a["stack"], a["block"]
+        op, stack, block = graph.op(path), a["stack"], a["block"]
         boxes[path] = Box(
             path,
-            op,
-            _category(op, stack),
-            _details(op, a["hparams"]),
+            op.kind,
+            _category(op.category, stack),
+            tuple(line for line in op.label(a["p"]) if line),
             format_shape(a["shape"]),
             _params(a["params"]),
         )
@@ -341,7 +269,8 @@ def _box_label(box: Box) -> str:
     """The HTML-like label of a box: op kind in bold, its hyperparameters, then shape and parameters."""
     lines = [f"<b>{_esc(box.op)}</b>", *(_esc(d) for d in box.details)]
     foot = " · ".join(_esc(p) for p in (box.shape, box.params) if p)
-    lines.append(f'<font color="#505050">{foot}</font>')
+    if foot:  # an empty <font> is a Graphviz syntax error (a cache or an offset has no shape)
+        lines.append(f'<font color="#505050">{foot}</font>')
     return "<" + "<br/>".join(lines) + ">"
 
 

@@ -4,18 +4,20 @@ Each node is named by the module path it becomes (``encoder.blocks.3.attn``) or,
 steps that own no module (inputs, residual adds, pooling, outputs), by a path beside them
 (``encoder.blocks.3.add1``). Node attributes:
 
-- ``op``: op kind (``patch_embed``, ``self_attention``, ``layernorm``, ``add``, ...)
-- ``module``: True when the node is an ``nn.Module`` of the compiled model
-- ``hparams``: resolved hyperparameters, concrete ints and strings
+- ``op``: op kind, a key of :data:`specvit.ops.OPS` (``patch_embed``, ``self_attention``, ``add``, ...)
+- ``p``: its resolved hyper-parameters, the op's frozen :class:`~specvit.ops.Params` dataclass
+- ``module``: True when the node is an ``nn.Module`` of the compiled model, at the node's path
 - ``shape``: output shape, symbolic dims as strings (``("B", "S_src", 512)``) and ints where known
-- ``inputs``: the shape expected on each input port (``{"x": (...), "memory": (...)}``)
+- ``inputs``: the shape arriving on each input port (``{"x": (...), "memory": (...)}``)
 - ``params``: parameter count of this module (0 for tied weights and structural nodes)
 - ``flops``: FLOPs of one forward at the graph's ``dims`` (a multiply-add counts 2)
 - ``source``: the spec file:line:col the node came from
 - ``block``: the block path for nodes inside a repeated block (``encoder.blocks.3``), else None
-- ``stack``: ``encoder``, ``decoder`` or ``head``
+- ``stack``: ``encoder``, ``decoder`` or ``head``: the part of the diagram it is drawn in
+- ``scope``: the module whose generated forward computes it: ``""`` (the model), a stack, ``head``
+  or a block
 
-Edges carry tensors: ``port`` says which input of the target they feed.
+Edges carry values: ``port`` says which input of the target they feed.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from specvit.ops import OPS
+from specvit.ops.base import Dim, Shape
+
 if TYPE_CHECKING:
     from specvit.spec.schema import Spec
 
 __all__ = ["ArchGraph", "Dim", "Fold", "Shape", "SummaryRow"]
-
-Dim = int | str
-Shape = tuple[Dim, ...]
 
 
 @dataclass(frozen=True)
@@ -75,18 +77,23 @@ class SummaryRow:
 
 
 class ArchGraph:
-    """A lowered spec: a ``networkx.DiGraph`` plus the spec and the sizes its FLOPs were counted at.
+    """A lowered spec: a ``networkx.MultiDiGraph`` plus the spec and the sizes its FLOPs were counted at.
 
     Args:
-        spec: the validated spec this graph was lowered from.
+        spec: the validated spec this graph was lowered from (carried for checkpoints; the compiler and
+            the diagrams read the graph only).
         nx_graph: the graph, nodes in execution order.
         dims: the concrete value of each symbolic dim (``{"B": 1, "S": 128}``).
+        kind: the model kind (``encoder``, ``decoder``, ``encoder_decoder``).
+        init: the weight-init convention (``vit``, ``xavier``, ``normal``).
     """
 
-    def __init__(self, spec: Spec, nx_graph: nx.DiGraph, dims: dict[str, int]):
+    def __init__(self, spec: Spec, nx_graph: nx.MultiDiGraph, dims: dict[str, int], kind: str, init: str):
         self.spec = spec
         self.nx = nx_graph
         self.dims = dims
+        self.kind = kind
+        self.init = init
 
     # -- access ---------------------------------------------------------------------------------
 
@@ -105,6 +112,10 @@ class ArchGraph:
     def module_nodes(self) -> list[str]:
         """Paths of the nodes that are modules of the compiled model, in execution order."""
         return [n for n, a in self.nx.nodes(data=True) if a["module"]]
+
+    def op(self, path: str) -> Any:
+        """The :class:`~specvit.ops.Op` of node ``path``."""
+        return OPS[self.nx.nodes[path]["op"]]
 
     def concrete(self, shape: Shape) -> tuple[int, ...]:
         """``shape`` with its symbolic dims replaced by the graph's sizes."""
@@ -202,25 +213,38 @@ class ArchGraph:
         return out
 
     def signature(self, block: str) -> tuple[Any, ...]:
-        """What makes two blocks the same drawing: their ops, hyperparameters, shapes and params.
+        """What makes two blocks the same drawing and the same code: their nodes' ops, hyper-parameters,
+        shapes and wiring.
 
-        Stochastic depth rates differ from block to block but do not change what a block is.
+        Stochastic-depth rates and KV-cache indexes differ from block to block but do not change what a
+        block is (:meth:`~specvit.ops.Params.identity`).
         """
         prefix = block + "."
+        local = {n: n[len(prefix) :] for n in self.nx if self.nx.nodes[n]["block"] == block}
+
+        stack = block.split(".")[0]
+
+        def source(u: str) -> str:
+            """A node of the block by its name; an outside value by what the stack calls it (``mask``)."""
+            return local.get(u) or "<" + self.nx.nodes[u].get("sides", {}).get(stack, "in") + ">"
+
+        def wiring(n: str) -> tuple[tuple[str, str], ...]:
+            return tuple(sorted((d["port"], source(u)) for u, _, d in self.nx.in_edges(n, data=True)))
+
         return tuple(
             (
-                n[len(prefix) :],
-                a["op"],
-                tuple(sorted((k, v) for k, v in a["hparams"].items() if k != "drop_path")),
-                a["shape"],
-                a["params"],
+                name,
+                self.nx.nodes[n]["op"],
+                self.nx.nodes[n]["p"].identity(),
+                self.nx.nodes[n]["shape"],
+                wiring(n),
             )
-            for n, a in self.nx.nodes(data=True)
-            if n.startswith(prefix)
+            for n, name in local.items()
         )
 
-    def format_summary(self, expand: bool = False) -> str:
-        """The summary as an aligned text table with totals."""
-        from specvit.diagram.text import format_table
-
-        return format_table(self, expand=expand)
+    def placeholders(self) -> list[str]:
+        """The model's forward arguments, in argument order."""
+        found = [n for n, a in self.nx.nodes(data=True) if a["op"] == "input"]
+        return sorted(
+            found, key=lambda n: self.nx.nodes[n]["p"].group
+        )  # stable: creation order within a group

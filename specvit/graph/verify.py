@@ -1,4 +1,4 @@
-"""Lint an architecture graph: acyclic, every input wired, shapes agreeing along every edge.
+"""Lint an architecture graph: acyclic, one output, every required input wired, every node used.
 
 Failures are SpecErrors naming the node and the spec line it came from.
 """
@@ -45,19 +45,20 @@ def verify(graph: ArchGraph) -> None:
     reaches_output = nx.ancestors(g, outputs[0]) | {outputs[0]}
     for node, attrs in g.nodes(data=True):
         ports = {d["port"]: u for u, _, d in g.in_edges(node, data=True)}
-        if attrs["op"] != "input" and not ports:
-            fail(node, "has no input")
-        if node not in reaches_output:
+        op = graph.op(node)
+        if node not in reaches_output and attrs["op"] != "input":
             fail(node, "does not lead to the output")
-        for port, expected in attrs["inputs"].items():
-            if port not in ports:
+        if op.required and not ports:
+            fail(node, "has no input")
+        for port in op.required:
+            if ports and port not in ports:
                 fail(node, f"input '{port}' is not connected")
-                continue
-            got = g.nodes[ports[port]]["shape"]
-            if tuple(got) != tuple(expected):
+        for port, src in ports.items():
+            got, expected = g.nodes[src]["shape"], attrs["inputs"].get(port)
+            if tuple(got) != tuple(expected or ()):
                 fail(
                     node,
-                    f"input '{port}' from {ports[port]} has shape {_fmt(got)}, expected {_fmt(expected)}",
+                    f"input '{port}' from {src} has shape {_fmt(got)}, expected {_fmt(expected or ())}",
                     "the widths of consecutive parts of the spec disagree",
                 )
     if problems:

@@ -108,6 +108,32 @@ class TokenEmbed(nn.Embedding):
         return f"{super().extra_repr()}, scale={self.scale}"
 
 
+class TypeEmbed(nn.Embedding):
+    """Token-type (segment) embeddings added to the tokens (BERT); every token is type 0 when none are given.
+
+    Args:
+        type_vocab: number of types.
+        dim: width D.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        type_vocab: int,
+        dim: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(type_vocab, dim, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, *, types: Tensor | None = None) -> Tensor:
+        """x: (B, N, D) token embeddings; types: (B, N) ids, or None for all zeros."""
+        if types is None:
+            return x + self.weight[0]  # (B, N, D)
+        return x + super().forward(types)  # (B, N, D)
+
+
 class PrefixTokens(nn.Module):
     """Learned cls and register tokens prepended to the sequence: ``cat([cls, reg, x])`` (timm order).
 
@@ -175,6 +201,7 @@ class QueryEmbed(nn.Module):
         self.weight = nn.Parameter(torch.empty(count, dim, device=device, dtype=dtype))  # (N, D)
         nn.init.normal_(self.weight)
 
-    def forward(self, batch: int) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
+        """The queries for each sample of x (any tensor whose first dim is the batch): (B, N, D)."""
         # a copy, not an expanded view: a view of a parameter made under no_grad confuses autograd's hooks
-        return self.weight[None].repeat(batch, 1, 1)  # (B, N, D)
+        return self.weight[None].repeat(x.shape[0], 1, 1)  # (B, N, D)

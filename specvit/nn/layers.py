@@ -1,4 +1,4 @@
-"""Small residual-branch layers: stochastic depth and LayerScale.
+"""Small layers: stochastic depth, LayerScale, and layers that use another module's weights.
 
 Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens.
 """
@@ -6,6 +6,7 @@ Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M me
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -68,3 +69,53 @@ class LayerScale(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.gamma.shape[0]}, init_value={self.init_value}"
+
+
+class Shared(nn.Module):
+    """Applies another module, its weights included (a decoder reusing the encoder's token embedding, CroCo's
+    ``decoder_embed`` applied to the memory too); owns no parameters.
+
+    Args:
+        source: the module that owns the weights.
+    """
+
+    def __init__(self, source: nn.Module):
+        super().__init__()
+        self._source = (source,)  # a tuple, so the source is not registered (and saved) twice
+
+    @property
+    def source(self) -> nn.Module:
+        return self._source[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.source(x)
+
+
+class TiedLinear(nn.Module):
+    """Output layer sharing a token embedding's (V, D) weight: ``x @ E^T (+ bias)``.
+
+    Args:
+        source: the embedding whose weight is used.
+        bias: add a learned (V,) bias.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        source: nn.Embedding,
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self._source = (source,)
+        vocab = source.num_embeddings
+        self.bias = nn.Parameter(torch.zeros(vocab, device=device, dtype=dtype)) if bias else None
+
+    @property
+    def weight(self) -> Tensor:
+        return self._source[0].weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)  # (B, S, V)

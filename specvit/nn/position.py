@@ -107,7 +107,7 @@ class LearnedPosition(nn.Module):
         """Truncated normal, std 0.02 (cut at +-2 std)."""
         nn.init.trunc_normal_(self.weight, std=0.02, a=-0.04, b=0.04)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """Add rows ``offset .. offset + N - 1`` of the table to x of shape (B, N, D)."""
         n = x.shape[1]
         if offset < 0 or offset + n > self.num_positions:
@@ -136,7 +136,7 @@ class SinCosPosition(nn.Module):
         self.dim = dim
         self.base = base
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
         return x + sincos_1d(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
 
@@ -176,8 +176,9 @@ def _rope_inv_freq(dim: int, base: float, device: torch.device | str | None) -> 
     return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))  # (dim/2,)
 
 
-def _rope_cos_sin(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos/sin of the rotate-half RoPE of width dim: angles ``cat(freqs, freqs)``, each (N, dim)."""
+def rope_tables(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos/sin of the rotate-half RoPE of width dim at (N,) ``positions``: angles ``cat(freqs, freqs)``,
+    each (N, dim), float32."""
     inv_freq = _rope_inv_freq(dim, base, positions.device)  # (dim/2,)
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, dim/2)
     angles = torch.cat((freqs, freqs), dim=-1)  # (N, dim)
@@ -201,9 +202,10 @@ class Rope(nn.Module):
         self.head_dim = head_dim
         self.base = base
 
-    def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Return float32 ``(cos, sin)``, each (N, hd), for the (N,) integer ``positions``."""
-        return _rope_cos_sin(positions, self.head_dim, self.base)
+    def forward(self, x: Tensor, *, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Float32 ``(cos, sin)``, each (N, hd), for positions ``offset .. offset + N - 1`` of x: (B, N, D)."""
+        positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
+        return rope_tables(positions, self.head_dim, self.base)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}"
@@ -223,24 +225,29 @@ class Rope2d(nn.Module):
         head_dim: hd, divisible by 4.
         grid: (gh, gw) patch grid.
         base: RoPE theta (CroCo uses 100).
+        num_prefix: leading prefix tokens P, left unrotated.
     """
 
-    def __init__(self, head_dim: int, grid: tuple[int, int], base: float = 100.0) -> None:
+    def __init__(
+        self, head_dim: int, grid: tuple[int, int], base: float = 100.0, num_prefix: int = 0
+    ) -> None:
         super().__init__()
         if head_dim % 4 != 0:
             raise ValueError(f"Rope2d needs head_dim divisible by 4, got {head_dim}")
         self.head_dim = head_dim
         self.grid = grid
         self.base = base
+        self.num_prefix = num_prefix
 
-    def forward(self, num_prefix: int = 0, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
-        """Return float32 ``(cos, sin)``, each (num_prefix + gh*gw, 2, hd/2), on ``device``."""
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Float32 ``(cos, sin)``, each (P + gh*gw, 2, hd/2), for the tokens x: (B, P + gh*gw, D)."""
+        device, num_prefix = x.device, self.num_prefix
         gh, gw = self.grid
         half = self.head_dim // 2
         rows = torch.arange(gh, device=device).repeat_interleave(gw)  # (gh*gw,)
         cols = torch.arange(gw, device=device).repeat(gh)  # (gh*gw,)
-        cos_y, sin_y = _rope_cos_sin(rows, half, self.base)  # (gh*gw, hd/2)
-        cos_x, sin_x = _rope_cos_sin(cols, half, self.base)  # (gh*gw, hd/2)
+        cos_y, sin_y = rope_tables(rows, half, self.base)  # (gh*gw, hd/2)
+        cos_x, sin_x = rope_tables(cols, half, self.base)  # (gh*gw, hd/2)
         cos = torch.stack((cos_y, cos_x), dim=1)  # (gh*gw, 2, hd/2)
         sin = torch.stack((sin_y, sin_x), dim=1)  # (gh*gw, 2, hd/2)
         if num_prefix > 0:
@@ -249,7 +256,7 @@ class Rope2d(nn.Module):
         return cos, sin
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, grid={self.grid}, base={self.base}"
+        return f"head_dim={self.head_dim}, grid={self.grid}, base={self.base}, num_prefix={self.num_prefix}"
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""Swin's shifted-window attention and patch merging (Liu et al., 2021).
+"""Swin's shifted-window attention (Liu et al., 2021); patch merging is :func:`~specvit.nn.functional.merge_2x2`,
+a norm and a linear layer.
 
 Tokens are a row-major (gh, gw) grid. Windows of M x M tokens attend within themselves, with a learned
 relative position bias; in shifted blocks the grid is cyclically rolled by -M/2 first and the pairs that
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PatchMerging", "WindowAttention", "relative_position_index", "shift_mask"]
+__all__ = ["WindowAttention", "relative_position_index", "shift_mask"]
 
 MASKED = -100.0
 
@@ -104,17 +105,8 @@ class WindowAttention(nn.Module):
             return bias[None] + mask[:, None]  # (nW, H, L, L)
         return bias[None]  # (1, H, L, L)
 
-    def forward(
-        self,
-        x: Tensor,
-        key_padding_mask: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: object | None = None,
-        pos: Tensor | None = None,
-    ) -> Tensor:
-        """Attend within windows. x: (B, N, C) -> (B, N, C); masks, rope, caches and positions do not apply."""
-        if key_padding_mask is not None or rope is not None or cache is not None or pos is not None:
-            raise ValueError("window attention takes no padding mask, rotary tables, KV cache or positions")
+    def forward(self, x: Tensor) -> Tensor:
+        """Attend within windows. x: (B, N, C) -> (B, N, C)."""
         b, n, c = x.shape
         (gh, gw), m, s = self.grid, self.window, self.shift
         h, hd = self.num_heads, self.head_dim
@@ -140,38 +132,3 @@ class WindowAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, grid={self.grid}, window={self.window}, shift={self.shift}"
-
-
-class PatchMerging(nn.Module):
-    """Swin's downsampling: each 2x2 neighbourhood concatenated (4C), normalised, projected to 2C.
-
-    The concatenation order is the paper's: (0, 0), (1, 0), (0, 1), (1, 1) as (row, col) offsets.
-
-    Args:
-        dim: input width C.
-        grid: (gh, gw) input token grid, both even.
-        norm: the norm over 4C features.
-        device: parameter device.
-        dtype: parameter dtype.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        grid: tuple[int, int],
-        norm: nn.Module,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        if grid[0] % 2 or grid[1] % 2:
-            raise ValueError(f"patch merging needs an even grid, got {grid}")
-        self.grid = grid
-        self.norm = norm
-        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False, device=device, dtype=dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, _, c = x.shape
-        gh, gw = self.grid
-        x = x.view(b, gh // 2, 2, gw // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, gh * gw // 4, 4 * c)
-        return self.reduction(self.norm(x))  # (B, N/4, 2C)

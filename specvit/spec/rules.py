@@ -7,28 +7,10 @@ each with the key path to edit; the loader adds the file:line:col.
 from __future__ import annotations
 
 from specvit.errors import Problem
-from specvit.spec.schema import (
-    ClassifierHead,
-    DetectionHead,
-    FeaturesInput,
-    ImageInput,
-    LearnedPosition,
-    LMHead,
-    PatchesHead,
-    QueriesInput,
-    SiameseInput,
-    Spec,
-    StackSpec,
-    TokensInput,
-)
+from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
+from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check"]
-
-
-def _divisors_near(n: int, target: int, count: int = 2) -> str:
-    divisors = [d for d in range(1, min(n, 4096) + 1) if n % d == 0]
-    best = sorted(divisors, key=lambda d: (abs(d - target), -d))[:count]
-    return " or ".join(str(d) for d in sorted(best))
 
 
 def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
@@ -43,7 +25,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 Problem(
                     f"{at}.heads",
                     f"width {s.width} is not divisible by {s.heads} heads",
-                    f"use a divisor of {s.width} such as {_divisors_near(s.width, s.heads)}, "
+                    f"use a divisor of {s.width} such as {divisors_near(s.width, s.heads)}, "
                     "or set block.head_dim",
                 )
             )
@@ -52,19 +34,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 Problem(
                     f"{at}.kv_heads",
                     f"{s.heads} heads are not divisible by kv_heads={b.kv_heads}",
-                    f"use a divisor of {s.heads} such as {_divisors_near(s.heads, b.kv_heads)}",
-                )
-            )
-    if isinstance(s.input, ImageInput):
-        sides = [
-            (size, patch) for size, patch in zip(s.input.size, s.input.patch, strict=True) if size % patch
-        ]
-        for size, patch in dict.fromkeys(sides):  # a square image fails once, not per side
-            out.append(
-                Problem(
-                    f"{role}.input.patch",
-                    f"image size {size} is not divisible by patch {patch}",
-                    f"use a patch size that divides {size}, such as {_divisors_near(size, patch)}",
+                    f"use a divisor of {s.heads} such as {divisors_near(s.heads, b.kv_heads)}",
                 )
             )
     for i, layer in enumerate(b.layers):
@@ -110,126 +80,10 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
             )
         )
 
-    if isinstance(s.input, QueriesInput) and not (role == "decoder" and spec.model == "encoder_decoder"):
-        out.append(
-            Problem(
-                f"{role}.input.kind",
-                "queries are the input of an encoder_decoder's decoder",
-                "use queries only in the decoder of an encoder_decoder model",
-            )
-        )
-    if isinstance(s.input, QueriesInput) and s.position.kind != "none":
-        out.append(
-            Problem(
-                f"{role}.position",
-                "learned queries are their own positions",
-                "set position: none for a queries input",
-            )
-        )
-    pos = s.position
-    pos_at = f"{role}.position"
-    if pos.kind == "sine2d":
-        if s.grid is None:
-            out.append(
-                Problem(
-                    pos_at,
-                    "sine2d positions need a 2D grid of tokens",
-                    "use an image input, or give the features input a grid: [rows, cols]",
-                )
-            )
-        elif s.num_prefix:
-            out.append(
-                Problem(
-                    f"{role}.prefix",
-                    "sine2d positions cover the grid only, not prefix tokens",
-                    "remove the prefix tokens",
-                )
-            )
-        if s.width % 4:
-            out.append(
-                Problem(
-                    pos_at,
-                    f"sine2d positions need a width divisible by 4, got {s.width}",
-                    "use a width that is a multiple of 4",
-                )
-            )
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
-    elif pos.kind in ("sincos2d", "rope2d") and not isinstance(s.input, ImageInput):
-        out.append(
-            Problem(
-                pos_at,
-                f"{pos.kind} positions need an image input (a 2D grid of patches)",
-                f"use {'sincos' if pos.kind == 'sincos2d' else 'rope'} for {s.input.kind} inputs",
-            )
-        )
-    if pos.kind == "rope" and s.head_dim % 2:
-        out.append(
-            Problem(
-                pos_at,
-                f"rope needs an even head dim, got {s.head_dim}",
-                "pick heads (or head_dim) so that width/heads is even",
-            )
-        )
-    if pos.kind == "rope2d" and s.head_dim % 4:
-        out.append(
-            Problem(
-                pos_at,
-                f"rope2d needs a head dim divisible by 4, got {s.head_dim}",
-                "pick heads (or head_dim) so that width/heads is a multiple of 4",
-            )
-        )
-    if pos.kind == "sincos" and s.width % 2:
-        out.append(
-            Problem(pos_at, f"sincos positions need an even width, got {s.width}", "use an even width")
-        )
-    if pos.kind == "sincos2d" and s.width % 4:
-        out.append(
-            Problem(
-                pos_at,
-                f"sincos2d positions need a width divisible by 4, got {s.width}",
-                "use a width that is a multiple of 4",
-            )
-        )
-    if isinstance(pos, LearnedPosition) and not isinstance(s.input, SiameseInput):
-        if isinstance(s.input, ImageInput):
-            needed = s.input.num_patches + (s.num_prefix if pos.include_prefix else 0)
-            if pos.max_len is not None and pos.max_len != needed:
-                out.append(
-                    Problem(
-                        f"{pos_at}.max_len",
-                        f"the image gives {needed} positions, not {pos.max_len}",
-                        "remove max_len: it is derived from the image and patch sizes",
-                    )
-                )
-        elif pos.max_len is None:
-            out.append(
-                Problem(
-                    f"{pos_at}.max_len",
-                    f"learned positions of a {s.input.kind} input need a max_len",
-                    "set the longest sequence, e.g. max_len: 512",
-                )
-            )
-    if (
-        isinstance(s.input, TokensInput)
-        and s.input.padding_idx is not None
-        and s.input.padding_idx >= s.input.vocab
-    ):
-        out.append(
-            Problem(
-                f"{role}.input.padding_idx",
-                f"padding_idx {s.input.padding_idx} is outside the vocabulary of {s.input.vocab}",
-                f"use an id below {s.input.vocab}",
-            )
-        )
-    if isinstance(s.input, FeaturesInput) and s.input.project is False and s.input.dim != s.width:
-        out.append(
-            Problem(
-                f"{role}.input.project",
-                f"features of dim {s.input.dim} cannot pass through to width {s.width} without a projection",
-                "set project: true, or make dim equal to width",
-            )
-        )
+    out += s.input.check(f"{role}.input", s, spec)
+    out += s.position.check(f"{role}.position", s, spec)
     return out
 
 
@@ -310,9 +164,17 @@ def _hierarchy(role: str, s: StackSpec) -> list[Problem]:
                 Problem(
                     f"{at}.heads",
                     f"stage {i} is {width} wide, not divisible by {heads} heads",
-                    f"use a divisor of {width} such as {_divisors_near(width, heads)}",
+                    f"use a divisor of {width} such as {divisors_near(width, heads)}",
                 )
             )
+    return out + _grid(role, s) + _hierarchy_features(role, s, what)
+
+
+def _grid(role: str, s: StackSpec) -> list[Problem]:
+    """The patch grid must halve once per stage, and split into windows in every stage."""
+    assert isinstance(s.input, ImageInput)
+    out: list[Problem] = []
+    b, at = s.block, f"{role}.block"
     gh, gw = s.input.grid
     merges = len(s.stage_depths) - 1
     if gh % 2**merges or gw % 2**merges:
@@ -336,6 +198,13 @@ def _hierarchy(role: str, s: StackSpec) -> list[Problem]:
                         f"use a window that divides {sh} and {sw}",
                     )
                 )
+    return out
+
+
+def _hierarchy_features(role: str, s: StackSpec, what: str) -> list[Problem]:
+    """What stages of windowed attention do not take: prefix tokens, GQA, QK-norm, attention positions."""
+    out: list[Problem] = []
+    b, at = s.block, f"{role}.block"
     for key, value, hint in (
         (f"{role}.prefix", s.num_prefix, "remove the class and register tokens; classify with pool: mean"),
         (f"{at}.kv_heads", b.kv_heads, "remove kv_heads"),
@@ -344,7 +213,7 @@ def _hierarchy(role: str, s: StackSpec) -> list[Problem]:
     ):
         if value:
             out.append(Problem(key, f"{what} does not support this", hint))
-    if s.position.kind not in ("none", "learned", "sincos2d"):
+    if s.position.phase() == "attention":
         out.append(
             Problem(
                 f"{role}.position",
@@ -398,59 +267,7 @@ def check(spec: Spec) -> list[Problem]:
         out += _stack(role, stack, spec)
 
     last = spec.stacks[spec.output_stack]
-    head = spec.head
-    if isinstance(head, ClassifierHead) and head.pool == "cls" and not last.prefix.cls:
-        out.append(
-            Problem(
-                "head.pool",
-                "pool cls needs a class token",
-                f"set {spec.output_stack}.prefix.cls: true, or use pool: mean",
-            )
-        )
-    if isinstance(head, DetectionHead) and spec.model == "encoder":
-        out.append(
-            Problem(
-                "head.kind",
-                "a detection head predicts per query of a decoder",
-                "use model: encoder_decoder with a queries decoder (DETR)",
-            )
-        )
-    if isinstance(head, PatchesHead):
-        image = spec.encoder if isinstance(last.input, SiameseInput) else last
-        if image is None or not isinstance(image.input, ImageInput) or image.hierarchical:
-            out.append(
-                Problem(
-                    "head.kind",
-                    f"a patches head predicts pixels per image patch, and the {spec.output_stack} reads "
-                    f"{last.input.kind if not last.hierarchical else 'merged patches'}",
-                    "use a plain image stack, or a siamese decoder, or another head",
-                )
-            )
-        elif last.num_prefix and image is last:  # a siamese decoder's prefix is refused by its own rule
-            out.append(
-                Problem(
-                    f"{spec.output_stack}.prefix",
-                    "a patches head predicts every token, and prefix tokens are no patches",
-                    "remove the class and register tokens",
-                )
-            )
-    if isinstance(head, LMHead):
-        if not isinstance(last.input, TokensInput):
-            out.append(
-                Problem(
-                    "head.kind",
-                    f"an lm head needs a token input, and the {spec.output_stack} reads {last.input.kind}",
-                    "use a classifier or none head, or a tokens input",
-                )
-            )
-        elif head.tied and head.vocab is not None and head.vocab != last.input.vocab:
-            out.append(
-                Problem(
-                    "head.vocab",
-                    f"a tied lm head has the embedding's vocab {last.input.vocab}, not {head.vocab}",
-                    "remove head.vocab, or set tied: false",
-                )
-            )
+    out += spec.head.check("head", last, spec)
     if spec.shared_embeddings:
         enc, dec = spec.encoder, spec.decoder
         if spec.model != "encoder_decoder" or enc is None or dec is None:

@@ -1,32 +1,51 @@
-"""The spec language: Pydantic models of an attention architecture.
+"""The spec language: the Pydantic model of a whole spec, assembled from the registered op fragments.
 
 Every model is strict (``12`` is a number, ``"12"`` is not; ``true`` is not a number) and forbids
-unknown keys. Kinds are ``Literal`` strings and alternatives are discriminated by a ``kind`` key,
-so an editor can complete them from the JSON Schema. Values that follow from others (head dim, MLP
-hidden size, token counts, the init convention) are resolved here, once, so everything downstream
-reads concrete numbers. Cross-field rules live in :mod:`specvit.spec.rules`.
+unknown keys. The kinds of ``input``, ``position`` and ``head`` are the fragments registered in
+:mod:`specvit.ops`, discriminated by their ``kind`` key, so an editor can complete them from the JSON
+Schema; the names allowed in ``layers``, ``norm.kind`` and ``mlp.activation`` come from the same
+registries. Values that follow from others (head dim, MLP hidden size, token counts, the init
+convention) are resolved here, once, so everything downstream reads concrete numbers. Cross-field rules
+live in :mod:`specvit.spec.rules` and in each fragment's ``check``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    PrivateAttr,
-    Tag,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from specvit.errors import Location
+from specvit.ops import SUBLAYERS, fragments
+from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_LEN, MAX_WIDTH, Fragment
+from specvit.ops.fields import Probability, kind_shortcut, per_stage
+from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
+from specvit.ops.inputs import (
+    FeaturesInput,
+    ImageInput,
+    InputFragment,
+    QueriesInput,
+    SiameseInput,
+    TokensInput,
+)
+from specvit.ops.mlp import ACTIVATIONS
+from specvit.ops.norm import NORM_KINDS
+from specvit.ops.position import (
+    LearnedPosition,
+    NoPosition,
+    PositionFragment,
+    Rope2dPosition,
+    RopePosition,
+    SinCos2dPosition,
+    SinCosPosition,
+    Sine2dPosition,
+)
+from specvit.spec.yamlread import dump_yaml
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_LEN",
     "BlockSpec",
     "ClassifierHead",
     "DetectionHead",
@@ -34,13 +53,19 @@ __all__ = [
     "FeaturesInput",
     "ImageInput",
     "LMHead",
+    "LearnedPosition",
     "MlpSpec",
     "NoHead",
+    "NoPosition",
     "NormSpec",
     "PatchesHead",
     "PrefixSpec",
     "QueriesInput",
+    "Rope2dPosition",
+    "RopePosition",
     "SiameseInput",
+    "SinCos2dPosition",
+    "SinCosPosition",
     "Sine2dPosition",
     "Spec",
     "StackSpec",
@@ -50,150 +75,35 @@ __all__ = [
 
 FORMAT_VERSION = 1
 
-# Upper bounds keep shape, parameter and FLOP arithmetic far from overflow and from sizes that
-# would take minutes to lower; they are well above any model trained to date.
-MAX_WIDTH = 1 << 16
-MAX_DEPTH = 1024
-MAX_HEADS = 1024
-MAX_IMAGE = 1 << 14
-MAX_VOCAB = 1 << 24
-MAX_LEN = 1 << 20
+Node = Fragment  # the base of every spec model
 
-Sublayer = Literal["self_attention", "masked_self_attention", "cross_attention", "mlp"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
+
+def _kinds(slot: str) -> str:
+    """``none, learned, sincos, ...``: the kinds of a slot, for descriptions."""
+    return ", ".join(str(c.model_fields["kind"].annotation.__args__[0]) for c in fragments(slot))  # type: ignore[union-attr]
+
+
+def _union(slot: str, shortcut: bool = False) -> Any:
+    """The discriminated union of a slot's registered fragments (``position: learned`` too, if ``shortcut``)."""
+    union = Annotated[Union[fragments(slot)], Field(discriminator="kind")]  # type: ignore[valid-type]  # noqa: UP007
+    return Annotated[union, BeforeValidator(kind_shortcut)] if shortcut else union
+
+
+if TYPE_CHECKING:  # the unions are assembled at import; type checkers see their bases
+    InputSpec = InputFragment
+    PositionSpec = PositionFragment
+    HeadSpec = HeadFragment
+    SublayerKind = str
+    NormKind = str
+    Activation = str
+else:
+    InputSpec = _union("input")
+    PositionSpec = _union("position", shortcut=True)
+    HeadSpec = _union("head", shortcut=True)
+    SublayerKind = Literal[tuple(SUBLAYERS)]
+    NormKind = Literal[NORM_KINDS]
+    Activation = Literal[ACTIVATIONS]
 ModelKind = Literal["encoder", "decoder", "encoder_decoder"]
-
-
-def _pair(value: Any) -> Any:
-    """``16`` -> ``(16, 16)`` and ``[14, 16]`` -> ``(14, 16)``; anything else is left for the type check."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value)
-    if isinstance(value, list):
-        if len(value) != 2:
-            raise PydanticCustomError(
-                "pair", "expected one integer or [height, width], got a list of {n}", {"n": len(value)}
-            )
-        return tuple(value)
-    return value
-
-
-def _kind_shortcut(value: Any) -> Any:
-    """Lets ``position: learned`` stand for ``position: {kind: learned}``."""
-    return {"kind": value} if isinstance(value, str) else value
-
-
-def _single_or_stages(value: Any) -> str:
-    return "stages" if isinstance(value, list) else "single"
-
-
-def _per_stage(bound: int, what: str) -> Any:
-    """``int`` or a list of ints, one per stage of a hierarchical stack; errors come from one branch only."""
-    one = Annotated[int, Field(ge=1, le=bound)]
-    return Annotated[
-        Annotated[one, Tag("single")]
-        | Annotated[list[one], Tag("stages"), Field(min_length=1, max_length=8)],
-        Discriminator(_single_or_stages),
-        Field(description=what),
-    ]
-
-
-Pair = Annotated[
-    tuple[Annotated[int, Field(ge=1, le=MAX_IMAGE)], Annotated[int, Field(ge=1, le=MAX_IMAGE)]],
-    BeforeValidator(_pair),
-]
-Probability = Annotated[float, Field(ge=0.0, lt=1.0)]
-
-
-class Node(BaseModel):
-    """Base of every spec model: strict types, unknown keys refused, no NaN or infinity."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_assignment=False)
-
-
-# ---------------------------------------------------------------------------------------------- inputs
-
-
-class ImageInput(Node):
-    """An image cut into non-overlapping patches, each projected to the stack width."""
-
-    kind: Literal["image"] = Field(description="Discriminator: an image input.")
-    size: Pair = Field(description="Image size in pixels: one int for square images, or [height, width].")
-    patch: Pair = Field(description="Patch size in pixels: one int, or [height, width].")
-    channels: int = Field(3, ge=1, le=4096, description="Input channels (3 for RGB, 1 for grey).")
-    projection: Literal["conv", "linear"] = Field(
-        "conv",
-        description="Patch projection: a strided conv (timm, HF) or a linear layer on flattened patches.",
-    )
-    bias: bool = Field(True, description="Bias in the patch projection.")
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Patches per side, (rows, cols)."""
-        return self.size[0] // self.patch[0], self.size[1] // self.patch[1]
-
-    @property
-    def num_patches(self) -> int:
-        return self.grid[0] * self.grid[1]
-
-
-class TokensInput(Node):
-    """Integer token ids looked up in an embedding table."""
-
-    kind: Literal["tokens"] = Field(description="Discriminator: a token input.")
-    vocab: int = Field(ge=1, le=MAX_VOCAB, description="Vocabulary size.")
-    padding_idx: int | None = Field(
-        None, ge=0, description="Token id whose embedding stays zero and gets no gradient, or null."
-    )
-    scale: bool = Field(
-        False, description="Multiply embeddings by sqrt(width), as in 'Attention Is All You Need'."
-    )
-    type_vocab: int = Field(
-        0, ge=0, le=MAX_VOCAB, description="Token-type (segment) vocabulary, as BERT's 2; 0 for none."
-    )
-
-
-class FeaturesInput(Node):
-    """Precomputed feature vectors (CNN features as in DETR, or a torch.nn.Transformer's inputs)."""
-
-    kind: Literal["features"] = Field(description="Discriminator: a features input.")
-    dim: int = Field(ge=1, le=MAX_WIDTH, description="Feature size of each input vector.")
-    project: bool | None = Field(
-        None,
-        description="Project features to the width with a linear layer; null means 'only when dim != width'.",
-    )
-    grid: Pair | None = Field(
-        None,
-        description="The features form a [rows, cols] map (a CNN's, as in DETR), in row-major order; null: a sequence.",
-    )
-
-    @property
-    def num_tokens(self) -> int | None:
-        return self.grid[0] * self.grid[1] if self.grid is not None else None
-
-
-class QueriesInput(Node):
-    """N learned object queries (DETR): the decoder starts from zeros and the queries are its positions."""
-
-    kind: Literal["queries"] = Field(description="Discriminator: learned queries (a decoder's input).")
-    count: int = Field(ge=1, le=MAX_LEN, description="Number of queries, i.e. of predictions per image.")
-
-
-class SiameseInput(Node):
-    """A second image through the encoder, weights shared (CroCo): a decoder's input.
-
-    The image has the encoder's size and channels; its encoder output and the encoder's output for the
-    first image (the memory) are both projected to the decoder width by one linear layer (CroCo's
-    ``decoder_embed``). The decoder's tokens are the encoder's patch tokens, on its patch grid.
-    """
-
-    kind: Literal["siamese"] = Field(
-        description="Discriminator: the shared encoder's output for a second image (a decoder's input)."
-    )
-
-
-InputSpec = Annotated[
-    ImageInput | TokensInput | FeaturesInput | QueriesInput | SiameseInput, Field(discriminator="kind")
-]
 
 
 class PrefixSpec(Node):
@@ -207,93 +117,13 @@ class PrefixSpec(Node):
         return int(self.cls) + self.registers
 
 
-# ------------------------------------------------------------------------------------------- positions
-
-
-class NoPosition(Node):
-    """No position information."""
-
-    kind: Literal["none"] = Field(description="Discriminator: no positions.")
-
-
-class LearnedPosition(Node):
-    """A learned table of position embeddings, added to the tokens."""
-
-    kind: Literal["learned"] = Field(description="Discriminator: learned absolute positions.")
-    max_len: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LEN,
-        description="Table length; derived for images, required for tokens and features.",
-    )
-    include_prefix: bool = Field(
-        True, description="The table covers the prefix tokens too (timm's default); false: patches only."
-    )
-
-
-class SinCosPosition(Node):
-    """Fixed 1D sinusoids of 'Attention Is All You Need', added to the tokens."""
-
-    kind: Literal["sincos"] = Field(description="Discriminator: fixed 1D sinusoidal positions.")
-    base: float = Field(10000.0, gt=1.0, description="Wavelength base.")
-
-
-class SinCos2dPosition(Node):
-    """Fixed 2D sinusoids over the patch grid (MAE), added to the patch tokens."""
-
-    kind: Literal["sincos2d"] = Field(description="Discriminator: fixed 2D sinusoidal positions (images).")
-    base: float = Field(10000.0, gt=1.0, description="Wavelength base.")
-
-
-class RopePosition(Node):
-    """Rotary position embedding of queries and keys (RoFormer)."""
-
-    kind: Literal["rope"] = Field(description="Discriminator: 1D rotary positions.")
-    base: float = Field(10000.0, gt=1.0, description="Rotary base (theta).")
-
-
-class Rope2dPosition(Node):
-    """2D rotary embedding over the patch grid, as in CroCo: half the head dim per axis."""
-
-    kind: Literal["rope2d"] = Field(description="Discriminator: 2D rotary positions (images).")
-    base: float = Field(100.0, gt=1.0, description="Rotary base; CroCo uses 100.")
-
-
-class Sine2dPosition(Node):
-    """DETR's 2D sine positions, added to queries and keys in every attention layer (never to values).
-
-    Coordinates are normalised to (0, 2*pi]; half the channels encode the row, half the column, each as
-    interleaved sin/cos of ``base**(2i/d)`` frequencies. The decoder's cross-attention adds them to the
-    memory's keys too.
-    """
-
-    kind: Literal["sine2d"] = Field(
-        description="Discriminator: DETR's 2D sine positions in every attention layer."
-    )
-    base: float = Field(10000.0, gt=1.0, description="Temperature of the frequencies.")
-
-
-PositionSpec = Annotated[
-    Annotated[
-        NoPosition
-        | LearnedPosition
-        | SinCosPosition
-        | SinCos2dPosition
-        | RopePosition
-        | Rope2dPosition
-        | Sine2dPosition,
-        Field(discriminator="kind"),
-    ],
-    BeforeValidator(_kind_shortcut),
-]
-
 # ---------------------------------------------------------------------------------------------- blocks
 
 
 class NormSpec(Node):
     """The normalisation used throughout a stack."""
 
-    kind: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="Norm layer.")
+    kind: NormKind = Field("layernorm", description="Norm layer.")
     placement: Literal["pre", "post"] = Field(
         "pre",
         description="pre: x + f(norm(x)) (ViT, GPT-2). post: norm(x + f(x)) (original Transformer, BERT).",
@@ -332,7 +162,7 @@ class WindowSpec(Node):
 class BlockSpec(Node):
     """One residual block, repeated `depth` times."""
 
-    heads: _per_stage(MAX_HEADS, "Attention (query) heads; a list gives each stage's heads.")  # type: ignore[valid-type]
+    heads: per_stage(MAX_HEADS, "Attention (query) heads; a list gives each stage's heads.")  # type: ignore[valid-type]
     kv_heads: int | None = Field(
         None,
         ge=1,
@@ -340,8 +170,8 @@ class BlockSpec(Node):
         description="Key/value heads: fewer than heads for GQA, 1 for MQA; null = heads.",
     )
     head_dim: int | None = Field(None, ge=1, le=4096, description="Dim per head; null = width / heads.")
-    layers: list[Sublayer] = Field(
-        default_factory=lambda: list[Sublayer](["self_attention", "mlp"]),
+    layers: list[SublayerKind] = Field(
+        default_factory=lambda: ["self_attention", "mlp"],
         min_length=1,
         max_length=16,
         description="The residual sublayers in order.",
@@ -378,11 +208,9 @@ class StackSpec(Node):
         description="What comes in: image patches, tokens, features, learned queries or (a decoder) siamese."
     )
     prefix: PrefixSpec = Field(default_factory=PrefixSpec, description="Class and register tokens.")
-    position: PositionSpec = Field(
-        description="Position encoding: none, learned, sincos, sincos2d, rope, rope2d."
-    )
+    position: PositionSpec = Field(description=f"Position encoding: {_kinds('position')}.")
     width: int = Field(ge=1, le=MAX_WIDTH, description="Model width (embedding dim) of every token.")
-    depth: _per_stage(  # type: ignore[valid-type]
+    depth: per_stage(  # type: ignore[valid-type]
         MAX_DEPTH,
         "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
         "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin.",
@@ -452,6 +280,11 @@ class StackSpec(Node):
         return self.prefix.count
 
     @property
+    def causal(self) -> bool:
+        """Some self-attention of the stack is causal: it can decode token by token with a KV cache."""
+        return any(getattr(SUBLAYERS[layer], "causal", False) for layer in self.block.layers)
+
+    @property
     def num_tokens(self) -> int | None:
         """Tokens seen by the (first) blocks when the input fixes them (images, feature maps, queries), else None."""
         if isinstance(self.input, ImageInput):
@@ -470,63 +303,6 @@ class StackSpec(Node):
         if isinstance(self.input, FeaturesInput):
             return self.input.grid
         return None
-
-
-# ----------------------------------------------------------------------------------------------- heads
-
-
-class ClassifierHead(Node):
-    """Pool the tokens, then a linear classifier."""
-
-    kind: Literal["classifier"] = Field(description="Discriminator: a classification head.")
-    classes: int = Field(ge=1, le=MAX_VOCAB, description="Number of classes.")
-    pool: Literal["cls", "mean"] = Field(
-        "cls", description="cls: the class token; mean: average of the other tokens."
-    )
-    norm: bool = Field(False, description="A norm between pooling and the classifier (timm's fc_norm).")
-    bias: bool = Field(True, description="Bias in the classifier.")
-    dropout: Probability = Field(0.0, description="Dropout before the classifier.")
-
-
-class LMHead(Node):
-    """A linear layer from every token to vocabulary logits."""
-
-    kind: Literal["lm"] = Field(description="Discriminator: a language-model head.")
-    vocab: int | None = Field(None, ge=1, le=MAX_VOCAB, description="Output vocabulary; null = the input's.")
-    tied: bool = Field(False, description="Share the weight with the token embedding.")
-    bias: bool = Field(False, description="Bias in the output layer.")
-
-
-class DetectionHead(Node):
-    """DETR's heads on every query: class logits (classes + 'no object') and a box MLP with a sigmoid."""
-
-    kind: Literal["detection"] = Field(description="Discriminator: per-query class logits and boxes.")
-    classes: int = Field(
-        ge=1, le=MAX_VOCAB, description="Object classes; the logits add one 'no object' class."
-    )
-    box_layers: int = Field(3, ge=1, le=8, description="Layers of the box MLP (hidden width = the model's).")
-
-
-class PatchesHead(Node):
-    """Pixels per token (CroCo, MAE): a linear layer from every patch token to patch x patch x channels values.
-
-    The patch size and channels are the image input's (the encoder's for a siamese decoder).
-    """
-
-    kind: Literal["patches"] = Field(description="Discriminator: per-patch pixel predictions.")
-    bias: bool = Field(True, description="Bias in the prediction layer.")
-
-
-class NoHead(Node):
-    """No head: the model returns the final token features."""
-
-    kind: Literal["none"] = Field(description="Discriminator: features out.")
-
-
-HeadSpec = Annotated[
-    Annotated[ClassifierHead | LMHead | DetectionHead | PatchesHead | NoHead, Field(discriminator="kind")],
-    BeforeValidator(_kind_shortcut),
-]
 
 
 # ------------------------------------------------------------------------------------------------ spec
@@ -551,7 +327,7 @@ class Spec(Node):
     )
     head: HeadSpec = Field(
         default_factory=lambda: NoHead(kind="none"),
-        description="Output head: classifier, lm, detection, patches or none.",
+        description=f"Output head: {_kinds('head')}.",
     )
     shared_embeddings: bool = Field(
         False,
@@ -601,8 +377,6 @@ class Spec(Node):
 
     def to_yaml(self) -> str:
         """The canonical spec: every default resolved, keys in schema order."""
-        from specvit.spec.loader import dump_yaml
-
         return dump_yaml(self.model_dump(mode="json"))
 
     def summary_line(self) -> str:

@@ -1,0 +1,58 @@
+"""Parameter-free steps the generated forwards call by name: mask extension, pooling, the 2x2 merge.
+
+Each is one graph node and one call in the generated code, so a traced forward shows it as one step.
+
+Dim legend: B batch, N tokens (incl. prefix), P prefix tokens, D width, (gh, gw) token grid.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["cls_pool", "extend_mask", "mean_pool", "merge_2x2"]
+
+
+def extend_mask(mask: Tensor | None, prefix: int) -> Tensor | None:
+    """A (B, S) padding mask (True = padding) with ``prefix`` never-padded tokens in front: (B, P + S)."""
+    if mask is None:
+        return None
+    return torch.cat((mask.new_zeros(mask.shape[0], prefix), mask), dim=1)  # (B, P + S)
+
+
+def cls_pool(x: Tensor) -> Tensor:
+    """The first (class) token of (B, N, D): (B, D)."""
+    return x[:, 0]
+
+
+def mean_pool(x: Tensor, prefix: int, mask: Tensor | None = None) -> Tensor:
+    """The mean of the tokens after the prefix, skipping padding: (B, N, D) -> (B, D).
+
+    Args:
+        x: (B, N, D) tokens, the first ``prefix`` of them class or register tokens.
+        prefix: how many leading tokens to leave out (timm's ``global_pool='avg'``).
+        mask: (B, N) bool, True = padding; a sample that is all padding pools to zeros.
+    """
+    tokens = x[:, prefix:]  # (B, N - P, D)
+    if mask is None:
+        return tokens.mean(dim=1)  # (B, D)
+    keep = (~mask[:, prefix:]).to(x.dtype)[:, :, None]  # (B, N - P, 1)
+    return (tokens * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)  # (B, D)
+
+
+def merge_2x2(x: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Swin's patch merging gather: each 2x2 neighbourhood of a (gh, gw) grid concatenated.
+
+    The order is the paper's: (0, 0), (1, 0), (0, 1), (1, 1) as (row, col) offsets.
+
+    Args:
+        x: (B, gh * gw, C) tokens, row-major.
+        grid: (gh, gw), both even.
+
+    Returns:
+        (B, gh * gw / 4, 4C).
+    """
+    b, _, c = x.shape
+    gh, gw = grid
+    x = x.view(b, gh // 2, 2, gw // 2, 2, c)  # (B, gh/2, 2, gw/2, 2, C)
+    return x.permute(0, 1, 3, 4, 2, 5).reshape(b, gh * gw // 4, 4 * c)  # (B, N/4, 4C)

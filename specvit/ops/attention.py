@@ -1,0 +1,253 @@
+"""Attention ops and the sublayers of a block's ``layers:`` list that become them.
+
+Every attention reads its side inputs by name from the stack (``ctx.side``): a padding mask, rotary
+tables, an additive bias, DETR's positions, the KV cache; cross-attention also the memory and its mask,
+positions and rotary tables. Whatever the stack has is wired; a new position or bias kind only has to
+put its node into ``ctx.side``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, op
+from specvit.ops.block import BlockCtx, Sublayer, sublayer
+from specvit.ops.norm import norm_params
+
+__all__ = ["AttentionParams", "CrossAttentionParams"]
+
+_SELF_SIDE = ("mask", "rope", "bias", "pos", "cache")
+_CROSS_SIDE = ("memory", "memory_mask", "pos", "memory_pos", "rope", "memory_rope", "cache")
+
+
+@dataclass(frozen=True)
+class AttentionParams(Params):
+    """Multi-head attention with grouped KV heads, optional QK-norm and dropout.
+
+    Args:
+        dim: token width.
+        heads: query heads.
+        kv_heads: key/value heads (fewer for GQA, 1 for MQA).
+        head_dim: width per head.
+        qkv_bias: biases in the q/k/v projections.
+        proj_bias: bias in the output projection.
+        qk_norm: ``layernorm`` or ``rmsnorm`` per head on queries and keys, or None.
+        qk_norm_bias: the QK LayerNorms have a bias.
+        eps: epsilon of the QK norms.
+        attn_drop: dropout on the attention weights.
+        proj_drop: dropout after the output projection.
+        causal: a query sees only keys at or before its own position.
+        layer: the layer's index in a KV cache.
+    """
+
+    dim: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv_bias: bool = True
+    proj_bias: bool = True
+    qk_norm: str | None = None
+    qk_norm_bias: bool = True
+    eps: float = 1e-6
+    attn_drop: float = 0.0
+    proj_drop: float = 0.0
+    causal: bool = False
+    layer: int = field(default=0, metadata={"varies": True})
+
+    @property
+    def qk_params(self) -> int:
+        return 2 * norm_params(self.qk_norm, self.head_dim, self.qk_norm_bias) if self.qk_norm else 0
+
+    def common(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "num_heads": self.heads,
+            "num_kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "qkv_bias": self.qkv_bias,
+            "proj_bias": self.proj_bias,
+            "qk_norm": self.qk_norm,
+            "qk_norm_bias": self.qk_norm_bias,
+            "norm_eps": self.eps,
+            "attn_drop": self.attn_drop,
+            "proj_drop": self.proj_drop,
+            "layer_idx": self.layer,
+        }
+
+
+def _heads_line(p: AttentionParams) -> str:
+    return f"heads {p.heads} · kv_heads {p.kv_heads} · head_dim {p.head_dim}"
+
+
+def _flags(p: AttentionParams) -> list[str]:
+    flags = []
+    if p.qk_norm:
+        flags.append(f"qk {p.qk_norm}")
+    if p.attn_drop or p.proj_drop:
+        flags.append(f"dropout {p.attn_drop:g}/{p.proj_drop:g}")
+    return flags
+
+
+@op
+class SelfAttention(Op):
+    kind = "self_attention"
+    params_type = AttentionParams
+    category = "attention"
+    module = "specvit.nn.attention:SelfAttention"
+    ports = ("x", *_SELF_SIDE)
+
+    def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        if inputs["x"][-1] != p.dim:
+            raise ValueError(f"expects width {p.dim}, got {inputs['x'][-1]}")
+        return inputs["x"]
+
+    def params(self, p: AttentionParams) -> int:
+        h, hkv, hd, d = p.heads, p.kv_heads, p.head_dim, p.dim
+        qkv = (h + 2 * hkv) * hd
+        return d * qkv + qkv * p.qkv_bias + h * hd * d + d * p.proj_bias + p.qk_params
+
+    def flops(self, p: AttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        b, n, _ = inputs["x"]
+        qkv = (p.heads + 2 * p.kv_heads) * p.head_dim
+        scores = 4 * b * p.heads * n * n * p.head_dim  # q @ k^T and attn @ v
+        return linear_flops(b * n, p.dim, qkv) + scores + linear_flops(b * n, p.heads * p.head_dim, p.dim)
+
+    def ctor(self, p: AttentionParams) -> dict[str, Any]:
+        return {**p.common(), "causal": p.causal}
+
+    def label(self, p: AttentionParams) -> tuple[str, ...]:
+        return _heads_line(p), " · ".join(["causal" if p.causal else "not causal", *_flags(p)])
+
+
+@dataclass(frozen=True)
+class CrossAttentionParams(AttentionParams):
+    """Attention from the tokens (queries) to a memory (keys and values) of width ``memory_dim``."""
+
+    memory_dim: int = 0
+
+
+@op
+class CrossAttention(Op):
+    kind = "cross_attention"
+    params_type = CrossAttentionParams
+    category = "attention"
+    module = "specvit.nn.attention:CrossAttention"
+    ports = ("x", *_CROSS_SIDE)
+    required = ("x", "memory")
+
+    def params(self, p: CrossAttentionParams) -> int:
+        h, hkv, hd, d = p.heads, p.kv_heads, p.head_dim, p.dim
+        q, kv = h * hd, 2 * hkv * hd
+        return (
+            d * q
+            + q * p.qkv_bias
+            + p.memory_dim * kv
+            + kv * p.qkv_bias
+            + q * d
+            + d * p.proj_bias
+            + p.qk_params
+        )
+
+    def flops(self, p: CrossAttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        b, n, _ = inputs["x"]
+        m = inputs["memory"][1]
+        hd, h = p.head_dim, p.heads
+        return (
+            linear_flops(b * n, p.dim, h * hd)
+            + linear_flops(b * m, p.memory_dim, 2 * p.kv_heads * hd)
+            + 4 * b * h * n * m * hd
+            + linear_flops(b * n, h * hd, p.dim)
+        )
+
+    def ctor(self, p: CrossAttentionParams) -> dict[str, Any]:
+        return {**p.common(), "memory_dim": p.memory_dim}
+
+    def label(self, p: CrossAttentionParams) -> tuple[str, ...]:
+        return _heads_line(p), " · ".join([f"memory dim {p.memory_dim}", *_flags(p)])
+
+
+def _side(b: BlockCtx, names: tuple[str, ...]) -> dict[str, str]:
+    return {k: b.side[k] for k in names if k in b.side}
+
+
+def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> Any:
+    s, spec = b.stack.stack, b.spec
+    return cls(
+        dim=b.dim,
+        heads=b.heads,
+        kv_heads=b.kv_heads,
+        head_dim=b.head_dim,
+        qkv_bias=spec.qkv_bias,
+        proj_bias=spec.proj_bias,
+        qk_norm=spec.norm.kind if spec.qk_norm else None,
+        qk_norm_bias=spec.norm.bias,
+        eps=spec.norm.eps,
+        attn_drop=s.dropout.attention,
+        proj_drop=s.dropout.projection,
+        layer=b.next_layer() if "cache" in b.side else 0,  # only cached layers need an index
+        **extra,
+    )
+
+
+@sublayer
+class SelfAttentionLayer(Sublayer):
+    """Every token attends to every token (or, with ``window``, to its window)."""
+
+    kind = "self_attention"
+    name = "attn"
+    causal = False
+
+    def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
+        if b.window is not None:
+            from specvit.ops.window import window_params
+
+            source = f"{b.stack.role}.block.window"
+            return b.add(name, "window_attention", window_params(b), {"x": x}, source=source)
+        p = _attention_params(b, AttentionParams, causal=self.causal)
+        return b.add(name, "self_attention", p, {"x": x, **_side(b, _SELF_SIDE)}, source=source)
+
+
+@sublayer
+class MaskedSelfAttentionLayer(SelfAttentionLayer):
+    """Every token attends to itself and the tokens before it (causal)."""
+
+    kind = "masked_self_attention"
+    causal = True
+
+
+@sublayer
+class CrossAttentionLayer(Sublayer):
+    """The tokens attend to the encoder's output (the memory)."""
+
+    kind = "cross_attention"
+    name = "cross_attn"
+
+    def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
+        side = _side(b, _CROSS_SIDE)
+        if "memory_rope" not in side:
+            side.pop("rope", None)  # rotating the queries alone would break RoPE's relative property
+        if b.spec.memory_norm:  # a norm of the block's own on the memory (CroCo's norm_y)
+            norm = name.replace("cross_attn", "memory_norm")
+            side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
+        memory_dim = b.stack.shape(side["memory"])[-1]
+        assert isinstance(memory_dim, int)
+        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim)
+        return b.add(name, "cross_attention", p, {"x": x, **side}, source=source)
+
+
+@sublayer
+class MlpLayer(Sublayer):
+    """The position-wise feed-forward network."""
+
+    kind = "mlp"
+    name = "mlp"
+
+    def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
+        from specvit.ops.mlp import MlpParams
+
+        spec, s = b.spec, b.stack.stack
+        hidden = int(spec.mlp.hidden * b.dim / s.width)  # stages widen the MLP with the width
+        p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp)
+        return b.add(name, "mlp", p, {"x": x}, source=f"{b.stack.role}.block.mlp")

@@ -1,0 +1,280 @@
+"""Output heads: what a spec writes under ``head:`` and the nodes each kind becomes, ending at the output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from specvit.errors import Problem
+from specvit.ops.base import (
+    MAX_VOCAB,
+    Dims,
+    Fragment,
+    ModelCtx,
+    Op,
+    Params,
+    Shape,
+    fragment,
+    linear_flops,
+    numel,
+    op,
+)
+from specvit.ops.embed import LinearParams
+from specvit.ops.fields import Probability
+from specvit.ops.norm import NormParams
+from specvit.ops.structure import DropParams, OutputParams
+
+__all__ = ["BoxMlpParams", "HeadFragment", "PoolParams"]
+
+
+class HeadFragment(Fragment):
+    """Base of the ``head:`` kinds."""
+
+    kind: str
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        """Add the head's nodes reading the output stack's tokens ``x`` (and padding ``mask``), and the output."""
+        raise NotImplementedError
+
+
+def _add(
+    ctx: ModelCtx, path: str, kind: str, p: Params, srcs: Mapping[str, str], source: str = "head"
+) -> str:
+    return ctx.add(path, kind, p, srcs, source=source, stack="head", scope="head")
+
+
+def _output(ctx: ModelCtx, srcs: Mapping[str, str], keys: tuple[str, ...] = ()) -> None:
+    ctx.add("output", "output", OutputParams(keys), srcs, stack="head", scope="")
+
+
+def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
+    d_in = ctx.shape(x)[-1]
+    assert isinstance(d_in, int)
+    p = LinearParams(d_in, d_out, bias, zero_init=ctx.spec.init == "vit", **extra)
+    return _add(ctx, "head.fc", "linear", p, {"x": x})
+
+
+# ---------------------------------------------------------------------------------------------- pooling
+
+
+@dataclass(frozen=True)
+class PoolParams(Params):
+    """Pool the tokens to one vector: the class token (``cls``) or the mean of the rest (``mean``).
+
+    Args:
+        kind: ``cls`` or ``mean``.
+        prefix: the leading class and register tokens a mean leaves out.
+    """
+
+    kind: str
+    prefix: int = 0
+
+
+@op
+class Pool(Op):
+    kind = "pool"
+    params_type = PoolParams
+    category = "head"
+    ports = ("x", "mask")
+    helpers = ("specvit.nn.functional:cls_pool", "specvit.nn.functional:mean_pool")
+
+    def shape(self, p: PoolParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        b, _, d = inputs["x"]
+        return (b, d)
+
+    def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
+        if p.kind == "cls":
+            return f"cls_pool({args['x']})"
+        mask = f", {args['mask']}" if "mask" in args else ""
+        return f"mean_pool({args['x']}, {p.prefix}{mask})"
+
+    def label(self, p: PoolParams) -> tuple[str, ...]:
+        if p.kind == "cls":
+            return ("the class token",)
+        skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
+        return (f"mean of the tokens{skip}",)
+
+
+@fragment("head")
+class ClassifierHead(HeadFragment):
+    """Pool the tokens, then a linear classifier."""
+
+    kind: Literal["classifier"] = Field(description="Discriminator: a classification head.")
+    classes: int = Field(ge=1, le=MAX_VOCAB, description="Number of classes.")
+    pool: Literal["cls", "mean"] = Field(
+        "cls", description="cls: the class token; mean: average of the other tokens."
+    )
+    norm: bool = Field(False, description="A norm between pooling and the classifier (timm's fc_norm).")
+    bias: bool = Field(True, description="Bias in the classifier.")
+    dropout: Probability = Field(0.0, description="Dropout before the classifier.")
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if self.pool == "cls" and not stack.prefix.cls:
+            return [
+                Problem(
+                    "head.pool",
+                    "pool cls needs a class token",
+                    f"set {spec.output_stack}.prefix.cls: true, or use pool: mean",
+                )
+            ]
+        return []
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        srcs = {"x": x} | ({"mask": mask} if mask and self.pool == "mean" else {})
+        x = _add(ctx, "head.pool", "pool", PoolParams(self.pool, stack.num_prefix), srcs, "head.pool")
+        if self.norm:
+            n, d = stack.block.norm, stack.out_width
+            x = _add(ctx, "head.norm", n.kind, NormParams(d, n.eps, n.bias), {"x": x}, "head.norm")
+        if self.dropout:
+            x = _add(ctx, "head.drop", "dropout", DropParams(self.dropout), {"x": x}, "head.dropout")
+        _output(ctx, {"x": _fc(ctx, x, self.classes, self.bias)})
+
+
+@fragment("head")
+class LMHead(HeadFragment):
+    """A linear layer from every token to vocabulary logits."""
+
+    kind: Literal["lm"] = Field(description="Discriminator: a language-model head.")
+    vocab: int | None = Field(None, ge=1, le=MAX_VOCAB, description="Output vocabulary; null = the input's.")
+    tied: bool = Field(False, description="Share the weight with the token embedding.")
+    bias: bool = Field(False, description="Bias in the output layer.")
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if stack.input.kind != "tokens":
+            return [
+                Problem(
+                    "head.kind",
+                    f"an lm head needs a token input, and the {spec.output_stack} reads {stack.input.kind}",
+                    "use a classifier or none head, or a tokens input",
+                )
+            ]
+        if self.tied and self.vocab is not None and self.vocab != stack.input.vocab:
+            return [
+                Problem(
+                    "head.vocab",
+                    f"a tied lm head has the embedding's vocab {stack.input.vocab}, not {self.vocab}",
+                    "remove head.vocab, or set tied: false",
+                )
+            ]
+        return []
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        spec = ctx.spec
+        owner = "encoder" if spec.shared_embeddings else spec.output_stack
+        tied = f"{owner}.tok_embed" if self.tied else None
+        _output(ctx, {"x": _fc(ctx, x, self.vocab or stack.input.vocab, self.bias, tied_to=tied)})
+
+
+@dataclass(frozen=True)
+class BoxMlpParams(Params):
+    """DETR's box regressor: ``layers`` linear layers of the width with ReLUs between, to 4, then a sigmoid."""
+
+    dim: int
+    layers: int
+
+
+@op
+class BoxMlp(Op):
+    kind = "box_mlp"
+    params_type = BoxMlpParams
+    category = "head"
+    module = "specvit.nn.heads:BoxMlp"
+
+    def shape(self, p: BoxMlpParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        return (*inputs["x"][:-1], 4)
+
+    def params(self, p: BoxMlpParams) -> int:
+        return (p.layers - 1) * (p.dim * p.dim + p.dim) + 4 * p.dim + 4
+
+    def flops(self, p: BoxMlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        tokens = numel(inputs["x"])
+        return (p.layers - 1) * linear_flops(tokens, p.dim, p.dim) + linear_flops(tokens, p.dim, 4)
+
+    def label(self, p: BoxMlpParams) -> tuple[str, ...]:
+        return (f"{p.layers} layers · sigmoid · (cx, cy, w, h)",)
+
+
+@fragment("head")
+class DetectionHead(HeadFragment):
+    """DETR's heads on every query: class logits (classes + 'no object') and a box MLP with a sigmoid."""
+
+    kind: Literal["detection"] = Field(description="Discriminator: per-query class logits and boxes.")
+    classes: int = Field(
+        ge=1, le=MAX_VOCAB, description="Object classes; the logits add one 'no object' class."
+    )
+    box_layers: int = Field(3, ge=1, le=8, description="Layers of the box MLP (hidden width = the model's).")
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if spec.model == "encoder":
+            return [
+                Problem(
+                    "head.kind",
+                    "a detection head predicts per query of a decoder",
+                    "use model: encoder_decoder with a queries decoder (DETR)",
+                )
+            ]
+        return []
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        d = stack.out_width
+        logits = _add(
+            ctx, "head.class_embed", "linear", LinearParams(d, self.classes + 1), {"x": x}, "head.classes"
+        )
+        boxes = _add(
+            ctx, "head.bbox_embed", "box_mlp", BoxMlpParams(d, self.box_layers), {"x": x}, "head.box_layers"
+        )
+        _output(ctx, {"logits": logits, "boxes": boxes}, ("logits", "boxes"))
+
+
+@fragment("head")
+class PatchesHead(HeadFragment):
+    """Pixels per token (CroCo, MAE): a linear layer from every patch token to patch x patch x channels values.
+
+    The patch size and channels are the image input's (the encoder's for a siamese decoder).
+    """
+
+    kind: Literal["patches"] = Field(description="Discriminator: per-patch pixel predictions.")
+    bias: bool = Field(True, description="Bias in the prediction layer.")
+
+    @staticmethod
+    def _image(stack: Any, spec: Any) -> Any:
+        return spec.encoder if stack.input.kind == "siamese" else stack
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        image = self._image(stack, spec)
+        if image is None or image.input.kind != "image" or image.hierarchical:
+            reads = stack.input.kind if not stack.hierarchical else "merged patches"
+            return [
+                Problem(
+                    "head.kind",
+                    f"a patches head predicts pixels per image patch, and the {spec.output_stack} reads {reads}",
+                    "use a plain image stack, or a siamese decoder, or another head",
+                )
+            ]
+        if stack.num_prefix and image is stack:  # a siamese decoder's prefix is refused by its own rule
+            return [
+                Problem(
+                    f"{spec.output_stack}.prefix",
+                    "a patches head predicts every token, and prefix tokens are no patches",
+                    "remove the class and register tokens",
+                )
+            ]
+        return []
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        image = self._image(stack, ctx.spec).input
+        (ph, pw), c = image.patch, image.channels
+        _output(ctx, {"x": _fc(ctx, x, ph * pw * c, self.bias)})
+
+
+@fragment("head")
+class NoHead(HeadFragment):
+    """No head: the model returns the final token features."""
+
+    kind: Literal["none"] = Field(description="Discriminator: features out.")
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        _output(ctx, {"x": x})

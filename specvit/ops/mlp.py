@@ -1,0 +1,68 @@
+"""The position-wise feed-forward op: a two-layer MLP or a gated (GLU) one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specvit.ops.base import Op, Params, linear_flops, numel, op
+
+__all__ = ["ACTIVATIONS", "GATED", "MlpParams"]
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu")
+"""``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, ReLU, SiLU, and the gated SwiGLU / GeGLU."""
+GATED = ("swiglu", "geglu")
+
+
+@dataclass(frozen=True)
+class MlpParams(Params):
+    """``fc2(act(fc1(x)))``, or ``fc2(act(gate) * value)`` with ``fc1`` packing [gate; value] when gated.
+
+    Args:
+        dim: input and output width.
+        hidden: hidden width (of the gate and of the value each, when gated).
+        activation: one of :data:`ACTIVATIONS`.
+        bias: biases in both layers.
+        dropout: dropout after the activation and after ``fc2``.
+    """
+
+    dim: int
+    hidden: int
+    activation: str = "gelu"
+    bias: bool = True
+    dropout: float = 0.0
+
+    @property
+    def fc1_out(self) -> int:
+        return 2 * self.hidden if self.activation in GATED else self.hidden
+
+
+@op
+class Mlp(Op):
+    kind = "mlp"
+    params_type = MlpParams
+    category = "mlp"
+
+    def module_for(self, p: MlpParams) -> str:
+        return "specvit.nn.mlp:GluMlp" if p.activation in GATED else "specvit.nn.mlp:Mlp"
+
+    def params(self, p: MlpParams) -> int:
+        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias
+
+    def flops(self, p: MlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        tokens = numel(inputs["x"])
+        return linear_flops(tokens, p.dim, p.fc1_out) + linear_flops(tokens, p.hidden, p.dim)
+
+    def ctor(self, p: MlpParams) -> dict[str, Any]:
+        return {
+            "dim": p.dim,
+            "hidden": p.hidden,
+            "activation": p.activation,
+            "bias": p.bias,
+            "dropout": p.dropout,
+        }
+
+    def label(self, p: MlpParams) -> tuple[str, ...]:
+        drop = f" · dropout {p.dropout:g}" if p.dropout else ""
+        return (f"hidden {p.hidden} · {p.activation}{drop}",)

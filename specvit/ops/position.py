@@ -1,0 +1,422 @@
+"""Position encodings: what a spec writes under ``position:`` and the graph nodes each becomes.
+
+A position either changes the tokens (learned and sinusoidal tables, added before or after the prefix
+tokens) or is a table the attention layers read (rotary tables, DETR's sine positions): its ``phase``
+says which, and ``lower`` emits the node and wires it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from specvit.errors import Problem, SpecError
+from specvit.ops.base import MAX_LEN, Dims, Fragment, Op, Params, Shape, StackCtx, fragment, op
+
+__all__ = ["Phase", "PositionFragment"]
+
+Phase = Literal["before_prefix", "tokens", "attention"]
+
+
+class PositionFragment(Fragment):
+    """Base of the ``position:`` kinds."""
+
+    kind: str
+
+    def phase(self) -> Phase:
+        """``before_prefix``/``tokens``: added to the tokens before/after the prefix; ``attention``: read there."""
+        return "tokens"
+
+    def lower(self, ctx: StackCtx) -> None:
+        """Emit this position's nodes for the stack being lowered."""
+
+
+def _base(default: float) -> Any:
+    return Field(default, gt=1.0, description="Wavelength base (rotary: theta).")
+
+
+def _needs(at: str, ok: bool, what: str, fix: str) -> list[Problem]:
+    return [] if ok else [Problem(at, what, fix)]
+
+
+def _grid_only(kind: str, at: str, stack: Any) -> list[Problem]:
+    from specvit.ops.inputs import ImageInput
+
+    return _needs(
+        at,
+        isinstance(stack.input, ImageInput) or stack.input.kind == "siamese",
+        f"{kind} positions need an image input (a 2D grid of patches)",
+        f"use {'sincos' if kind == 'sincos2d' else 'rope'} for {stack.input.kind} inputs",
+    )
+
+
+@fragment("position")
+class NoPosition(PositionFragment):
+    """No position information."""
+
+    kind: Literal["none"] = Field(description="Discriminator: no positions.")
+
+
+# ---------------------------------------------------------------------------------- additive tables
+
+
+@dataclass(frozen=True)
+class LearnedParams(Params):
+    """A learned table of ``max_len`` positions; with a KV cache, rows from the decoding offset on.
+
+    Args:
+        max_len: table rows.
+        dim: width.
+    """
+
+    max_len: int
+    dim: int
+
+
+@op
+class LearnedOp(Op):
+    kind = "pos_learned"
+    params_type = LearnedParams
+    category = "position"
+    module = "specvit.nn.position:LearnedPosition"
+    ports = ("x", "offset")
+
+    def params(self, p: LearnedParams) -> int:
+        return p.max_len * p.dim
+
+    def ctor(self, p: LearnedParams) -> dict[str, Any]:
+        return {"num_positions": p.max_len, "dim": p.dim}
+
+    def init(self, module: Any, p: LearnedParams, fill: Any) -> None:
+        if fill.convention == "vit":
+            fill(module.weight, lambda t: _trunc_normal(t, 0.02))
+        else:
+            fill(module.weight, lambda t: t.normal_(std=0.02))
+
+    def label(self, p: LearnedParams) -> tuple[str, ...]:
+        return (f"max_len {p.max_len} · added",)
+
+
+def _trunc_normal(t: Any, std: float) -> Any:
+    import torch.nn as nn
+
+    return nn.init.trunc_normal_(t, std=std)
+
+
+@fragment("position")
+class LearnedPosition(PositionFragment):
+    """A learned table of position embeddings, added to the tokens."""
+
+    kind: Literal["learned"] = Field(description="Discriminator: learned absolute positions.")
+    max_len: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LEN,
+        description="Table length; derived for images, required for tokens and features.",
+    )
+    include_prefix: bool = Field(
+        True, description="The table covers the prefix tokens too (timm's default); false: patches only."
+    )
+
+    def phase(self) -> Phase:
+        return "tokens" if self.include_prefix else "before_prefix"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        from specvit.ops.inputs import ImageInput
+
+        if isinstance(stack.input, ImageInput):
+            needed = stack.input.num_patches + (stack.num_prefix if self.include_prefix else 0)
+            if self.max_len is not None and self.max_len != needed:
+                return [
+                    Problem(
+                        f"{at}.max_len",
+                        f"the image gives {needed} positions, not {self.max_len}",
+                        "remove max_len: it is derived from the image and patch sizes",
+                    )
+                ]
+        elif self.max_len is None and stack.input.kind != "siamese":
+            return [
+                Problem(
+                    f"{at}.max_len",
+                    f"learned positions of a {stack.input.kind} input need a max_len",
+                    "set the longest sequence, e.g. max_len: 512",
+                )
+            ]
+        return []
+
+    def lower(self, ctx: StackCtx) -> None:
+        needed = ctx.dims.size(ctx.n)
+        if self.max_len is not None and needed > self.max_len:
+            symbol = str(ctx.n).split("+")[0]
+            extra = needed - ctx.dims.size(symbol)  # prefix tokens the table covers
+            raise SpecError(
+                Problem(
+                    f"{ctx.role}.position.max_len",
+                    f"{symbol}={ctx.dims.size(symbol)} is longer than the {self.max_len} learned positions",
+                    f"use {symbol} <= {self.max_len - extra}, or raise max_len",
+                    ctx.spec.locate(f"{ctx.role}.position.max_len"),
+                )
+            )
+        p = LearnedParams(self.max_len if self.max_len is not None else needed, ctx.stack.width)
+        srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
+        ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_learned", p, srcs, source=f"{ctx.role}.position")
+
+
+@dataclass(frozen=True)
+class SinCosParams(Params):
+    """Fixed interleaved 1D sinusoids ('Attention Is All You Need'), from the decoding offset on."""
+
+    dim: int
+    base: float
+
+
+@op
+class SinCosOp(Op):
+    kind = "pos_sincos"
+    params_type = SinCosParams
+    category = "position"
+    module = "specvit.nn.position:SinCosPosition"
+    ports = ("x", "offset")
+
+    def label(self, p: SinCosParams) -> tuple[str, ...]:
+        return (f"fixed · base {p.base:g} · added",)
+
+
+@fragment("position")
+class SinCosPosition(PositionFragment):
+    """Fixed 1D sinusoids of 'Attention Is All You Need', added to the tokens."""
+
+    kind: Literal["sincos"] = Field(description="Discriminator: fixed 1D sinusoidal positions.")
+    base: float = _base(10000.0)
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        return _needs(
+            at,
+            stack.width % 2 == 0,
+            f"sincos positions need an even width, got {stack.width}",
+            "use an even width",
+        )
+
+    def lower(self, ctx: StackCtx) -> None:
+        p = SinCosParams(ctx.stack.width, self.base)
+        srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
+        ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_sincos", p, srcs, source=f"{ctx.role}.position")
+
+
+@dataclass(frozen=True)
+class GridTableParams(Params):
+    """A fixed table over a (rows, cols) token grid.
+
+    Args:
+        dim: width.
+        grid: the token grid, row-major.
+        base: wavelength base (DETR: temperature).
+    """
+
+    dim: int
+    grid: tuple[int, int]
+    base: float
+
+
+@op
+class SinCos2dOp(Op):
+    kind = "pos_sincos2d"
+    params_type = GridTableParams
+    category = "position"
+    module = "specvit.nn.position:SinCos2dPosition"
+
+    def label(self, p: GridTableParams) -> tuple[str, ...]:
+        return (f"fixed · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g} · added",)
+
+
+@fragment("position")
+class SinCos2dPosition(PositionFragment):
+    """Fixed 2D sinusoids over the patch grid (MAE), added to the patch tokens."""
+
+    kind: Literal["sincos2d"] = Field(description="Discriminator: fixed 2D sinusoidal positions (images).")
+    base: float = _base(10000.0)
+
+    def phase(self) -> Phase:
+        return "before_prefix"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        return _grid_only("sincos2d", at, stack) + _needs(
+            at,
+            stack.width % 4 == 0,
+            f"sincos2d positions need a width divisible by 4, got {stack.width}",
+            "use a width that is a multiple of 4",
+        )
+
+    def lower(self, ctx: StackCtx) -> None:
+        assert ctx.grid is not None
+        p = GridTableParams(ctx.stack.width, ctx.grid, self.base)
+        ctx.x = ctx.add(
+            f"{ctx.role}.pos_embed", "pos_sincos2d", p, {"x": ctx.x}, source=f"{ctx.role}.position"
+        )
+
+
+# --------------------------------------------------------------------------- tables attention reads
+
+
+@dataclass(frozen=True)
+class RopeParams(Params):
+    """Rotary tables (rotate-half convention) for the queries and keys of every attention layer.
+
+    Args:
+        head_dim: the head width rotated.
+        base: theta.
+        grid: None for 1D positions (from the decoding offset on); the patch grid for 2D (CroCo's
+            RoPE2D: first half of each head by row, second half by column).
+        prefix: leading tokens left unrotated (2D only).
+    """
+
+    head_dim: int
+    base: float
+    grid: tuple[int, int] | None = None
+    prefix: int = 0
+
+
+@op
+class RopeOp(Op):
+    kind = "rope"
+    params_type = RopeParams
+    category = "position"
+    ports = ("x", "offset")
+    value = "tuple[Tensor, Tensor]"  # (cos, sin)
+
+    def module_for(self, p: RopeParams) -> str:
+        return "specvit.nn.position:Rope" if p.grid is None else "specvit.nn.position:Rope2d"
+
+    def shape(self, p: RopeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        n = inputs["x"][1]
+        return (n, p.head_dim) if p.grid is None else (n, 2, p.head_dim // 2)  # 2D: a half per axis
+
+    def ctor(self, p: RopeParams) -> dict[str, Any]:
+        if p.grid is None:
+            return {"head_dim": p.head_dim, "base": p.base}
+        return {"head_dim": p.head_dim, "grid": p.grid, "base": p.base, "num_prefix": p.prefix}
+
+    def label(self, p: RopeParams) -> tuple[str, ...]:
+        if p.grid is None:
+            return (f"rotary · head_dim {p.head_dim} · base {p.base:g}",)
+        return (f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}",)
+
+
+@fragment("position")
+class RopePosition(PositionFragment):
+    """Rotary position embedding of queries and keys (RoFormer)."""
+
+    kind: Literal["rope"] = Field(description="Discriminator: 1D rotary positions.")
+    base: float = _base(10000.0)
+
+    def phase(self) -> Phase:
+        return "attention"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        hd = stack.head_dim
+        return _needs(
+            at,
+            hd % 2 == 0,
+            f"rope needs an even head dim, got {hd}",
+            "pick heads (or head_dim) so that width/heads is even",
+        )
+
+    def lower(self, ctx: StackCtx) -> None:
+        p = RopeParams(ctx.stack.head_dim, self.base)
+        srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
+        ctx.side["rope"] = ctx.add(f"{ctx.role}.rope", "rope", p, srcs, source=f"{ctx.role}.position")
+
+
+@fragment("position")
+class Rope2dPosition(PositionFragment):
+    """2D rotary embedding over the patch grid, as in CroCo: half the head dim per axis."""
+
+    kind: Literal["rope2d"] = Field(description="Discriminator: 2D rotary positions (images).")
+    base: float = _base(100.0)
+
+    def phase(self) -> Phase:
+        return "attention"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        hd = stack.head_dim
+        return _grid_only("rope2d", at, stack) + _needs(
+            at,
+            hd % 4 == 0,
+            f"rope2d needs a head dim divisible by 4, got {hd}",
+            "pick heads (or head_dim) so that width/heads is a multiple of 4",
+        )
+
+    def lower(self, ctx: StackCtx) -> None:
+        assert ctx.grid is not None
+        p = RopeParams(ctx.stack.head_dim, self.base, ctx.grid, ctx.stack.num_prefix)
+        rope = ctx.add(f"{ctx.role}.rope", "rope", p, {"x": ctx.x}, source=f"{ctx.role}.position")
+        ctx.side["rope"] = rope
+        if "memory" in ctx.side and ctx.stack.input.kind == "siamese":
+            ctx.side["memory_rope"] = rope  # the memory lies on the same patch grid (CroCo)
+
+
+@op
+class Sine2dOp(Op):
+    kind = "pos_sine2d"
+    params_type = GridTableParams
+    category = "position"
+    module = "specvit.nn.position:Sine2dPosition"
+
+    def shape(self, p: GridTableParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        return (1, p.grid[0] * p.grid[1], p.dim)
+
+    def label(self, p: GridTableParams) -> tuple[str, ...]:
+        return (f"2D sine · grid {p.grid[0]}x{p.grid[1]} · to q, k of every attention",)
+
+
+@fragment("position")
+class Sine2dPosition(PositionFragment):
+    """DETR's 2D sine positions, added to queries and keys in every attention layer (never to values).
+
+    Coordinates are normalised to (0, 2*pi]; half the channels encode the row, half the column, each as
+    interleaved sin/cos of ``base**(2i/d)`` frequencies. The decoder's cross-attention adds them to the
+    memory's keys too.
+    """
+
+    kind: Literal["sine2d"] = Field(
+        description="Discriminator: DETR's 2D sine positions in every attention layer."
+    )
+    base: float = Field(10000.0, gt=1.0, description="Temperature of the frequencies.")
+
+    def phase(self) -> Phase:
+        return "attention"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        out: list[Problem] = []
+        if stack.grid is None:
+            out.append(
+                Problem(
+                    at,
+                    "sine2d positions need a 2D grid of tokens",
+                    "use an image input, or give the features input a grid: [rows, cols]",
+                )
+            )
+        elif stack.num_prefix:
+            out.append(
+                Problem(
+                    f"{at.rsplit('.', 1)[0]}.prefix",
+                    "sine2d positions cover the grid only, not prefix tokens",
+                    "remove the prefix tokens",
+                )
+            )
+        return out + _needs(
+            at,
+            stack.width % 4 == 0,
+            f"sine2d positions need a width divisible by 4, got {stack.width}",
+            "use a width that is a multiple of 4",
+        )
+
+    def lower(self, ctx: StackCtx) -> None:
+        assert ctx.grid is not None
+        p = GridTableParams(ctx.stack.width, ctx.grid, self.base)
+        pos = ctx.add(f"{ctx.role}.pos_embed", "pos_sine2d", p, {"x": ctx.x}, source=f"{ctx.role}.position")
+        ctx.side["pos"] = pos
+        ctx.memory["pos"] = pos  # a decoder reading this stack adds them to the memory's keys (DETR)

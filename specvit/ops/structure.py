@@ -1,0 +1,257 @@
+"""Structural ops: the model's inputs and output, residual adds, dropout, stochastic depth, layer scale,
+a second pass through a stack, and the small tensor steps between modules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from specvit.ops.base import Dims, Op, Params, Shape, op
+
+__all__ = [
+    "AddParams",
+    "CallParams",
+    "DropParams",
+    "InputParams",
+    "LayerScaleParams",
+    "MaskParams",
+    "OutputParams",
+]
+
+
+def _show(v: float) -> str:
+    return f"{v:g}"
+
+
+@dataclass(frozen=True)
+class InputParams(Params):
+    """A forward argument of the model.
+
+    Args:
+        arg: the argument's name (``x``, ``src``, ``key_padding_mask``, ``cache``).
+        shape: its shape; ``()`` for values that are not tensors (an offset, a cache).
+        dtype: ``float``, ``long`` (ids), ``bool`` (masks), ``int`` (a Python int) or ``cache``.
+        required: the caller must pass it; otherwise it defaults to ``default``.
+        keyword: keyword-only.
+        default: the default of an optional argument.
+        vocab: for ids, the vocabulary (example inputs draw below it).
+        group: the order of arguments: data, masks, token types, then keyword-only state.
+        what: what it is, for the diagram (``image 224x224``, ``tokens``).
+        local: its name inside the stack that reads it (``images``); empty: the argument's name.
+    """
+
+    arg: str
+    shape: Shape
+    dtype: str = "float"
+    required: bool = True
+    keyword: bool = False
+    default: Any = None
+    vocab: int | None = None
+    group: int = 0
+    what: str = ""
+    local: str = ""
+
+
+@op
+class Input(Op):
+    kind = "input"
+    params_type = InputParams
+    ports = ()
+    required = ()
+
+    def shape(self, p: InputParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        return p.shape
+
+    def label(self, p: InputParams) -> tuple[str, ...]:
+        return (f"{p.what or p.dtype} · {p.arg}" + ("" if p.required else " (optional)"),)
+
+
+@dataclass(frozen=True)
+class OutputParams(Params):
+    """The model's result: one tensor (``keys == ()``) or a dict of named tensors.
+
+    Args:
+        keys: the dict's keys, each an input port of the node.
+    """
+
+    keys: tuple[str, ...] = ()
+
+
+@op
+class Output(Op):
+    kind = "output"
+    params_type = OutputParams
+    required = ()
+    any_ports = True
+
+    def shape(self, p: OutputParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        return inputs[p.keys[0] if p.keys else "x"]
+
+    def code(self, p: OutputParams, args: Mapping[str, str]) -> str:
+        if not p.keys:
+            return args["x"]
+        return "{" + ", ".join(f"{k!r}: {args[k]}" for k in p.keys) + "}"
+
+    def label(self, p: OutputParams) -> tuple[str, ...]:
+        return (" + ".join(p.keys),) if p.keys else ()
+
+
+@dataclass(frozen=True)
+class AddParams(Params):
+    """A residual add: ``x + branch``."""
+
+
+@op
+class Add(Op):
+    kind = "add"
+    params_type = AddParams
+    ports = ("x", "branch")
+    required = ("x", "branch")
+
+    def shape(self, p: AddParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        if inputs["x"] != inputs["branch"]:
+            raise ValueError(f"adds {inputs['branch']} to {inputs['x']}")
+        return inputs["x"]
+
+    def code(self, p: AddParams, args: Mapping[str, str]) -> str:
+        return f"{args['x']} + {args['branch']}"
+
+
+@dataclass(frozen=True)
+class DropParams(Params):
+    """Dropout probability (zeroes single values) or stochastic-depth rate (zeroes whole samples).
+
+    The rate of stochastic depth grows along the depth, so it varies between repeats of a block.
+    """
+
+    p: float = field(metadata={"varies": True})
+
+
+@op
+class Dropout(Op):
+    kind = "dropout"
+    params_type = DropParams
+    module = "torch.nn:Dropout"
+
+    def label(self, p: DropParams) -> tuple[str, ...]:
+        return (f"p {_show(p.p)}",)
+
+
+@op
+class DropPath(Op):
+    kind = "drop_path"
+    params_type = DropParams
+    module = "specvit.nn.layers:DropPath"
+
+    def ctor(self, p: DropParams) -> dict[str, Any]:
+        return {"prob": p.p}
+
+    def label(self, p: DropParams) -> tuple[str, ...]:
+        return ("per sample · rate grows with depth",)
+
+
+@dataclass(frozen=True)
+class LayerScaleParams(Params):
+    """LayerScale (CaiT): a learned per-channel scale of a residual branch.
+
+    Args:
+        dim: the width.
+        init: the initial value of every scale.
+    """
+
+    dim: int
+    init: float
+
+
+@op
+class LayerScale(Op):
+    kind = "layer_scale"
+    params_type = LayerScaleParams
+    module = "specvit.nn.layers:LayerScale"
+
+    def params(self, p: LayerScaleParams) -> int:
+        return p.dim
+
+    def ctor(self, p: LayerScaleParams) -> dict[str, Any]:
+        return {"dim": p.dim, "init_value": p.init}
+
+    def init(self, module: Any, p: LayerScaleParams, fill: Any) -> None:
+        fill(module.gamma, lambda t: t.fill_(p.init))
+
+    def label(self, p: LayerScaleParams) -> tuple[str, ...]:
+        return (f"per channel · init {_show(p.init)}",)
+
+
+@dataclass(frozen=True)
+class MaskParams(Params):
+    """Prepend ``prefix`` never-padded positions to a padding mask (class and register tokens)."""
+
+    prefix: int
+
+
+@op
+class ExtendMask(Op):
+    kind = "extend_mask"
+    params_type = MaskParams
+    helpers: ClassVar[tuple[str, ...]] = ("specvit.nn.functional:extend_mask",)
+
+    def shape(self, p: MaskParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        b, s = inputs["x"]
+        return (b, dims.plus(s, p.prefix))
+
+    def code(self, p: MaskParams, args: Mapping[str, str]) -> str:
+        return f"extend_mask({args['x']}, {p.prefix})"
+
+    def label(self, p: MaskParams) -> tuple[str, ...]:
+        return (f"{p.prefix} prefix position{'s' * (p.prefix > 1)} never padded",)
+
+
+@dataclass(frozen=True)
+class ZerosParams(Params):
+    """Zeros shaped like the input (DETR's decoder starts from zeros)."""
+
+
+@op
+class Zeros(Op):
+    kind = "zeros"
+    params_type = ZerosParams
+
+    def code(self, p: ZerosParams, args: Mapping[str, str]) -> str:
+        return f"torch.zeros_like({args['x']})"
+
+    def label(self, p: ZerosParams) -> tuple[str, ...]:
+        return ("zeros",)
+
+
+@dataclass(frozen=True)
+class CallParams(Params):
+    """Run a stack again on another input, with its weights (CroCo's second view).
+
+    Args:
+        scope: the stack run (``encoder``).
+        shape: its output shape.
+        flops: the FLOPs of the stack's modules, run again.
+    """
+
+    scope: str
+    shape: Shape
+    flops: int = 0
+
+
+@op
+class Call(Op):
+    kind = "call"
+    params_type = CallParams
+
+    def shape(self, p: CallParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        return p.shape
+
+    def flops(self, p: CallParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        return p.flops
+
+    def code(self, p: CallParams, args: Mapping[str, str]) -> str:
+        return f"self.{p.scope}({args['x']})"
+
+    def label(self, p: CallParams) -> tuple[str, ...]:
+        return (f"the {p.scope} again · shared weights",)

@@ -1,0 +1,205 @@
+"""Composing a spec: ``extends`` chains (deep merge over a base file) and dotted-key overrides, each value
+keeping the file:line:col it came from."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from specvit.errors import Location, SpecError
+from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
+
+__all__ = ["MAX_EXTENDS", "apply_overrides", "load_tree", "parse_overrides", "resolve"]
+
+MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO nobody writes to returns at once
+
+
+def resolve(path: Path) -> Path:
+    """``path.resolve()``, or ``path`` itself where that fails (a symlink loop): reading it then says why."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL character in the path
+        return path
+
+
+def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | None = None) -> bytes:
+    """The bytes of a spec file (at most ``MAX_BYTES + 1``), or a SpecError saying why there are none.
+
+    Only regular files are read. The file is opened without blocking and checked before any read, so
+    that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting forever for input.
+    """
+    try:
+        if "\0" in str(path):
+            raise SpecError.at(
+                f"{what} {shown!r} cannot be read: the path holds a NUL character",
+                hint="check the path",
+                location=at,
+            )
+        if path.is_dir():
+            raise SpecError.at(
+                f"{what} '{shown}' is a directory", hint="give the path of a .yaml file", location=at
+            )
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SpecError.at(
+                    f"{what} '{shown}' is not a regular file",
+                    hint="give the path of a .yaml file",
+                    location=at,
+                )
+            if info.st_size > MAX_BYTES:
+                raise too_big(info.st_size, shown)
+            return f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError.at(f"{what} '{shown}' does not exist", hint="check the path", location=at) from None
+    except PermissionError:
+        raise SpecError.at(
+            f"{what} '{shown}' cannot be read (permission denied)",
+            hint="check the file's permissions",
+            location=at,
+        ) from None
+    except OSError as exc:
+        raise SpecError.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | None) -> tuple[Any, SourceMap]:
+    data, source = read_yaml(_read_file(path, shown, at=at), shown)
+    if not isinstance(data, dict) or "extends" not in data:
+        return data, source
+    base_ref = data.pop("extends")
+    ref_at = source.values.get(("extends",))
+    if not isinstance(base_ref, str) or not base_ref:
+        raise SpecError.at(
+            "extends must name a spec file",
+            path="extends",
+            hint="write extends: vit_base_patch16_224.yaml (relative to this file)",
+            location=ref_at,
+        )
+    if len(chain) >= MAX_EXTENDS:
+        raise SpecError.at(
+            f"extends chains more than {MAX_EXTENDS} files",
+            path="extends",
+            hint="a spec extends a preset, which may extend another; shorten the chain",
+            location=ref_at,
+        )
+    base_path = resolve(path.parent / base_ref)
+    if base_path in chain:
+        cycle = " -> ".join(p.name for p in (*chain, base_path))
+        raise SpecError.at(
+            f"extends forms a cycle: {cycle}",
+            path="extends",
+            hint="a spec may not extend itself, directly or through others",
+            location=ref_at,
+        )
+    base_shown = os.path.relpath(base_path) if not Path(shown).is_absolute() else str(base_path)
+    base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at)
+    if not isinstance(base_data, dict):
+        raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)
+    merged = _deep_merge(base_data, data)
+    base_source.values.pop(("extends",), None)
+    _overlay(base_source, source, data)
+    return merged, base_source
+
+
+def _overlay(base: SourceMap, over: SourceMap, over_data: Any) -> None:
+    """Point every path that ``over_data`` sets (at its deepest level) at ``over``'s file.
+
+    One pass over each map (not one per value set), so that large specs overlay in linear time.
+    """
+    leaves: set[KeyPath] = set()  # paths where over_data sets a value that replaces the base's whole
+    stack: list[tuple[KeyPath, Any]] = [((), over_data)]
+    while stack:
+        prefix, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            path = (*prefix, key)
+            if path in over.keys:
+                base.keys[path] = over.keys[path]
+            if path in over.values:
+                base.values[path] = over.values[path]
+            if isinstance(value, dict):
+                stack.append((path, value))
+            else:
+                leaves.add(path)
+    if not leaves:
+        return
+
+    def under(p: KeyPath, proper: bool) -> bool:
+        return any(p[:k] in leaves for k in range(1, len(p) + (not proper)))
+
+    for p in [p for p in base.values if under(p, proper=True)]:
+        del base.values[p]
+    base.values.update({p: loc for p, loc in over.values.items() if under(p, proper=False)})
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["encoder.depth=6", "head=none"]`` -> ``{"encoder.depth": 6, "head": "none"}``, values read as YAML.
+
+    Raises:
+        SpecError: for an item without ``=`` or with a value that is not plain YAML.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        label = f"<--set {item}>"
+        if not sep or not key.strip():
+            raise SpecError.at(
+                f"'{item}' is not KEY=VALUE",
+                hint="write e.g. --set encoder.depth=6",
+                location=Location(label),
+            )
+        value, _ = read_yaml(text or "null", label)
+        out[key.strip()] = value
+    return out
+
+
+def apply_overrides(data: Any, source: SourceMap, overrides: Mapping[str, Any]) -> Any:
+    if not isinstance(data, dict):
+        return data
+    for key, value in overrides.items():
+        parts = split_path(key)
+        label = Location(f"<override {key}>")
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list) and isinstance(part, int) and part < len(node):
+                if last:
+                    node[part] = value
+                else:
+                    node = node[part]
+            elif isinstance(node, dict) and isinstance(part, str):
+                if last:
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise SpecError.at(
+                    f"the override path '{key}' does not lead to a key of the spec",
+                    path=dotted(tuple(parts[:i])),
+                    hint="use dotted keys such as encoder.depth",
+                    location=label,
+                )
+        path = tuple(parts)
+        for p in [p for p in source.values if p[: len(path)] == path]:
+            del source.values[p]
+        source.values[path] = label
+        source.keys[path] = label
+    return data

@@ -1,0 +1,200 @@
+"""Pydantic's validation errors -> problems a person can act on: the key path, the file:line:col, a message
+in plain words and the fix (did-you-mean on keys and kinds, the number without quotes)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any
+
+from specvit.errors import Problem
+from specvit.spec.schema import Spec
+from specvit.spec.yamlread import KeyPath, SourceMap, dotted
+
+__all__ = ["problem", "show"]
+
+
+def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, Any]:
+    """Drop the union tags Pydantic puts into error locations, keeping the real key path."""
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        ):
+            path.append(part)
+            node = node[part]
+        elif (
+            (isinstance(node, dict) and node.get("kind") == part)
+            or (isinstance(node, str) and node == part)
+            or (
+                isinstance(part, str)
+                and (
+                    "[" in part or part in {"tuple", "function-after", "function-before", "single", "stages"}
+                )
+            )
+        ):
+            continue
+        else:
+            path.append(part)
+            node = None
+    return tuple(path), node
+
+
+def _fields_of(loc: tuple[Any, ...], data: Any, model: bool = False) -> Any:
+    """Allowed keys of the model at ``loc`` (for did-you-mean), found by following the schema."""
+    from pydantic import BaseModel
+
+    cls: Any = Spec
+    node = data
+    for part in loc:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return []
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            continue
+        node = node.get(part) if isinstance(node, dict) else None
+        cls = _model_in(field.annotation, node)
+    is_model = isinstance(cls, type) and issubclass(cls, BaseModel)
+    if model:
+        return cls if is_model else None
+    return list(cls.model_fields) if is_model else []
+
+
+def _kinds_at(loc: tuple[Any, ...], data: Any) -> list[str]:
+    """The ``kind`` values a discriminated union at ``loc`` accepts."""
+    from typing import get_args
+
+    parent = _fields_of(loc[:-1], data, model=True)
+    field = parent.model_fields.get(loc[-1]) if parent is not None and loc else None
+    if field is None:
+        return []
+    kinds: list[str] = []
+    stack = [field.annotation]
+    while stack:
+        a = stack.pop(0)
+        tag = getattr(a, "model_fields", {}).get("kind")
+        if tag is not None:
+            kinds += list(get_args(tag.annotation))
+        else:
+            stack.extend(get_args(a))
+    return kinds
+
+
+def _model_in(annotation: Any, node: Any) -> Any:
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = []
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            models.append(a)
+        else:
+            stack.extend(get_args(a))
+    if len(models) == 1:
+        return models[0]
+    kind = node.get("kind") if isinstance(node, dict) else node
+    for m in models:
+        tag = m.model_fields.get("kind")
+        if tag is not None and kind in get_args(tag.annotation):
+            return m
+    return None
+
+
+def _suggest(word: Any, options: list[str]) -> str:
+    close = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def problem(err: Any, data: Any, source: SourceMap) -> Problem:
+    kind = err["type"]
+    path, _ = _walk(data, tuple(err["loc"]))
+    if path and isinstance(path[-1], int) and not isinstance(_walk(data, path[:-1])[1], list):
+        path = path[:-1]  # `patch: 0` expands to (0, 0): one problem, not one per side
+    value = err.get("input")
+    ctx = err.get("ctx") or {}
+    key_path = dotted(path)
+    message = err["msg"]
+    hint = ""
+    location = source.locate(path)
+    if kind == "extra_forbidden":
+        key = path[-1] if path else "?"
+        options = _fields_of(path[:-1], data)
+        message = f"unknown key '{key}'"
+        hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        location = source.locate(path, key=True)
+    elif kind == "missing":
+        key = path[-1] if path else "?"
+        message = f"missing required key '{key}'"
+        hint = f"add {key}: under {dotted(path[:-1]) or 'the top level'}"
+        if path == ("specvit",):
+            hint = "start the file with 'specvit: 1', the format version"
+        location = source.locate(path[:-1], key=True)
+    elif kind in ("literal_error", "union_tag_invalid"):
+        expected = ctx.get("expected_tags") or ctx.get("expected", "")
+        options = re.findall(r"'([^']*)'", str(expected)) or re.findall(r"[\w.-]+", str(expected))
+        shown = ctx.get("tag", value)
+        message = f"{shown!r} is not one of {', '.join(options)}"
+        hint = _suggest(shown, options) or f"use one of {', '.join(options)}"
+        if kind == "union_tag_invalid":
+            path = (*path, "kind") if isinstance(value, dict) and "kind" in value else path
+            location = source.locate(path)
+            key_path = dotted(path)
+    elif kind == "union_tag_not_found":
+        message = "needs a 'kind' key"
+        hint = f"add kind: one of {', '.join(_kinds_at(path, data))}"
+    elif kind in ("int_type", "float_type", "bool_type", "string_type"):
+        want = {
+            "int_type": "an integer",
+            "float_type": "a number",
+            "bool_type": "true or false",
+            "string_type": "a string",
+        }[kind]
+        message = f"expected {want}, got {show(value)}"
+        if isinstance(value, str) and kind in ("int_type", "float_type"):
+            hint = f"write the number without quotes: {value.strip()}"
+        elif isinstance(value, bool) and kind in ("int_type", "float_type"):
+            hint = "booleans are not numbers here; write a number"
+        elif kind == "bool_type" and isinstance(value, str):
+            hint = "write true or false without quotes"
+    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[
+            kind
+        ]
+        bound = next(iter(ctx.values())) if ctx else "?"
+        message = f"must be {op} {bound}, got {show(value)}"
+    elif kind == "finite_number":
+        message = f"must be a finite number, got {show(value)}"
+    elif kind in ("too_short", "too_long"):
+        bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        message = f"needs {'at least' if kind == 'too_short' else 'at most'} {bound} item{'s' * (bound != 1)}, got {ctx.get('actual_length')}"
+    elif kind == "string_pattern_mismatch" and path == ("name",):
+        message = f"{show(value)} is not a valid name"
+        hint = "use only letters, digits, '_', '.' and '-': the name becomes a file name"
+    elif kind == "model_type" or kind == "model_attributes_type" or kind == "dict_type":
+        message = f"expected a mapping of keys, got {show(value)}"
+        hint = "write the keys of this section indented below it"
+    elif kind == "tuple_type" or kind == "list_type":
+        message = f"expected a list, got {show(value)}"
+    else:
+        message = message[0].lower() + message[1:]
+    return Problem(key_path, message, hint, location)
+
+
+def show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return str(value)

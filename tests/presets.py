@@ -1,0 +1,26 @@
+"""The bundled presets, and each made small enough to build and run in a test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import specvit
+from specvit.graph import ArchGraph, build_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "specs").glob("*.yaml"))
+
+
+def small_spec(path: Path) -> specvit.Spec:
+    """The preset with at most 2 blocks per stack (or per stage); everything else as written."""
+    spec = specvit.load_spec(path)
+    over = {
+        f"{r}.depth": [min(d, 2) for d in s.depth] if isinstance(s.depth, list) else min(s.depth, 2)
+        for r, s in spec.stacks.items()
+    }
+    return specvit.load_spec(path, overrides=over)
+
+
+def small_graph(path: Path) -> ArchGraph:
+    """The small preset's graph at batch 2 and short sequences (12 tokens; 12 and 9 for an encoder-decoder)."""
+    return build_graph(small_spec(path), batch=2, seq_len=12, src_len=12, tgt_len=9)
