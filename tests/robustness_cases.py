@@ -515,12 +515,12 @@ def run_in_process(case: Case, case_dir: Path) -> Outcome:
 
     first_line = None
     with privileges_dropped(case):
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: what the case costs, whatever else the machine runs
         try:
             specvit.load_spec(case_dir / case.spec_name)
         except specvit.SpecError as exc:
             first_line = str(exc).splitlines()[0]
-        seconds = time.perf_counter() - start
+        seconds = time.process_time() - start
     return Outcome(first_line, seconds)
 
 

@@ -93,24 +93,26 @@ head: {kind: lm, tied: true}
 }
 
 
-def _tiny(kind: str, **over: Any) -> specvit.SpecModel:
+def _tiny(kind: str, dtype: torch.dtype | None = None, **over: Any) -> specvit.SpecModel:
     torch.manual_seed(0)
-    return build_model(specvit.parse_spec(_TEXTS[kind], overrides=over)).eval()
+    return build_model(specvit.parse_spec(_TEXTS[kind], overrides=over), dtype=dtype).eval()
 
 
 def test_causal_decoder_ignores_the_future() -> None:
-    model = _tiny("decoder")
+    """Exact in float64: a causal position never reads a later token."""
+    model = _tiny("decoder", torch.float64)
     a = torch.randint(0, 50, (2, 10))
     b = a.clone()
     b[:, 6:] = torch.randint(0, 50, (2, 4))
     with torch.no_grad():
         ya, yb = model(a), model(b)
-    torch.testing.assert_close(ya[:, :6], yb[:, :6], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ya[:, :6], yb[:, :6], atol=1e-12, rtol=0)
     assert (ya[:, 6:] - yb[:, 6:]).abs().max() > 1e-3
 
 
 def test_encoder_decoder_masks() -> None:
-    model = _tiny("encoder_decoder")
+    """Exact in float64: the decoder is causal and padded source tokens are invisible."""
+    model = _tiny("encoder_decoder", torch.float64)
     src, tgt = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 7))
     tgt2 = tgt.clone()
     tgt2[:, 4:] = (tgt[:, 4:] + 1) % 40
@@ -122,8 +124,8 @@ def test_encoder_decoder_masks() -> None:
         y = model(src, tgt, src_key_padding_mask=pad)
         y_future = model(src, tgt2, src_key_padding_mask=pad)
         y_padded = model(src2, tgt, src_key_padding_mask=pad)
-    torch.testing.assert_close(y[:, :4], y_future[:, :4], atol=1e-6, rtol=0)  # decoder is causal
-    torch.testing.assert_close(y, y_padded, atol=1e-6, rtol=0)  # padded source tokens are invisible
+    torch.testing.assert_close(y[:, :4], y_future[:, :4], atol=1e-12, rtol=0)  # decoder is causal
+    torch.testing.assert_close(y, y_padded, atol=1e-12, rtol=0)  # padded source tokens are invisible
 
 
 @pytest.mark.parametrize("kind", ["decoder", "encoder_decoder"])
@@ -177,10 +179,12 @@ def test_init_conventions() -> None:
 
 
 def test_activation_checkpointing_gives_equal_loss_and_gradients() -> None:
+    """Exact in float64: checkpointing recomputes the same forward, dropout masks included."""
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        model = build_model(specvit.parse_spec(_TEXTS["encoder_decoder"]), checkpointing=checkpointing)
+        spec = specvit.parse_spec(_TEXTS["encoder_decoder"])
+        model = build_model(spec, dtype=torch.float64, checkpointing=checkpointing)
         model.train()
         src, tgt = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 7))
         loss = model(src, tgt).logsumexp(-1).mean()
@@ -192,4 +196,4 @@ def test_activation_checkpointing_gives_equal_loss_and_gradients() -> None:
     assert torch.equal(loss_a, loss_b)
     assert ga.keys() == gb.keys() and len(ga) > 20
     for k in ga:
-        torch.testing.assert_close(ga[k], gb[k], atol=1e-6, rtol=0, msg=k)
+        torch.testing.assert_close(ga[k], gb[k], atol=1e-12, rtol=0, msg=k)

@@ -526,15 +526,15 @@ def test_kv_cache_decoding_equals_full_causal_forward() -> None:
 
 
 def test_causal_outputs_ignore_future_tokens() -> None:
-    attn = randomize(SelfAttention(16, 2, causal=True))
-    x = torch.randn(2, 9, 16)
+    attn = randomize(SelfAttention(16, 2, causal=True)).double()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
     t = 4
     y = x.clone()
-    y[:, t + 1 :] = torch.randn(2, 9 - t - 1, 16)
+    y[:, t + 1 :] = torch.randn(2, 9 - t - 1, 16, dtype=torch.float64)
     out_x, out_y = attn(x), attn(y)
-    assert_close(out_y[:, : t + 1], out_x[:, : t + 1], atol=1e-6)
+    assert_close(out_y[:, : t + 1], out_x[:, : t + 1], atol=1e-12)  # exact in float64
     assert (out_y[:, t + 1 :] - out_x[:, t + 1 :]).abs().max() > 1e-2
-    noncausal = SelfAttention(16, 2)
+    noncausal = SelfAttention(16, 2).double()
     noncausal.load_state_dict(attn.state_dict())
     assert (noncausal(y)[:, :t] - noncausal(x)[:, :t]).abs().max() > 1e-2
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -90,11 +89,10 @@ def test_collapsed_view_draws_a_run_of_blocks_once() -> None:
     assert ("encoder.blocks.0.add2", "encoder.blocks.0.norm1") not in edges
 
 
-def test_collapsed_view_of_96_blocks_is_fast_and_small() -> None:
-    graph = _graph("vit_base_patch16_224", **{"encoder.depth": 96})
-    start = time.perf_counter()
-    dot = to_dot(graph)
-    assert time.perf_counter() - start < 1.0
+def test_collapsed_view_of_96_blocks_is_small() -> None:
+    """96 blocks draw as many boxes as 12: the work is the drawing's size, not the depth (its time is a
+    benchmark row, not an assert here)."""
+    dot = to_dot(_graph("vit_base_patch16_224", **{"encoder.depth": 96}))
     assert "<b>encoder.blocks.0-95  x96</b>" in dot
     assert len(_nodes(dot)) == len(_nodes(to_dot(_graph("vit_base_patch16_224"))))
 

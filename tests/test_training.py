@@ -1,16 +1,45 @@
-"""The models are real: tiny ones learn small tasks on CPU, with fixed seeds and no downloads."""
+"""The models are real: tiny ones learn small tasks on CPU, with fixed seeds and no downloads.
+
+Each task has a threshold that a correct model clears on every machine by a wide margin and that a
+broken one (its attention blinded, or its positions removed) misses by a wide margin; each test runs
+both, against the same assertion. The figures in the docstrings are the accuracies seen on an AMD EPYC
+(AVX-512, no AMX) for seeds 0-3, the test using seed 0; the Intel AMX machine gave the same or higher.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import specvit
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ["correct", "broken"]
+
+
+class Blind(nn.Module):
+    """Stands in for an attention layer that sees nothing: its branch adds zero."""
+
+    def forward(self, x: torch.Tensor, **ports: Any) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def _blind(blocks: nn.ModuleList, sublayer: str) -> None:
+    for block in blocks:
+        setattr(block, sublayer, Blind())
+
+
+def _learns(variant: str, accuracy: float, threshold: float) -> None:
+    """The one assertion of a learning test: the correct model clears the threshold, the broken one not."""
+    assert (accuracy >= threshold) == (variant == "correct"), (
+        f"{variant}: accuracy {accuracy:.3f}, threshold {threshold}"
+    )
+
 
 BOS, FIRST, VOCAB, LENGTH = 1, 2, 12, 8
 
@@ -20,10 +49,17 @@ def _reverse_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Te
     return src, src.flip(1)
 
 
-def test_encoder_decoder_learns_to_reverse() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_encoder_decoder_learns_to_reverse(variant: str) -> None:
+    """Reverse 8 digits; broken: the decoder's cross-attention blinded, so it never sees the source.
+
+    Correct 0.981-1.000, broken 0.094-0.099 (chance 0.1); threshold 0.9.
+    """
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = specvit.build_model(ROOT / "specs" / "tiny_seq2seq.yaml")
+    if variant == "broken":
+        _blind(model.decoder.blocks, "cross_attn")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(300):
         src, tgt = _reverse_batch(64, gen)
@@ -35,8 +71,7 @@ def test_encoder_decoder_learns_to_reverse() -> None:
     model.eval()
     src, tgt = _reverse_batch(256, gen)
     out = model.generate(src, LENGTH, bos_id=BOS)[:, 1:]
-    accuracy = (out == tgt).float().mean().item()
-    assert accuracy >= 0.99, accuracy
+    _learns(variant, (out == tgt).float().mean().item(), 0.9)
 
 
 VIT = """specvit: 1
@@ -64,10 +99,17 @@ def _quadrant_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.T
     return x, labels
 
 
-def test_vit_learns_a_synthetic_image_task() -> None:
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_vit_learns_a_synthetic_image_task(variant: str) -> None:
+    """Which quadrant holds the square; broken: no position embedding, so the class token cannot tell.
+
+    Correct 0.936-1.000, broken 0.225-0.307 (chance 0.25); threshold 0.8.
+    """
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    model = specvit.build_model(specvit.parse_spec(VIT))
+    model = specvit.build_model(
+        specvit.parse_spec(VIT, overrides={"encoder.position": "none"} if variant == "broken" else None)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     for _ in range(200):
         x, y = _quadrant_batch(64, gen)
@@ -78,8 +120,7 @@ def test_vit_learns_a_synthetic_image_task() -> None:
     model.eval()
     x, y = _quadrant_batch(512, gen)
     with torch.no_grad():
-        accuracy = (model(x).argmax(-1) == y).float().mean().item()
-    assert accuracy >= 0.95, accuracy
+        _learns(variant, (model(x).argmax(-1) == y).float().mean().item(), 0.8)
 
 
 LM = """specvit: 1
@@ -95,11 +136,18 @@ head: {kind: lm, tied: true}
 """
 
 
-def test_decoder_learns_a_deterministic_sequence() -> None:
-    """Each sequence counts up by a step fixed by its first two tokens: t[i+1] = t[i] + (t[1] - t[0]) mod 16."""
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decoder_learns_a_deterministic_sequence(variant: str) -> None:
+    """Each sequence counts up by a step fixed by its first two tokens: t[i+1] = t[i] + (t[1] - t[0]) mod 16.
+
+    Broken: self-attention blinded, so no token sees the step. Correct 1.000, broken 0.118-0.387;
+    threshold 0.9.
+    """
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = specvit.build_model(specvit.parse_spec(LM))
+    if variant == "broken":
+        _blind(model.decoder.blocks, "attn")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
     def batch(n: int) -> torch.Tensor:
@@ -116,8 +164,7 @@ def test_decoder_learns_a_deterministic_sequence() -> None:
     model.eval()
     seq = batch(256)
     out = model.generate(seq[:, :2], 10)
-    accuracy = (out[:, 2:] == seq[:, 2:]).float().mean().item()
-    assert accuracy >= 0.99, accuracy
+    _learns(variant, (out[:, 2:] == seq[:, 2:]).float().mean().item(), 0.9)
 
 
 SEGMENTS = {  # seven-segment digits: a b c d e f g (top, top-right, bottom-right, bottom, bottom-left, top-left, middle)
@@ -175,19 +222,24 @@ def test_mnist_pair_differs_only_in_norm_placement() -> None:
 
 
 @pytest.mark.parametrize(
-    "preset", ["mnist_vit", "mnist_vit_postnorm"], ids=["pre-norm (vit)", "post-norm (original)"]
+    ("preset", "variant"),
+    [("mnist_vit", "correct"), ("mnist_vit_postnorm", "correct"), ("mnist_vit", "broken")],
+    ids=["pre-norm (vit)", "post-norm (original)", "pre-norm, attention blinded (broken)"],
 )
-def test_mnist_vit_pair_learns_synthetic_digits(preset: str) -> None:
+def test_mnist_vit_pair_learns_synthetic_digits(preset: str, variant: str) -> None:
     """The tutorial's ViT in both norm placements learns the synthetic digits (chance is 0.1).
 
-    200 steps of AdamW give about 0.88 (pre-norm) and 0.69 (post-norm) here: the post-norm original trains
-    more slowly without warm-up, as Xiong et al. (2020) describe.
+    160 steps of AdamW give 0.910-0.992 (pre-norm) and 0.690-0.728 (post-norm): the post-norm original
+    trains more slowly without warm-up, as Xiong et al. (2020) describe. Broken: attention blinded, so
+    the class token never sees a patch: 0.084-0.106. Threshold 0.5.
     """
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = specvit.build_model(ROOT / "specs" / f"{preset}.yaml")
+    if variant == "broken":
+        _blind(model.encoder.blocks, "attn")
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
-    for _ in range(200):
+    for _ in range(160):
         x, y = _digits(64, gen)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -196,5 +248,4 @@ def test_mnist_vit_pair_learns_synthetic_digits(preset: str) -> None:
     model.eval()
     x, y = _digits(500, gen)
     with torch.no_grad():
-        accuracy = (model(x).argmax(-1) == y).float().mean().item()
-    assert accuracy >= 0.6, accuracy
+        _learns(variant, (model(x).argmax(-1) == y).float().mean().item(), 0.5)
