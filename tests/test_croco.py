@@ -233,7 +233,7 @@ def test_matches_croco_reference() -> None:
         theirs = ref(img1, img2)  # predictions for img1's patches, cross-attending to img2
         ours = model(img2, img1)  # src = the memory's image, tgt = the decoder's image
     assert ours.shape == theirs.shape == (2, 24, 8 * 8 * 3)
-    assert (ours - theirs).abs().max() < 1e-5
+    assert (ours - theirs).abs().max() < 1e-5  # fp32 parity: 6.6e-7 seen on outputs near 1.5
 
 
 def test_siamese_encoder_weights_are_shared() -> None:

@@ -157,6 +157,7 @@ def test_matches_detr_data_flow() -> None:
         ).sigmoid()
         ours = model(features)
     assert ours["logits"].shape == (2, 5, classes + 1) and ours["boxes"].shape == (2, 5, 4)
+    # fp32 parity, the same maths in another order: 1.2e-6 seen (1.4e-6 with two threads) on logits near 2.3
     torch.testing.assert_close(ours["logits"], logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(ours["boxes"], boxes, atol=1e-5, rtol=0)
 

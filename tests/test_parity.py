@@ -544,7 +544,12 @@ def test_parts_the_spec_lacks_are_refused() -> None:
 def test_untied_lm_head_is_refused_for_a_tied_spec() -> None:
     ref, spec = _gpt2()
     state = ref.state_dict()
-    state["lm_head.weight"] = state["lm_head.weight"] + 1.0
+    # A head of its own, drawn like the rest (N(0, 0.05)). "wte + 1" made every logit a sum of terms near 1
+    # that cancel, where two fp32 summation orders differed by 5.7e-6 (over half the tolerance); now 4.8e-7.
+    untied_head = 0.05 * torch.randn(
+        state["lm_head.weight"].shape, generator=torch.Generator().manual_seed(11)
+    )
+    state["lm_head.weight"] = untied_head
     with pytest.raises(ValueError, match=r"lm_head\.weight differs from transformer\.wte\.weight"):
         convert_state_dict(state, "hf", spec)
     untied = specvit.parse_spec(spec.model_dump(), overrides={"head.tied": False})
@@ -552,7 +557,9 @@ def test_untied_lm_head_is_refused_for_a_tied_spec() -> None:
     tokens = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(10))
     with torch.no_grad():
         hidden = ref.transformer(input_ids=tokens).last_hidden_state  # (B, S, D) after ln_f
-        _close(model(tokens), hidden @ state["lm_head.weight"].T)
+        _close(model(tokens), hidden @ untied_head.T)
+        tied = hidden @ state["transformer.wte.weight"].T  # what a model still reading wte would give
+        assert (tied - hidden @ untied_head.T).abs().max() > 0.1
 
 
 def test_structures_a_format_cannot_hold_are_refused() -> None:
