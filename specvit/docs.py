@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 
 from specvit.io import atomic_write
 from specvit.ops import fragments
-from specvit.spec import schema
+from specvit.spec import block, schema
 
 __all__ = ["spec_reference", "write_docs"]
 
@@ -26,7 +26,17 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ("Inputs: `input:`", list(fragments("input"))),
     ("Prefix tokens: `prefix:`", [schema.PrefixSpec]),
     ("Positions: `position:`", list(fragments("position"))),
-    ("Blocks: `block:`", [schema.BlockSpec, schema.NormSpec, schema.MlpSpec, schema.WindowSpec]),
+    (
+        "Blocks: `block:`, and `blocks:`, `schedule:`, `overrides:` along the depth",
+        [
+            block.BlockSpec,
+            block.NormSpec,
+            block.MlpSpec,
+            block.WindowSpec,
+            block.GraphNodeSpec,
+            block.LayerOverride,
+        ],
+    ),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
     ("Heads: `head:`", list(fragments("head"))),
 ]

@@ -140,7 +140,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi, relative (did you mean 'learned'?)",
     ),
     (
         VIT,
@@ -207,8 +207,8 @@ BAD = [
     (
         VIT,
         "[self_attention, mlp]",
-        "[masked_self_attention, mlp]",
-        "t.yaml:12:14: encoder.block.layers.0: an encoder sees the whole input; masked_self_attention has no place in it (use self_attention in encoders)",
+        "[self_attention, mlp]\n    qkv_bias: [true, false]",
+        "t.yaml:13:15: encoder.block.qkv_bias: qkv_bias lists the biases of q, k and v: 3 values, got 2 (write [true, false, true] for q and v biases without a k bias)",
     ),
     (
         VIT,
@@ -233,7 +233,7 @@ BAD = [
         VIT,
         "placement: pre",
         "placement: middle",
-        "t.yaml:13:40: encoder.block.norm.placement: 'middle' is not one of pre, post (use one of pre, post)",
+        "t.yaml:13:40: encoder.block.norm.placement: 'middle' is not one of pre, post, sandwich, res_post (use one of pre, post, sandwich, res_post)",
     ),
     (VIT, "eps: 1.0e-6", "eps: 0", "t.yaml:13:50: encoder.block.norm.eps: must be > 0.0, got 0"),
     (
@@ -247,7 +247,7 @@ BAD = [
         VIT,
         "activation: gelu",
         "activation: gelo",
-        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, relu, silu, swiglu, geglu (did you mean 'gelu'?)",
+        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)",
     ),
     (
         VIT,
@@ -266,7 +266,7 @@ BAD = [
         VIT,
         "kind: classifier",
         "kind: lm",
-        "t.yaml:15:18: head.pool: unknown key 'pool' (valid keys: kind, vocab, tied, bias)",
+        "t.yaml:15:18: head.pool: unknown key 'pool' (valid keys: kind, vocab, tied, bias, scale)",
     ),
     (
         VIT,
@@ -600,8 +600,8 @@ def test_cli_validate_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert "Traceback" not in run.stderr
     assert run.stderr.splitlines() == [
-        f"{bad}:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, relu, silu, swiglu, "
-        "geglu (did you mean 'gelu'?)"
+        f"{bad}:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, "
+        "silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)"
     ]
     assert "ok  renamed: encoder" in run.stdout
 

@@ -171,9 +171,9 @@ class ArchGraph:
         """How the collapsed views fold repeated blocks: block path -> its :class:`Fold`.
 
         A run of identical blocks folds into its first block (``encoder.blocks.0-11``, x12); a run that
-        alternates two kinds of block, as Swin's plain and shifted windows, folds into its first two
-        blocks (``encoder.stages.2.blocks.0,2,4`` and ``...1,3,5``, x3 each). Runs never cross a stage.
-        Blocks that repeat nothing are absent.
+        repeats a pattern of several blocks (Swin's plain and shifted windows, a local-local-global
+        schedule) folds into the pattern's first blocks (``encoder.stages.2.blocks.0,2,4`` and
+        ``...1,3,5``, x3 each). Runs never cross a stage. Blocks that repeat nothing are absent.
         """
         out: dict[str, Fold] = {}
         containers: dict[str, list[str]] = {}
@@ -184,32 +184,22 @@ class ArchGraph:
             sigs = [self.signature(b) for b in blocks]
             i = 0
             while i < len(blocks):
-                same = 1
-                while i + same < len(blocks) and sigs[i + same] == sigs[i]:
-                    same += 1
-                pairs = 1
-                while (
-                    i + 2 * pairs + 1 < len(blocks)
-                    and sigs[i + 2 * pairs : i + 2 * pairs + 2] == sigs[i : i + 2]
-                ):
-                    pairs += 1
-                if same > 1:
-                    first, last = (int(blocks[j].rsplit(".", 1)[1]) for j in (i, i + same - 1))
-                    label = f"{blocks[i].rsplit('.', 1)[0]}.{first}-{last}"
-                    for b in blocks[i : i + same]:
-                        out[b] = Fold(blocks[i], same, label, blocks[i])
-                    i += same
-                elif pairs > 1:
-                    for offset in (0, 1):
-                        members = blocks[i + offset : i + 2 * pairs : 2]
-                        label = (
-                            blocks[i].rsplit(".", 1)[0] + "." + ",".join(b.rsplit(".", 1)[1] for b in members)
-                        )
-                        for b in members:
-                            out[b] = Fold(members[0], pairs, label, blocks[i])
-                    i += 2 * pairs
-                else:
+                period, reps = _period(sigs, i)
+                if reps < 2:
                     i += 1
+                    continue
+                prefix = blocks[i].rsplit(".", 1)[0]
+                for offset in range(period):
+                    members = blocks[i + offset : i + period * reps : period]
+                    indexes = [b.rsplit(".", 1)[1] for b in members]
+                    label = (
+                        f"{prefix}.{indexes[0]}-{indexes[-1]}"
+                        if period == 1
+                        else f"{prefix}.{','.join(indexes)}"
+                    )
+                    for b in members:
+                        out[b] = Fold(members[0], reps, label, blocks[i])
+                i += period * reps
         return out
 
     def signature(self, block: str) -> tuple[Any, ...]:
@@ -248,3 +238,19 @@ class ArchGraph:
         return sorted(
             found, key=lambda n: self.nx.nodes[n]["p"].group
         )  # stable: creation order within a group
+
+
+_MAX_PERIOD = 16  # longest block pattern the collapsed views look for
+
+
+def _period(sigs: list[Any], i: int) -> tuple[int, int]:
+    """The pattern length and repeat count of the run starting at ``i`` that covers the most blocks
+    (the shortest pattern among equals): ``[A, A, A]`` is (1, 3), ``[L, L, G, L, L, G]`` is (3, 2)."""
+    best = (1, 1)
+    for period in range(1, min(_MAX_PERIOD, (len(sigs) - i) // 2) + 1):
+        reps = 1
+        while sigs[i + reps * period : i + (reps + 1) * period] == sigs[i : i + period]:
+            reps += 1
+        if reps >= 2 and period * reps > best[0] * best[1]:
+            best = (period, reps)
+    return best

@@ -24,7 +24,7 @@ from specvit.ops.block import BlockCtx
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, InputParams, MaskParams
 from specvit.ops.window import block_window, lower_merge
-from specvit.patterns.residual import residual_block
+from specvit.patterns.residual import expand, lower_steps
 from specvit.spec.loader import load_spec, parse_spec
 from specvit.spec.schema import LearnedPosition, Spec, StackSpec
 
@@ -160,12 +160,9 @@ class _Lowering:
                     stack=role,
                     group=3,
                 )
-        phase = s.position.phase()
-        if phase == "before_prefix":
-            s.position.lower(self)
+        self.positions(s, "before_prefix")
         self.prefix(s)
-        if phase == "tokens":
-            s.position.lower(self)
+        self.positions(s, "tokens")
         if s.embed_norm:
             self.x = self.norm(f"{role}.embed_norm", s, s.width, f"{role}.embed_norm")
         if s.dropout.embedding:
@@ -173,8 +170,7 @@ class _Lowering:
             self.x = self.add(
                 f"{role}.pos_drop", "dropout", p, {"x": self.x}, source=f"{role}.dropout.embedding"
             )
-        if phase == "attention":
-            s.position.lower(self)
+        self.positions(s, "attention")
         self.blocks(s)
         if s.final_norm:
             self.x = self.norm(f"{role}.norm", s, s.out_width, f"{role}.final_norm")
@@ -186,6 +182,11 @@ class _Lowering:
         forwards name their parameters so."""
         for name, node in self.side.items():
             self.g.nodes[node].setdefault("sides", {}).setdefault(self.role, name)
+
+    def positions(self, s: StackSpec, phase: str) -> None:
+        for p in s.positions:
+            if p.phase() == phase:
+                p.lower(self)
 
     def prefix(self, s: StackSpec) -> None:
         if not s.num_prefix:
@@ -209,7 +210,6 @@ class _Lowering:
     def blocks(self, s: StackSpec) -> None:
         """The blocks, stage by stage (a plain stack is one stage whose blocks are ``{role}.blocks.i``)."""
         role, index = self.role, 0  # index over the whole stack, for the stochastic-depth schedule
-        window = s.block.window
         for si, (depth, heads) in enumerate(zip(s.stage_depths, s.stage_heads, strict=True)):
             width = s.stage_widths[si]
             container = f"{role}.stages.{si}" if s.hierarchical else role
@@ -218,6 +218,7 @@ class _Lowering:
                 self.x = lower_merge(self, f"{container}.downsample", self.grid, s.block.norm)
                 self.grid = (self.grid[0] // 2, self.grid[1] // 2)
             for i in range(depth):
+                spec, window = s.layer(index), s.layer(index).window
                 m, shift = (
                     block_window(window.size, window.shift, self.grid, i)
                     if window and self.grid
@@ -225,7 +226,7 @@ class _Lowering:
                 )
                 b = BlockCtx(
                     self,
-                    s.block,
+                    spec,
                     f"{container}.blocks.{i}",
                     dim=width,
                     heads=heads,
@@ -237,7 +238,7 @@ class _Lowering:
                     shift=shift,
                 )
                 rate = round(s.drop_path * index / (s.total_depth - 1), 6) if s.total_depth > 1 else 0.0
-                self.x = residual_block(b, self.x, rate if s.drop_path else None)
+                self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)
                 index += 1
 
     def model(self) -> None:
@@ -289,9 +290,9 @@ def build_graph(
     """
 
     def default(stack: StackSpec | None) -> int:
-        pos = stack.position if stack is not None else None
-        if isinstance(pos, LearnedPosition) and pos.max_len is not None:
-            return min(pos.max_len, DEFAULT_SEQ_LEN)
+        for pos in stack.positions if stack is not None else []:
+            if isinstance(pos, LearnedPosition) and pos.max_len is not None:
+                return min(pos.max_len, DEFAULT_SEQ_LEN)
         return DEFAULT_SEQ_LEN
 
     dims = {"B": batch}

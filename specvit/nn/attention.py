@@ -76,6 +76,65 @@ def _head_norm(
     raise ValueError(f"qk_norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
 
 
+QkvBias = bool | tuple[bool, ...]
+
+
+Parts = tuple[tuple[str, int, bool], ...]  # (name, rows, has a bias) of each part of a packed projection
+
+
+def _packed(
+    owner: nn.Module, dim: int, parts: Parts, device: torch.device | str | None, dtype: torch.dtype | None
+) -> nn.Linear:
+    """A Linear packing ``parts``. When only some parts have a bias (BEiT: q and v, no k), the Linear has
+    none and ``owner`` gets a parameter ``{name}_bias`` per part that has one (timm's names)."""
+    has = {h for _, _, h in parts}
+    linear = nn.Linear(dim, sum(w for _, w, _ in parts), bias=has == {True}, device=device, dtype=dtype)
+    if len(has) == 2:
+        for name, width, h in parts:
+            if h:
+                owner.register_parameter(
+                    f"{name}_bias", nn.Parameter(torch.zeros(width, device=device, dtype=dtype))
+                )
+    return linear
+
+
+def _project(
+    owner: nn.Module, x: Tensor, linear: nn.Linear, parts: Parts, rows: slice = slice(None)
+) -> Tensor:
+    """``linear(x)`` restricted to output ``rows``, with the parts' own biases when they have them."""
+    separate = linear.bias is None and any(h for _, _, h in parts)
+    if not separate and rows == slice(None):
+        return linear(x)
+    bias: Tensor | None = linear.bias
+    if separate:
+        pieces = [
+            getattr(owner, f"{name}_bias") if h else linear.weight.new_zeros(width)
+            for name, width, h in parts
+        ]
+        bias = torch.cat(pieces)  # ((H + 2Hkv) * hd,) or (2Hkv * hd,)
+    return F.linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
+
+
+def _three(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
+    if isinstance(qkv_bias, bool):
+        return (qkv_bias, qkv_bias, qkv_bias)
+    q, k, v = qkv_bias
+    return (q, k, v)
+
+
+def _visible(n: int, t: int, past: int, causal: bool, window: int | None, device: torch.device) -> Tensor:
+    """(N, T) bool: query i (absolute position past + i) may see key j; causal: j <= past + i; a window
+    keeps the keys less than ``window`` positions away."""
+    visible = torch.ones(n, t, dtype=torch.bool, device=device)
+    if causal:
+        visible = visible.tril(diagonal=past)
+    if window is not None:
+        visible = visible.triu(diagonal=past - window + 1)
+        if not causal:
+            visible = visible.tril(diagonal=past + window - 1)
+    return visible  # (N, T)
+
+
 def _dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0.0 else nn.Identity()
 
@@ -104,6 +163,7 @@ def _attend(
     is_causal: bool,
     dropout_p: float,
     bias: Tensor | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """SDPA where query rows without any visible key output zeros instead of NaN.
 
@@ -115,6 +175,7 @@ def _attend(
         is_causal: let SDPA apply its own causal mask (only when ``visible`` and ``bias`` are None and N == T).
         dropout_p: attention-probability dropout.
         bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions), or None.
+        scale: the factor of q·k; None = 1/sqrt(hd).
     """
     has_key = None
     mask: Tensor | None = visible
@@ -131,6 +192,7 @@ def _attend(
         attn_mask=mask,
         dropout_p=dropout_p,
         is_causal=is_causal,
+        scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
     )  # (B, H, N, hd)
     if has_key is not None:
@@ -147,7 +209,8 @@ class SelfAttention(nn.Module):
         num_heads: number of query heads H.
         num_kv_heads: number of key/value heads Hkv (divides H); None = H (plain MHA), 1 = MQA.
         head_dim: per-head width hd; None = D // H.
-        qkv_bias: bias of the packed ``qkv`` projection.
+        qkv_bias: bias of the packed ``qkv`` projection: one for all, or (q, k, v); with some but not all,
+            the module has ``q_bias`` / ``k_bias`` / ``v_bias`` parameters for those that have one.
         proj_bias: bias of the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
@@ -155,6 +218,8 @@ class SelfAttention(nn.Module):
         attn_drop: dropout on the attention probabilities (training only).
         proj_drop: dropout after the output projection.
         causal: query i only sees keys at positions <= its own.
+        scale: factor of q·k; None = 1/sqrt(hd) (T5 uses 1).
+        window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
         layer_idx: this layer's entry in a :class:`KVCache`.
         device: parameter device.
         dtype: parameter dtype.
@@ -167,7 +232,7 @@ class SelfAttention(nn.Module):
         *,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
-        qkv_bias: bool = True,
+        qkv_bias: QkvBias = True,
         proj_bias: bool = True,
         qk_norm: QkNorm | None = None,
         qk_norm_bias: bool = True,
@@ -175,6 +240,8 @@ class SelfAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         causal: bool = False,
+        scale: float | None = None,
+        window: int | None = None,
         layer_idx: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -182,11 +249,13 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = _resolve_heads(dim, num_heads, num_kv_heads, head_dim)
-        self.causal = causal
+        self.causal, self.scale, self.window = causal, scale, window
         self.layer_idx = layer_idx
         self.attn_drop = attn_drop
         hd, h, hkv = self.head_dim, num_heads, self.num_kv_heads
-        self.qkv = nn.Linear(dim, (h + 2 * hkv) * hd, bias=qkv_bias, device=device, dtype=dtype)
+        bq, bk, bv = _three(qkv_bias)
+        self.parts: Parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * hd, bv))
+        self.qkv = _packed(self, dim, self.parts, device, dtype)
         self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.proj = nn.Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
@@ -223,12 +292,11 @@ class SelfAttention(nn.Module):
         b, n, _ = x.shape
         h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if pos is None:
-            qkv = self.qkv(x)  # (B, N, (H + 2Hkv) * hd)
+            qkv = _project(self, x, self.qkv, self.parts)  # (B, N, (H + 2Hkv) * hd)
         else:
             rows = (h + hkv) * hd  # q and k rows of the packed weight read x + pos; v rows read x
-            w, b_qkv = self.qkv.weight, self.qkv.bias
-            qk = F.linear(x + pos, w[:rows], b_qkv[:rows] if b_qkv is not None else None)
-            v_in = F.linear(x, w[rows:], b_qkv[rows:] if b_qkv is not None else None)
+            qk = _project(self, x + pos, self.qkv, self.parts, slice(None, rows))
+            v_in = _project(self, x, self.qkv, self.parts, slice(rows, None))
             qkv = torch.cat((qk, v_in), dim=-1)  # (B, N, (H + 2Hkv) * hd)
         qkv = qkv.view(b, n, h + 2 * hkv, hd).transpose(1, 2)  # (B, H + 2Hkv, N, hd)
         q, k, v = qkv.split((h, hkv, hkv), dim=1)  # (B, H, N, hd), (B, Hkv, N, hd), (B, Hkv, N, hd)
@@ -243,12 +311,11 @@ class SelfAttention(nn.Module):
 
         visible: Tensor | None = None  # broadcastable to (B, 1, N, T), True = may attend
         is_causal = False
-        if self.causal:
-            if past == 0 and mask is None and bias is None:
-                is_causal = True
-            else:
-                # query i sits at absolute position past + i and sees keys j <= past + i
-                visible = torch.ones(n, t, dtype=torch.bool, device=x.device).tril(diagonal=past)  # (N, T)
+        if self.causal and past == 0 and mask is None and bias is None and self.window is None:
+            is_causal = True
+        elif self.causal or self.window is not None:
+            # query i sits at absolute position past + i
+            visible = _visible(n, t, past, self.causal, self.window, x.device)  # (N, T)
         if mask is not None:
             if mask.shape != (b, t):
                 raise ValueError(f"mask must have shape (B, T)=({b}, {t}), got {tuple(mask.shape)}")
@@ -256,14 +323,14 @@ class SelfAttention(nn.Module):
             visible = keep if visible is None else visible & keep  # (B, 1, N, T)
 
         dropout_p = self.attn_drop if self.training else 0.0
-        out = _attend(q, k, v, visible, is_causal, dropout_p, bias)  # (B, H, N, hd)
+        out = _attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, H, N, hd)
         out = out.transpose(1, 2).reshape(b, n, h * hd)  # (B, N, H*hd)
         return self.proj_drop(self.proj(out))  # (B, N, D)
 
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"causal={self.causal}, attn_drop={self.attn_drop}"
+            f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}"
         )
 
 
@@ -276,7 +343,7 @@ class CrossAttention(nn.Module):
         memory_dim: memory width Dm; None = D.
         num_kv_heads: number of key/value heads Hkv (divides H); None = H.
         head_dim: per-head width hd; None = D // H.
-        qkv_bias: bias of the ``q`` and ``kv`` projections.
+        qkv_bias: biases of the ``q`` and ``kv`` projections: one for all, or (q, k, v).
         proj_bias: bias of the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
@@ -296,13 +363,14 @@ class CrossAttention(nn.Module):
         memory_dim: int | None = None,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
-        qkv_bias: bool = True,
+        qkv_bias: QkvBias = True,
         proj_bias: bool = True,
         qk_norm: QkNorm | None = None,
         qk_norm_bias: bool = True,
         norm_eps: float = 1e-6,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        scale: float | None = None,
         layer_idx: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
@@ -310,13 +378,13 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = _resolve_heads(dim, num_heads, num_kv_heads, head_dim)
-        self.layer_idx = layer_idx
+        self.layer_idx, self.scale = layer_idx, scale
         self.attn_drop = attn_drop
         hd, h, hkv = self.head_dim, num_heads, self.num_kv_heads
-        self.q = nn.Linear(dim, h * hd, bias=qkv_bias, device=device, dtype=dtype)
-        self.kv = nn.Linear(
-            dim if memory_dim is None else memory_dim, 2 * hkv * hd, bias=qkv_bias, device=device, dtype=dtype
-        )
+        bq, bk, bv = _three(qkv_bias)
+        self.q = nn.Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
+        self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * hd, bv))
+        self.kv = _packed(self, dim if memory_dim is None else memory_dim, self.parts, device, dtype)
         self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.proj = nn.Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
@@ -329,12 +397,11 @@ class CrossAttention(nn.Module):
         b, m, _ = memory.shape
         hkv, hd = self.num_kv_heads, self.head_dim
         if memory_pos is None:
-            kv_flat = self.kv(memory)  # (B, M, 2 * Hkv * hd)
+            kv_flat = _project(self, memory, self.kv, self.parts)  # (B, M, 2 * Hkv * hd)
         else:
             rows = hkv * hd  # k rows of the packed weight read memory + pos; v rows read memory
-            w, b_kv = self.kv.weight, self.kv.bias
-            k_in = F.linear(memory + memory_pos, w[:rows], b_kv[:rows] if b_kv is not None else None)
-            v_in = F.linear(memory, w[rows:], b_kv[rows:] if b_kv is not None else None)
+            k_in = _project(self, memory + memory_pos, self.kv, self.parts, slice(None, rows))
+            v_in = _project(self, memory, self.kv, self.parts, slice(rows, None))
             kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
         kv = kv_flat.view(b, m, 2, hkv, hd).permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, hd)
         k, v = self.k_norm(kv[0]), kv[1]  # (B, Hkv, M, hd)
@@ -393,7 +460,7 @@ class CrossAttention(nn.Module):
             visible = ~memory_mask[:, None, None, :]  # (B, 1, 1, M)
 
         dropout_p = self.attn_drop if self.training else 0.0
-        out = _attend(q, k, v, visible, False, dropout_p)  # (B, H, N, hd)
+        out = _attend(q, k, v, visible, False, dropout_p, scale=self.scale)  # (B, H, N, hd)
         out = out.transpose(1, 2).reshape(b, n, h * hd)  # (B, N, H*hd)
         return self.proj_drop(self.proj(out))  # (B, N, D)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["cls_pool", "extend_mask", "mean_pool", "merge_2x2"]
+__all__ = ["cls_pool", "eos_pool", "extend_mask", "mean_pool", "merge_2x2"]
 
 
 def extend_mask(mask: Tensor | None, prefix: int) -> Tensor | None:
@@ -23,6 +23,19 @@ def extend_mask(mask: Tensor | None, prefix: int) -> Tensor | None:
 def cls_pool(x: Tensor) -> Tensor:
     """The first (class) token of (B, N, D): (B, D)."""
     return x[:, 0]
+
+
+def eos_pool(x: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
+    """The token at each sequence's end-of-text position (CLIP's text pooling): (B, N, D) -> (B, D).
+
+    Args:
+        x: (B, N, D) tokens.
+        ids: (B, N) the input token ids.
+        eos_id: the end token's id: its first occurrence is pooled; None: the position of the highest id
+            (CLIP's original rule, where the end token has the highest id).
+    """
+    where = ids.argmax(dim=-1) if eos_id is None else (ids == eos_id).int().argmax(dim=-1)  # (B,)
+    return x[torch.arange(x.shape[0], device=x.device), where]  # (B, D)
 
 
 def mean_pool(x: Tensor, prefix: int, mask: Tensor | None = None) -> Tensor:

@@ -6,21 +6,30 @@ F below is the hidden width of the MLP.
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 from torch import Tensor, nn
 
-PlainActivation = Literal["gelu", "gelu_tanh", "relu", "silu"]
-GluActivation = Literal["swiglu", "geglu"]
-MlpActivation = Literal["gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu"]
+PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu"]
+GluActivation = Literal["swiglu", "geglu", "geglu_tanh"]
+MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+
+
+class QuickGELU(nn.Module):
+    """CLIP's GELU approximation ``x * sigmoid(1.702 * x)``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
 
 
 def _activation(name: str) -> nn.Module:
     if name in ("gelu", "geglu"):
         return nn.GELU()  # exact (erf) GELU
-    if name == "gelu_tanh":
-        return nn.GELU(approximate="tanh")  # GPT-2's GELU
+    if name in ("gelu_tanh", "geglu_tanh"):
+        return nn.GELU(approximate="tanh")  # GPT-2's GELU, HF's gelu_new
+    if name == "quick_gelu":
+        return QuickGELU()
     if name == "relu":
         return nn.ReLU()
     if name in ("silu", "swiglu"):
@@ -38,7 +47,7 @@ class Mlp(nn.Module):
     Args:
         dim: input and output width D.
         hidden: hidden width F.
-        activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``relu`` or ``silu``.
+        activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``quick_gelu``, ``relu`` or ``silu``.
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the activation and after ``fc2``.
         device: parameter device.
@@ -78,7 +87,7 @@ class GluMlp(nn.Module):
     Args:
         dim: input and output width D.
         hidden: hidden width F (of the gate and of the value, each).
-        activation: ``swiglu`` (SiLU gate) or ``geglu`` (exact erf GELU gate).
+        activation: ``swiglu`` (SiLU gate), ``geglu`` (exact erf GELU gate) or ``geglu_tanh`` (tanh GELU gate).
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the gating product and after ``fc2``.
         device: parameter device.
@@ -132,8 +141,10 @@ def build_mlp(
         device: parameter device.
         dtype: parameter dtype.
     """
-    if activation == "swiglu" or activation == "geglu":
-        return GluMlp(dim, hidden, activation, bias=bias, dropout=dropout, device=device, dtype=dtype)
+    if activation in get_args(GluActivation):
+        glu = cast(GluActivation, activation)
+        return GluMlp(dim, hidden, glu, bias=bias, dropout=dropout, device=device, dtype=dtype)
     if activation in get_args(PlainActivation):
-        return Mlp(dim, hidden, activation, bias=bias, dropout=dropout, device=device, dtype=dtype)
+        plain = cast(PlainActivation, activation)
+        return Mlp(dim, hidden, plain, bias=bias, dropout=dropout, device=device, dtype=dtype)
     raise ValueError(f"unknown MLP activation {activation!r}; expected one of {get_args(MlpActivation)}")

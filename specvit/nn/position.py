@@ -83,8 +83,9 @@ class LearnedPosition(nn.Module):
     """Learned absolute position table added to the tokens.
 
     Args:
-        num_positions: number of rows of the table (maximum sequence length).
+        num_positions: number of rows of the table (maximum sequence length, plus ``start``).
         dim: width D.
+        start: the row of position 0 (BART's offset of 2).
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -93,11 +94,12 @@ class LearnedPosition(nn.Module):
         self,
         num_positions: int,
         dim: int,
+        start: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.num_positions = num_positions
+        self.num_positions, self.start = num_positions, start
         self.weight = nn.Parameter(
             torch.empty(1, num_positions, dim, device=device, dtype=dtype)
         )  # (1, N, D)
@@ -110,15 +112,16 @@ class LearnedPosition(nn.Module):
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """Add rows ``offset .. offset + N - 1`` of the table to x of shape (B, N, D)."""
         n = x.shape[1]
-        if offset < 0 or offset + n > self.num_positions:
+        first = self.start + offset
+        if offset < 0 or first + n > self.num_positions:
             raise ValueError(
-                f"LearnedPosition has {self.num_positions} positions but positions {offset}..{offset + n - 1} "
-                f"were requested (offset {offset} + {n} tokens)"
+                f"LearnedPosition has {self.num_positions - self.start} positions but positions "
+                f"{offset}..{offset + n - 1} were requested (offset {offset} + {n} tokens)"
             )
-        return x + self.weight[:, offset : offset + n]  # (B, N, D)
+        return x + self.weight[:, first : first + n]  # (B, N, D)
 
     def extra_repr(self) -> str:
-        return f"num_positions={self.num_positions}, dim={self.weight.shape[-1]}"
+        return f"num_positions={self.num_positions}, dim={self.weight.shape[-1]}, start={self.start}"
 
 
 class SinCosPosition(nn.Module):
@@ -269,7 +272,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
     Args:
         x: (B, H, N, hd) queries or keys.
-        cos: (N, hd) table from :class:`Rope` (rotate-half over the whole head), or (N, S, hd/S) sectioned
+        cos: (N, r) table from :class:`Rope` (rotate-half over the first r <= hd channels), or (N, S, hd/S) sectioned
             table from :class:`Rope2d` (the head is split in S contiguous sections, each rotated on its own).
         sin: same shape as ``cos``.
 
@@ -277,6 +280,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         (B, H, N, hd) tensor with x's dtype (the tables are cast to it).
     """
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.ndim == 2 and cos.shape[-1] < x.shape[-1]:  # partial rotary: the first channels only
+        rot, keep = x.split((cos.shape[-1], x.shape[-1] - cos.shape[-1]), dim=-1)
+        return torch.cat((rot * cos + _rotate_half(rot) * sin, keep), dim=-1)  # (B, H, N, hd)
     if cos.ndim == 2:
         return x * cos + _rotate_half(x) * sin  # (B, H, N, hd)
     xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, hd/S)

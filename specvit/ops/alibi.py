@@ -62,6 +62,9 @@ class AlibiPosition(PositionFragment):
     def phase(self) -> Phase:
         return "attention"
 
+    def writes(self) -> str:
+        return "bias"
+
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if stack.input.kind not in ("tokens", "features"):
             return [

@@ -31,7 +31,7 @@ class AttentionParams(Params):
         heads: query heads.
         kv_heads: key/value heads (fewer for GQA, 1 for MQA).
         head_dim: width per head.
-        qkv_bias: biases in the q/k/v projections.
+        qkv_bias: biases in the q, k and v projections.
         proj_bias: bias in the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` per head on queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
@@ -39,6 +39,8 @@ class AttentionParams(Params):
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
         causal: a query sees only keys at or before its own position.
+        scale: factor of q·k, or None for 1/sqrt(head_dim).
+        window: keys further than ``window - 1`` positions away are hidden (a sliding window), or None.
         layer: the layer's index in a KV cache.
     """
 
@@ -46,7 +48,7 @@ class AttentionParams(Params):
     heads: int
     kv_heads: int
     head_dim: int
-    qkv_bias: bool = True
+    qkv_bias: tuple[bool, bool, bool] = (True, True, True)
     proj_bias: bool = True
     qk_norm: str | None = None
     qk_norm_bias: bool = True
@@ -54,6 +56,8 @@ class AttentionParams(Params):
     attn_drop: float = 0.0
     proj_drop: float = 0.0
     causal: bool = False
+    scale: float | None = None
+    window: int | None = None
     layer: int = field(default=0, metadata={"varies": True})
 
     @property
@@ -66,15 +70,21 @@ class AttentionParams(Params):
             "num_heads": self.heads,
             "num_kv_heads": self.kv_heads,
             "head_dim": self.head_dim,
-            "qkv_bias": self.qkv_bias,
+            "qkv_bias": self.qkv_bias if len(set(self.qkv_bias)) > 1 else self.qkv_bias[0],
             "proj_bias": self.proj_bias,
             "qk_norm": self.qk_norm,
             "qk_norm_bias": self.qk_norm_bias,
             "norm_eps": self.eps,
             "attn_drop": self.attn_drop,
             "proj_drop": self.proj_drop,
+            "scale": self.scale,
             "layer_idx": self.layer,
         }
+
+    def bias_rows(self, kv_rows: int) -> int:
+        """The q/k/v bias parameters: ``heads * head_dim`` for q, ``kv_rows`` for k and for v."""
+        bq, bk, bv = self.qkv_bias
+        return self.heads * self.head_dim * bq + kv_rows * (bk + bv)
 
 
 def _heads_line(p: AttentionParams) -> str:
@@ -87,7 +97,21 @@ def _flags(p: AttentionParams) -> list[str]:
         flags.append(f"qk {p.qk_norm}")
     if p.attn_drop or p.proj_drop:
         flags.append(f"dropout {p.attn_drop:g}/{p.proj_drop:g}")
+    if p.window is not None:
+        flags.append(f"sliding window {p.window}")
+    if p.scale is not None:
+        flags.append(f"scale {p.scale:g}")
+    if len(set(p.qkv_bias)) > 1:
+        flags.append("bias " + "".join(c for c, b in zip("qkv", p.qkv_bias, strict=True) if b))
     return flags
+
+
+def _init_biases(module: Any, fill: Any) -> None:
+    """Layers by type, then the separate q/k/v biases of a projection with only some (zeros)."""
+    fill.children(module)
+    for name in ("q_bias", "k_bias", "v_bias"):
+        if hasattr(module, name):
+            fill.zeros(getattr(module, name))
 
 
 @op
@@ -106,7 +130,7 @@ class SelfAttention(Op):
     def params(self, p: AttentionParams) -> int:
         h, hkv, hd, d = p.heads, p.kv_heads, p.head_dim, p.dim
         qkv = (h + 2 * hkv) * hd
-        return d * qkv + qkv * p.qkv_bias + h * hd * d + d * p.proj_bias + p.qk_params
+        return d * qkv + p.bias_rows(hkv * hd) + h * hd * d + d * p.proj_bias + p.qk_params
 
     def flops(self, p: AttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         b, n, _ = inputs["x"]
@@ -115,7 +139,10 @@ class SelfAttention(Op):
         return linear_flops(b * n, p.dim, qkv) + scores + linear_flops(b * n, p.heads * p.head_dim, p.dim)
 
     def ctor(self, p: AttentionParams) -> dict[str, Any]:
-        return {**p.common(), "causal": p.causal}
+        return {**p.common(), "causal": p.causal, "window": p.window}
+
+    def init(self, module: Any, p: AttentionParams, fill: Any) -> None:
+        _init_biases(module, fill)
 
     def label(self, p: AttentionParams) -> tuple[str, ...]:
         return _heads_line(p), " · ".join(["causal" if p.causal else "not causal", *_flags(p)])
@@ -140,15 +167,7 @@ class CrossAttention(Op):
     def params(self, p: CrossAttentionParams) -> int:
         h, hkv, hd, d = p.heads, p.kv_heads, p.head_dim, p.dim
         q, kv = h * hd, 2 * hkv * hd
-        return (
-            d * q
-            + q * p.qkv_bias
-            + p.memory_dim * kv
-            + kv * p.qkv_bias
-            + q * d
-            + d * p.proj_bias
-            + p.qk_params
-        )
+        return d * q + p.memory_dim * kv + p.bias_rows(hkv * hd) + q * d + d * p.proj_bias + p.qk_params
 
     def flops(self, p: CrossAttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         b, n, _ = inputs["x"]
@@ -163,6 +182,9 @@ class CrossAttention(Op):
 
     def ctor(self, p: CrossAttentionParams) -> dict[str, Any]:
         return {**p.common(), "memory_dim": p.memory_dim}
+
+    def init(self, module: Any, p: CrossAttentionParams, fill: Any) -> None:
+        _init_biases(module, fill)
 
     def label(self, p: CrossAttentionParams) -> tuple[str, ...]:
         return _heads_line(p), " · ".join([f"memory dim {p.memory_dim}", *_flags(p)])
@@ -179,13 +201,14 @@ def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> 
         heads=b.heads,
         kv_heads=b.kv_heads,
         head_dim=b.head_dim,
-        qkv_bias=spec.qkv_bias,
+        qkv_bias=(spec.bias_of("q"), spec.bias_of("k"), spec.bias_of("v")),
         proj_bias=spec.proj_bias,
         qk_norm=spec.norm.kind if spec.qk_norm else None,
         qk_norm_bias=spec.norm.bias,
         eps=spec.norm.eps,
         attn_drop=s.dropout.attention,
         proj_drop=s.dropout.projection,
+        scale=spec.attention_scale,
         layer=b.next_layer() if "cache" in b.side else 0,  # only cached layers need an index
         **extra,
     )
@@ -205,7 +228,7 @@ class SelfAttentionLayer(Sublayer):
 
             source = f"{b.stack.role}.block.window"
             return b.add(name, "window_attention", window_params(b), {"x": x}, source=source)
-        p = _attention_params(b, AttentionParams, causal=self.causal)
+        p = _attention_params(b, AttentionParams, causal=self.causal, window=b.spec.sliding_window)
         return b.add(name, "self_attention", p, {"x": x, **_side(b, _SELF_SIDE)}, source=source)
 
 

@@ -25,7 +25,7 @@ from specvit.ops.base import (
 from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
 from specvit.ops.norm import NormParams
-from specvit.ops.structure import DropParams, OutputParams
+from specvit.ops.structure import DropParams, OutputParams, ScaleParams
 
 __all__ = ["BoxMlpParams", "HeadFragment", "PoolParams"]
 
@@ -62,15 +62,18 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
 
 @dataclass(frozen=True)
 class PoolParams(Params):
-    """Pool the tokens to one vector: the class token (``cls``) or the mean of the rest (``mean``).
+    """Pool the tokens to one vector: the class token (``cls``), the mean of the rest (``mean``) or the
+    end-of-text token (``eos``, CLIP's text tower).
 
     Args:
-        kind: ``cls`` or ``mean``.
+        kind: ``cls``, ``mean`` or ``eos``.
         prefix: the leading class and register tokens a mean leaves out.
+        eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
     """
 
     kind: str
     prefix: int = 0
+    eos_id: int | None = None
 
 
 @op
@@ -78,8 +81,12 @@ class Pool(Op):
     kind = "pool"
     params_type = PoolParams
     category = "head"
-    ports = ("x", "mask")
-    helpers = ("specvit.nn.functional:cls_pool", "specvit.nn.functional:mean_pool")
+    ports = ("x", "mask", "ids")
+    helpers = (
+        "specvit.nn.functional:cls_pool",
+        "specvit.nn.functional:eos_pool",
+        "specvit.nn.functional:mean_pool",
+    )
 
     def shape(self, p: PoolParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         b, _, d = inputs["x"]
@@ -88,12 +95,17 @@ class Pool(Op):
     def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
         if p.kind == "cls":
             return f"cls_pool({args['x']})"
+        if p.kind == "eos":
+            return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r})"
         mask = f", {args['mask']}" if "mask" in args else ""
         return f"mean_pool({args['x']}, {p.prefix}{mask})"
 
     def label(self, p: PoolParams) -> tuple[str, ...]:
         if p.kind == "cls":
             return ("the class token",)
+        if p.kind == "eos":
+            which = "the highest id" if p.eos_id is None else f"id {p.eos_id}"
+            return (f"the end-of-text token ({which})",)
         skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
         return (f"mean of the tokens{skip}",)
 
@@ -104,14 +116,27 @@ class ClassifierHead(HeadFragment):
 
     kind: Literal["classifier"] = Field(description="Discriminator: a classification head.")
     classes: int = Field(ge=1, le=MAX_VOCAB, description="Number of classes.")
-    pool: Literal["cls", "mean"] = Field(
-        "cls", description="cls: the class token; mean: average of the other tokens."
+    pool: Literal["cls", "mean", "eos"] = Field(
+        "cls",
+        description="cls: the class token; mean: average of the other tokens; eos: the end-of-text token "
+        "(CLIP's text tower; with bias: false the head is CLIP's text projection).",
+    )
+    eos_id: int | None = Field(
+        None, ge=0, le=MAX_VOCAB, description="pool eos: the end token's id; null = the highest id (CLIP)."
     )
     norm: bool = Field(False, description="A norm between pooling and the classifier (timm's fc_norm).")
     bias: bool = Field(True, description="Bias in the classifier.")
     dropout: Probability = Field(0.0, description="Dropout before the classifier.")
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if self.pool == "eos" and (stack.input.kind != "tokens" or stack.num_prefix):
+            return [
+                Problem(
+                    "head.pool",
+                    "pool eos picks the end-of-text token of a token input without prefix tokens",
+                    "use pool: cls or mean",
+                )
+            ]
         if self.pool == "cls" and not stack.prefix.cls:
             return [
                 Problem(
@@ -124,7 +149,10 @@ class ClassifierHead(HeadFragment):
 
     def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
         srcs = {"x": x} | ({"mask": mask} if mask and self.pool == "mean" else {})
-        x = _add(ctx, "head.pool", "pool", PoolParams(self.pool, stack.num_prefix), srcs, "head.pool")
+        if self.pool == "eos":
+            srcs["ids"] = f"{ctx.spec.output_stack}.input"
+        p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
+        x = _add(ctx, "head.pool", "pool", p, srcs, "head.pool")
         if self.norm:
             n, d = stack.block.norm, stack.out_width
             x = _add(ctx, "head.norm", n.kind, NormParams(d, n.eps, n.bias), {"x": x}, "head.norm")
@@ -141,6 +169,12 @@ class LMHead(HeadFragment):
     vocab: int | None = Field(None, ge=1, le=MAX_VOCAB, description="Output vocabulary; null = the input's.")
     tied: bool = Field(False, description="Share the weight with the token embedding.")
     bias: bool = Field(False, description="Bias in the output layer.")
+    scale: float | None = Field(
+        None,
+        gt=0.0,
+        le=100.0,
+        description="Multiply the tokens by this before the head (T5 tied: width**-0.5).",
+    )
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if stack.input.kind != "tokens":
@@ -165,6 +199,8 @@ class LMHead(HeadFragment):
         spec = ctx.spec
         owner = "encoder" if spec.shared_embeddings else spec.output_stack
         tied = f"{owner}.tok_embed" if self.tied else None
+        if self.scale is not None:
+            x = _add(ctx, "head.scale", "scale", ScaleParams(self.scale), {"x": x}, "head.scale")
         _output(ctx, {"x": _fc(ctx, x, self.vocab or stack.input.vocab, self.bias, tied_to=tied)})
 
 

@@ -10,9 +10,10 @@ from specvit.ops.base import Op, Params, linear_flops, numel, op
 
 __all__ = ["ACTIVATIONS", "GATED", "MlpParams"]
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu")
-"""``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, ReLU, SiLU, and the gated SwiGLU / GeGLU."""
-GATED = ("swiglu", "geglu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
+"""``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, CLIP's x·sigmoid(1.702x), ReLU, SiLU, and the
+gated SwiGLU / GeGLU (exact or tanh GELU gate, T5 v1.1)."""
+GATED = ("swiglu", "geglu", "geglu_tanh")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ class PositionFragment(Fragment):
         """``before_prefix``/``tokens``: added to the tokens before/after the prefix; ``attention``: read there."""
         return "tokens"
 
+    def writes(self) -> str:
+        """What it gives the stack: ``tokens`` (added to them), or the side value attention reads
+        (``rope``, ``bias``, ``pos``); two kinds in one stack must not give the same."""
+        return "tokens" if self.phase() != "attention" else "rope"
+
     def lower(self, ctx: StackCtx) -> None:
         """Emit this position's nodes for the stack being lowered."""
 
@@ -59,21 +64,26 @@ class NoPosition(PositionFragment):
 
     kind: Literal["none"] = Field(description="Discriminator: no positions.")
 
+    def writes(self) -> str:
+        return ""
+
 
 # ---------------------------------------------------------------------------------- additive tables
 
 
 @dataclass(frozen=True)
 class LearnedParams(Params):
-    """A learned table of ``max_len`` positions; with a KV cache, rows from the decoding offset on.
+    """A learned table of ``max_len`` rows; with a KV cache, rows from the decoding offset on.
 
     Args:
         max_len: table rows.
         dim: width.
+        start: the row of position 0 (BART and OPT keep 2 unused rows first).
     """
 
     max_len: int
     dim: int
+    start: int = 0
 
 
 @op
@@ -88,7 +98,7 @@ class LearnedOp(Op):
         return p.max_len * p.dim
 
     def ctor(self, p: LearnedParams) -> dict[str, Any]:
-        return {"num_positions": p.max_len, "dim": p.dim}
+        return {"num_positions": p.max_len, "dim": p.dim, "start": p.start}
 
     def init(self, module: Any, p: LearnedParams, fill: Any) -> None:
         if fill.convention == "vit":
@@ -97,7 +107,8 @@ class LearnedOp(Op):
             fill(module.weight, lambda t: t.normal_(std=0.02))
 
     def label(self, p: LearnedParams) -> tuple[str, ...]:
-        return (f"max_len {p.max_len} · added",)
+        start = f" · from row {p.start}" if p.start else ""
+        return (f"max_len {p.max_len - p.start}{start} · added",)
 
 
 def _trunc_normal(t: Any, std: float) -> Any:
@@ -119,6 +130,12 @@ class LearnedPosition(PositionFragment):
     )
     include_prefix: bool = Field(
         True, description="The table covers the prefix tokens too (timm's default); false: patches only."
+    )
+    offset: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Rows before position 0 (BART and OPT: 2); the table has max_len + offset.",
     )
 
     def phase(self) -> Phase:
@@ -160,7 +177,8 @@ class LearnedPosition(PositionFragment):
                     ctx.spec.locate(f"{ctx.role}.position.max_len"),
                 )
             )
-        p = LearnedParams(self.max_len if self.max_len is not None else needed, ctx.stack.width)
+        rows = self.max_len if self.max_len is not None else needed
+        p = LearnedParams(rows + self.offset, ctx.stack.width, self.offset)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_learned", p, srcs, source=f"{ctx.role}.position")
 
@@ -266,17 +284,19 @@ class RopeParams(Params):
     """Rotary tables (rotate-half convention) for the queries and keys of every attention layer.
 
     Args:
-        head_dim: the head width rotated.
+        head_dim: the width rotated: the whole head, or its first channels (partial rotary, GPT-NeoX).
         base: theta.
         grid: None for 1D positions (from the decoding offset on); the patch grid for 2D (CroCo's
             RoPE2D: first half of each head by row, second half by column).
         prefix: leading tokens left unrotated (2D only).
+        of: the whole head's width when only its first ``head_dim`` channels are rotated, else 0.
     """
 
     head_dim: int
     base: float
     grid: tuple[int, int] | None = None
     prefix: int = 0
+    of: int = 0
 
 
 @op
@@ -301,7 +321,8 @@ class RopeOp(Op):
 
     def label(self, p: RopeParams) -> tuple[str, ...]:
         if p.grid is None:
-            return (f"rotary · head_dim {p.head_dim} · base {p.base:g}",)
+            part = f" · first {p.head_dim} of {p.of}" if p.of else ""
+            return (f"rotary · head_dim {p.of or p.head_dim}{part} · base {p.base:g}",)
         return (f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}",)
 
 
@@ -311,12 +332,29 @@ class RopePosition(PositionFragment):
 
     kind: Literal["rope"] = Field(description="Discriminator: 1D rotary positions.")
     base: float = _base(10000.0)
+    fraction: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Share of each head rotated, from its first channel (GPT-NeoX: 0.25).",
+    )
 
     def phase(self) -> Phase:
         return "attention"
 
+    def rotated(self, head_dim: int) -> int:
+        """The channels rotated: ``int(head_dim * fraction)``, as GPT-NeoX's ``rotary_ndims``."""
+        return int(head_dim * self.fraction)
+
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        hd = stack.head_dim
+        hd, rot = stack.head_dim, self.rotated(stack.head_dim)
+        if self.fraction < 1.0:
+            return _needs(
+                f"{at}.fraction",
+                rot >= 2 and rot % 2 == 0,
+                f"rope over {self.fraction:g} of head dim {hd} rotates {rot} channels, which must be even and >= 2",
+                "pick a fraction that gives an even number of channels",
+            )
         return _needs(
             at,
             hd % 2 == 0,
@@ -325,7 +363,8 @@ class RopePosition(PositionFragment):
         )
 
     def lower(self, ctx: StackCtx) -> None:
-        p = RopeParams(ctx.stack.head_dim, self.base)
+        hd, rot = ctx.stack.head_dim, self.rotated(ctx.stack.head_dim)
+        p = RopeParams(rot, self.base, of=hd if rot < hd else 0)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.side["rope"] = ctx.add(f"{ctx.role}.rope", "rope", p, srcs, source=f"{ctx.role}.position")
 
@@ -388,6 +427,9 @@ class Sine2dPosition(PositionFragment):
 
     def phase(self) -> Phase:
         return "attention"
+
+    def writes(self) -> str:
+        return "pos"
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         out: list[Problem] = []

@@ -17,6 +17,7 @@ __all__ = [
     "LayerScaleParams",
     "MaskParams",
     "OutputParams",
+    "ScaleParams",
 ]
 
 
@@ -255,3 +256,22 @@ class Call(Op):
 
     def label(self, p: CallParams) -> tuple[str, ...]:
         return (f"the {p.scope} again · shared weights",)
+
+
+@dataclass(frozen=True)
+class ScaleParams(Params):
+    """Multiply by a constant (T5 scales the last hidden state by width**-0.5 before its tied head)."""
+
+    factor: float
+
+
+@op
+class Scale(Op):
+    kind = "scale"
+    params_type = ScaleParams
+
+    def code(self, p: ScaleParams, args: Mapping[str, str]) -> str:
+        return f"{args['x']} * {p.factor!r}"
+
+    def label(self, p: ScaleParams) -> tuple[str, ...]:
+        return (f"× {p.factor:.6g}",)

@@ -1,18 +1,45 @@
-"""Residual block patterns: the nodes of one block, from its spec's sublayers and norm placement.
+"""Residual block patterns, as expansions into the block-graph form a spec may also write by hand.
+
+A block is a list of :class:`Step` s (named nodes of registered ops reading earlier nodes by name, ``x``
+being the block's input); :func:`expand` writes a block spec's pattern in that form and
+:func:`lower_steps` lowers any such list, so a pattern and a hand-written ``graph:`` are one thing.
 
 - ``pre``: ``x + f(norm(x))`` per sublayer (ViT, GPT-2).
 - ``post``: ``norm(x + f(x))`` per sublayer (the original Transformer, BERT).
+- ``sandwich``: ``x + post_norm(f(norm(x)))`` (Gemma 2, CogView).
+- ``res_post``: ``x + norm(f(x))`` (Swin-V2).
+- ``parallel``: ``x + f1(norm1(x)) + f2(norm2(x))``, every sublayer reading the block's input (GPT-J,
+  GPT-NeoX, PaLM).
 
-Each branch is ``[norm] -> sublayer -> [layer scale] -> [drop path] -> add``; the sublayer's own nodes
-come from its registered :class:`~specvit.ops.base.Sublayer`.
+Each branch is ``sublayer -> [layer scale] -> [drop path]`` before its add.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from specvit.ops.block import SUBLAYERS, BlockCtx
 from specvit.ops.structure import AddParams, DropParams, LayerScaleParams
 
-__all__ = ["residual_block", "sublayer_names"]
+__all__ = ["Step", "expand", "lower_steps", "sublayer_names"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One node of a block.
+
+    Args:
+        name: its name in the block, also its module's (``attn``, ``norm1``).
+        op: a sublayer kind, ``norm``, ``add``, ``layer_scale`` or ``drop_path``.
+        inputs: the names of the nodes it reads (``x``: the block's input).
+        source: the spec key it comes from, for located errors.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    source: str
 
 
 def sublayer_names(layers: list[str]) -> list[str]:
@@ -21,29 +48,78 @@ def sublayer_names(layers: list[str]) -> list[str]:
     return [f"{nm}{k + 1}" if names.count(nm) > 1 else nm for k, nm in enumerate(names)]
 
 
-def residual_block(b: BlockCtx, x: str, drop_path: float | None) -> str:
-    """Add the nodes of block ``b`` reading ``x``; return the block's output node.
+def expand(spec: Any, role: str) -> list[Step]:
+    """The steps of a block spec: its ``graph`` as written, or its residual pattern written out.
+
+    Args:
+        spec: the block's spec.
+        role: ``encoder`` or ``decoder``, for the spec keys of the steps.
+    """
+    at = f"{role}.block"
+    if spec.graph is not None:
+        return [Step(n.name, n.op, tuple(n.inputs), f"{at}.graph.{i}") for i, n in enumerate(spec.graph)]
+    placement, steps = spec.norm.placement, []
+    x, branches = "x", []
+    for k, (layer, name) in enumerate(zip(spec.layers, sublayer_names(spec.layers), strict=True), start=1):
+        source, norm = f"{at}.layers.{k - 1}", f"{at}.norm"
+        h = x
+        if placement in ("pre", "sandwich"):
+            steps.append(Step(f"norm{k}", "norm", (x,), norm))
+            h = f"norm{k}"
+        steps.append(Step(name, layer, (h,), source))
+        h = name
+        if placement in ("sandwich", "res_post"):
+            post = f"post_norm{k}" if placement == "sandwich" else f"norm{k}"
+            steps.append(Step(post, "norm", (h,), norm))
+            h = post
+        if spec.layer_scale is not None:
+            steps.append(Step(f"ls{k}", "layer_scale", (h,), f"{at}.layer_scale"))
+            h = f"ls{k}"
+        steps.append(Step(f"drop_path{k}", "drop_path", (h,), f"{role}.drop_path"))
+        h = f"drop_path{k}"
+        if spec.parallel:
+            branches.append(h)
+            continue
+        steps.append(Step(f"add{k}", "add", (x, h), source))
+        x = f"add{k}"
+        if placement == "post":
+            steps.append(Step(f"norm{k}", "norm", (x,), norm))
+            x = f"norm{k}"
+    for k, h in enumerate(branches, start=1):  # parallel: the branches are summed onto x in order
+        steps.append(Step(f"add{k}", "add", (x, h), f"{at}.parallel"))
+        x = f"add{k}"
+    return steps
+
+
+def lower_steps(b: BlockCtx, steps: list[Step], x: str, drop_path: float | None) -> str:
+    """Add the nodes of ``steps`` to block ``b``, reading ``x``; return the last step's node.
 
     Args:
         b: the block being lowered.
+        steps: its steps, from :func:`expand`.
         x: the node of the block's input tokens.
-        drop_path: the block's stochastic-depth rate, or None when the stack has none.
+        drop_path: the block's stochastic-depth rate, or None when the stack has none (drop_path steps
+            then pass their input through).
     """
-    spec, role = b.spec, b.stack.role
-    placement = spec.norm.placement
-    for k, (layer, name) in enumerate(zip(spec.layers, sublayer_names(spec.layers), strict=True), start=1):
-        source = f"{role}.block.layers.{k - 1}"
-        residual = x
-        h = b.norm(f"norm{k}", x, f"{role}.block.norm") if placement == "pre" else x
-        h = SUBLAYERS[layer].lower(b, h, name, source)
-        if spec.layer_scale is not None:
-            p = LayerScaleParams(b.dim, spec.layer_scale)
-            h = b.add(f"ls{k}", "layer_scale", p, {"x": h}, source=f"{role}.block.layer_scale")
-        if drop_path is not None:
-            h = b.add(
-                f"drop_path{k}", "drop_path", DropParams(drop_path), {"x": h}, source=f"{role}.drop_path"
-            )
-        x = b.add(f"add{k}", "add", AddParams(), {"x": residual, "branch": h}, source=source)
-        if placement == "post":
-            x = b.norm(f"norm{k}", x, f"{role}.block.norm")
-    return x
+    values = {"x": x}
+    out = x
+    for st in steps:
+        ins = [values[name] for name in st.inputs]
+        if st.op in SUBLAYERS:
+            out = SUBLAYERS[st.op].lower(b, ins[0], st.name, st.source)
+        elif st.op == "norm":
+            out = b.norm(st.name, ins[0], st.source)
+        elif st.op == "layer_scale":
+            p = LayerScaleParams(b.dim, b.spec.layer_scale if b.spec.layer_scale is not None else 1.0)
+            out = b.add(st.name, "layer_scale", p, {"x": ins[0]}, source=st.source)
+        elif st.op == "drop_path":
+            out = ins[0]
+            if drop_path is not None:
+                out = b.add(st.name, "drop_path", DropParams(drop_path), {"x": out}, source=st.source)
+        else:  # add: x + a + b ... as a chain of two-input adds, the last one named as the step
+            out = ins[0]
+            for k, branch in enumerate(ins[1:], start=1):
+                name = st.name if k == len(ins) - 1 else f"{st.name}_{k}"
+                out = b.add(name, "add", AddParams(), {"x": out, "branch": branch}, source=st.source)
+        values[st.name] = out
+    return out

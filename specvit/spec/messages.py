@@ -30,7 +30,9 @@ def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, Any]:
             or (
                 isinstance(part, str)
                 and (
-                    "[" in part or part in {"tuple", "function-after", "function-before", "single", "stages"}
+                    "[" in part
+                    or part
+                    in {"tuple", "function-after", "function-before", "single", "stages", "one", "many"}
                 )
             )
         ):

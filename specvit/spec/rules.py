@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from specvit.errors import Problem
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
+from specvit.spec.rules_block import check_layers, check_positions
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check"]
@@ -37,53 +38,11 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     f"use a divisor of {s.heads} such as {divisors_near(s.heads, b.kv_heads)}",
                 )
             )
-    for i, layer in enumerate(b.layers):
-        path = f"{at}.layers.{i}"
-        if layer == "cross_attention" and not (role == "decoder" and spec.model == "encoder_decoder"):
-            out.append(
-                Problem(
-                    path,
-                    "cross_attention needs an encoder to attend to",
-                    "cross_attention belongs in the decoder of an encoder_decoder model",
-                )
-            )
-        if layer == "masked_self_attention" and role == "encoder":
-            out.append(
-                Problem(
-                    path,
-                    "an encoder sees the whole input; masked_self_attention has no place in it",
-                    "use self_attention in encoders",
-                )
-            )
-        if layer == "self_attention" and spec.model == "decoder":
-            out.append(
-                Problem(
-                    path,
-                    "a decoder-only model with self_attention sees future tokens",
-                    "use masked_self_attention",
-                )
-            )
-    if b.memory_norm and "cross_attention" not in b.layers:
-        out.append(
-            Problem(
-                f"{at}.memory_norm",
-                "memory_norm normalises the memory of a cross_attention, and the block has none",
-                "remove memory_norm, or add cross_attention to the layers",
-            )
-        )
-    if spec.model == "encoder_decoder" and role == "decoder" and "cross_attention" not in b.layers:
-        out.append(
-            Problem(
-                f"{at}.layers",
-                "the decoder never reads the encoder",
-                "add cross_attention to the decoder's layers",
-            )
-        )
-
+    out += check_layers(role, s, spec)
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
     out += s.input.check(f"{role}.input", s, spec)
-    out += s.position.check(f"{role}.position", s, spec)
+    out += check_positions(role, s, spec)
     return out
 
 
@@ -118,11 +77,13 @@ def _siamese(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     "remove the class and register tokens (CroCo has none)",
                 )
             )
-    if s.position.kind not in ("none", "rope2d"):
+    for p in s.positions:
+        if p.kind in ("none", "rope2d"):
+            continue
         out.append(
             Problem(
                 f"{role}.position",
-                f"a siamese decoder reads positioned encoder tokens; {s.position.kind} positions do not apply",
+                f"a siamese decoder reads positioned encoder tokens; {p.kind} positions do not apply",
                 "use rope2d (on the encoder's patch grid, as CroCo) or none",
             )
         )
@@ -213,14 +174,15 @@ def _hierarchy_features(role: str, s: StackSpec, what: str) -> list[Problem]:
     ):
         if value:
             out.append(Problem(key, f"{what} does not support this", hint))
-    if s.position.phase() == "attention":
-        out.append(
-            Problem(
-                f"{role}.position",
-                f"{what} cannot take {s.position.kind} positions",
-                "use none (Swin's relative bias), learned or sincos2d",
+    for p in s.positions:
+        if p.phase() == "attention":
+            out.append(
+                Problem(
+                    f"{role}.position",
+                    f"{what} cannot take {p.kind} positions",
+                    "use none (Swin's relative bias), learned or sincos2d",
+                )
             )
-        )
     for i, layer in enumerate(b.layers):
         if layer not in ("self_attention", "mlp"):
             out.append(

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from specvit.errors import Location
 from specvit.ops import SUBLAYERS, fragments
-from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_LEN, MAX_WIDTH, Fragment
+from specvit.ops.base import MAX_DEPTH, MAX_LEN, MAX_WIDTH, Fragment
 from specvit.ops.fields import Probability, kind_shortcut, per_stage
 from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
 from specvit.ops.inputs import (
@@ -28,8 +28,6 @@ from specvit.ops.inputs import (
     SiameseInput,
     TokensInput,
 )
-from specvit.ops.mlp import ACTIVATIONS
-from specvit.ops.norm import NORM_KINDS
 from specvit.ops.position import (
     LearnedPosition,
     NoPosition,
@@ -39,6 +37,16 @@ from specvit.ops.position import (
     SinCos2dPosition,
     SinCosPosition,
     Sine2dPosition,
+)
+from specvit.spec.block import (
+    BlockOverride,
+    BlockSpec,
+    LayerOverride,
+    MlpSpec,
+    NormSpec,
+    WindowSpec,
+    merge_block,
+    resolve_mlp,
 )
 from specvit.spec.yamlread import dump_yaml
 
@@ -93,17 +101,29 @@ if TYPE_CHECKING:  # the unions are assembled at import; type checkers see their
     InputSpec = InputFragment
     PositionSpec = PositionFragment
     HeadSpec = HeadFragment
-    SublayerKind = str
-    NormKind = str
-    Activation = str
 else:
     InputSpec = _union("input")
     PositionSpec = _union("position", shortcut=True)
     HeadSpec = _union("head", shortcut=True)
-    SublayerKind = Literal[tuple(SUBLAYERS)]
-    NormKind = Literal[NORM_KINDS]
-    Activation = Literal[ACTIVATIONS]
 ModelKind = Literal["encoder", "decoder", "encoder_decoder"]
+
+
+def _one_or_many(value: Any) -> str:
+    return "many" if isinstance(value, list) else "one"
+
+
+PositionField = Annotated[
+    Annotated[PositionSpec, Tag("one")]
+    | Annotated[list[PositionSpec], Tag("many"), Field(min_length=1, max_length=4)],
+    Discriminator(_one_or_many),
+]
+ScheduleItem = (
+    Annotated[str, Field(max_length=64)]
+    | Annotated[
+        dict[Annotated[str, Field(max_length=64)], Annotated[int, Field(ge=1, le=MAX_DEPTH)]],
+        Field(min_length=1, max_length=1),
+    ]
+)
 
 
 class PrefixSpec(Node):
@@ -115,81 +135,6 @@ class PrefixSpec(Node):
     @property
     def count(self) -> int:
         return int(self.cls) + self.registers
-
-
-# ---------------------------------------------------------------------------------------------- blocks
-
-
-class NormSpec(Node):
-    """The normalisation used throughout a stack."""
-
-    kind: NormKind = Field("layernorm", description="Norm layer.")
-    placement: Literal["pre", "post"] = Field(
-        "pre",
-        description="pre: x + f(norm(x)) (ViT, GPT-2). post: norm(x + f(x)) (original Transformer, BERT).",
-    )
-    eps: float = Field(1e-6, gt=0.0, lt=1.0, description="Epsilon added to the variance.")
-    bias: bool = Field(True, description="LayerNorm has a bias (rmsnorm never has one).")
-
-
-class MlpSpec(Node):
-    """The position-wise feed-forward sublayer."""
-
-    ratio: float | None = Field(
-        None,
-        gt=0.0,
-        le=64.0,
-        description="Hidden size as a multiple of the width; default 4 when hidden is null.",
-    )
-    hidden: int | None = Field(None, ge=1, le=MAX_WIDTH * 64, description="Hidden size; overrides ratio.")
-    activation: Activation = Field(
-        "gelu", description="gelu (exact), gelu_tanh (GPT-2), relu, silu, or the gated swiglu / geglu."
-    )
-    bias: bool = Field(True, description="Biases in the MLP's linear layers.")
-
-
-class WindowSpec(Node):
-    """Attention within M x M windows of the patch grid, with a learned relative position bias (Swin)."""
-
-    size: int = Field(
-        ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
-    )
-    shift: bool = Field(
-        True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
-    )
-
-
-class BlockSpec(Node):
-    """One residual block, repeated `depth` times."""
-
-    heads: per_stage(MAX_HEADS, "Attention (query) heads; a list gives each stage's heads.")  # type: ignore[valid-type]
-    kv_heads: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_HEADS,
-        description="Key/value heads: fewer than heads for GQA, 1 for MQA; null = heads.",
-    )
-    head_dim: int | None = Field(None, ge=1, le=4096, description="Dim per head; null = width / heads.")
-    layers: list[SublayerKind] = Field(
-        default_factory=lambda: ["self_attention", "mlp"],
-        min_length=1,
-        max_length=16,
-        description="The residual sublayers in order.",
-    )
-    norm: NormSpec = Field(default_factory=NormSpec, description="Norm kind, placement and eps.")
-    mlp: MlpSpec = Field(default_factory=MlpSpec, description="The feed-forward sublayer.")
-    qkv_bias: bool = Field(True, description="Biases in the query/key/value projections.")
-    proj_bias: bool = Field(True, description="Bias in the attention output projection.")
-    qk_norm: bool = Field(False, description="Normalise queries and keys per head (same norm kind).")
-    layer_scale: float | None = Field(
-        None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
-    )
-    window: WindowSpec | None = Field(
-        None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
-    )
-    memory_norm: bool = Field(
-        False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
-    )
 
 
 class DropoutSpec(Node):
@@ -208,27 +153,90 @@ class StackSpec(Node):
         description="What comes in: image patches, tokens, features, learned queries or (a decoder) siamese."
     )
     prefix: PrefixSpec = Field(default_factory=PrefixSpec, description="Class and register tokens.")
-    position: PositionSpec = Field(description=f"Position encoding: {_kinds('position')}.")
+    position: PositionField = Field(
+        description=f"Position encoding: {_kinds('position')}; a list combines kinds (learned + rope, EVA-02)."
+    )
     width: int = Field(ge=1, le=MAX_WIDTH, description="Model width (embedding dim) of every token.")
     depth: per_stage(  # type: ignore[valid-type]
         MAX_DEPTH,
         "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
         "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin.",
     )
-    block: BlockSpec = Field(description="The repeated block.")
+    block: BlockSpec = Field(
+        description="The block, repeated depth times (the base of blocks and overrides)."
+    )
+    blocks: dict[str, BlockOverride] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Named block variants, each the keys it changes in `block`; ordered by schedule.",
+    )
+    schedule: list[ScheduleItem] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_DEPTH,
+        description="The order of the blocks along the depth, repeated until depth: names of blocks (or "
+        "`block`), or {name: count} for a run, e.g. [local, local, global] or [{block: 24}, {class: 2}].",
+    )
+    overrides: list[LayerOverride] = Field(
+        default_factory=list,
+        max_length=MAX_DEPTH,
+        description="Changes to the blocks at given layer indexes.",
+    )
     dropout: DropoutSpec = Field(default_factory=DropoutSpec, description="Dropout probabilities.")
     drop_path: Probability = Field(0.0, description="Stochastic depth rate of the last block, linear from 0.")
     embed_norm: bool = Field(False, description="A norm after the embeddings (BERT).")
     final_norm: bool = Field(True, description="A norm after the last block.")
 
+    _layers: list[BlockSpec] = PrivateAttr(default_factory=list)
+
     @model_validator(mode="after")
     def _resolve(self) -> StackSpec:
         # The MLP hidden size is stored resolved, so a canonical spec carries one number, not two.
-        mlp = self.block.mlp
-        if mlp.hidden is None:
-            mlp.hidden = int((mlp.ratio if mlp.ratio is not None else 4.0) * self.width)
-            mlp.ratio = None
+        resolve_mlp(self.block, self.width)
         return self
+
+    def pattern(self) -> list[str]:
+        """The name of each layer's block along the depth (``block`` for the base), before overrides."""
+        names: list[str] = []
+        items = self.schedule or ["block"]
+        while len(names) < self.total_depth:
+            for item in items:
+                for name, count in item.items() if isinstance(item, dict) else [(item, 1)]:
+                    names += [name] * count
+        return names[: self.total_depth]
+
+    def layer(self, i: int) -> BlockSpec:
+        """The block of layer ``i`` (from 0 over the whole stack): the base, its scheduled variant, overrides."""
+        if not self._layers:
+            self._layers = self._resolve_layers()
+        return self._layers[i]
+
+    def _resolve_layers(self) -> list[BlockSpec]:
+        depth, out = self.total_depth, []
+        unique: dict[str, BlockSpec] = {}
+        for i, name in enumerate(self.pattern()):
+            changes = [self.blocks[name]] if name in self.blocks else []
+            changes += [o.block for o in self.overrides if i in {k % depth for k in o.layers}]
+            if not changes:
+                out.append(self.block)
+                continue
+            key = repr([c.model_dump(exclude_unset=True) for c in changes])
+            if key not in unique:  # equal layers share one object: the graph folds them as one block
+                block = merge_block(self.block, *changes)
+                resolve_mlp(block, self.width)
+                unique[key] = block
+            out.append(unique[key])
+        return out
+
+    @property
+    def layer_blocks(self) -> list[BlockSpec]:
+        """The block of every layer, in order."""
+        return [self.layer(i) for i in range(self.total_depth)]
+
+    @property
+    def positions(self) -> list[PositionFragment]:
+        """The stack's position kinds (a list of one, or several combined)."""
+        return list(self.position) if isinstance(self.position, list) else [self.position]
 
     @property
     def hierarchical(self) -> bool:
@@ -282,7 +290,9 @@ class StackSpec(Node):
     @property
     def causal(self) -> bool:
         """Some self-attention of the stack is causal: it can decode token by token with a KV cache."""
-        return any(getattr(SUBLAYERS[layer], "causal", False) for layer in self.block.layers)
+        return any(
+            getattr(SUBLAYERS[layer], "causal", False) for b in self.layer_blocks for layer in b.sublayers
+        )
 
     @property
     def num_tokens(self) -> int | None:

@@ -1,0 +1,79 @@
+"""T5's bucketed relative position bias (Raffel et al., 2020): one learned scalar per head and distance bucket.
+
+Dim legend: N new tokens (queries), T keys (cached + new), H heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RelativeBias", "relative_buckets"]
+
+
+def relative_buckets(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
+    """The bucket of each key - query distance, as T5's ``_relative_position_bucket``.
+
+    Half the buckets (of each direction, when bidirectional) hold the exact distances 0 .. b/2 - 1; the
+    rest grow logarithmically up to ``max_distance``, beyond which every distance shares the last bucket.
+    A causal (not bidirectional) bias only tells apart keys before the query.
+
+    Args:
+        relative: integer ``key - query`` distances, any shape.
+        bidirectional: keys after the query get buckets of their own.
+        buckets: the number of buckets.
+        max_distance: the distance from which all share the last bucket.
+    """
+    out = torch.zeros_like(relative)
+    if bidirectional:
+        buckets //= 2
+        out = out + (relative > 0).to(relative.dtype) * buckets
+        distance = relative.abs()
+    else:
+        distance = -torch.clamp(relative, max=0)
+    exact = buckets // 2
+    log = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    large = exact + (log * (buckets - exact)).to(relative.dtype)
+    large = torch.clamp(large, max=buckets - 1)
+    return out + torch.where(distance < exact, distance, large)
+
+
+class RelativeBias(nn.Module):
+    """The attention bias of every head for the new tokens against all keys, from a (buckets, H) table.
+
+    Args:
+        heads: H.
+        buckets: distance buckets (T5: 32).
+        max_distance: distance of the last bucket (T5: 128).
+        bidirectional: keys after a query have buckets of their own (an encoder's bias; not a decoder's).
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        heads: int,
+        buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.buckets, self.max_distance, self.bidirectional = buckets, max_distance, bidirectional
+        self.embedding = nn.Embedding(buckets, heads, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """The bias (1, H, N, T) for the N tokens of x: (B, N, D) at positions offset .. offset + N - 1."""
+        n = x.shape[1]
+        queries = torch.arange(offset, offset + n, device=x.device)[:, None]  # (N, 1)
+        keys = torch.arange(offset + n, device=x.device)[None, :]  # (1, T)
+        bucket = relative_buckets(
+            keys - queries, self.bidirectional, self.buckets, self.max_distance
+        )  # (N, T)
+        return self.embedding(bucket).permute(2, 0, 1).unsqueeze(0)  # (N, T, H) -> (1, H, N, T)
+
+    def extra_repr(self) -> str:
+        return f"buckets={self.buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"

@@ -1,0 +1,252 @@
+"""The block language: one residual block, its variants along the depth, and the escape-hatch block graph.
+
+A stack has one base ``block:``. Blocks that differ along the depth are written as named variants under
+``blocks:`` (each a partial block merged over the base), ordered by a repeating ``schedule:``, and patched
+per layer index by ``overrides:``; :meth:`~specvit.spec.schema.StackSpec.layer` resolves the block of
+every layer once. A block is built by a residual pattern (``norm.placement`` and ``parallel``) or written
+out as a small ``graph:`` of registered ops.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal, Optional
+
+from pydantic import Field, create_model
+
+from specvit.ops import SUBLAYERS
+from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_WIDTH, Fragment
+from specvit.ops.fields import per_stage
+from specvit.ops.mlp import ACTIVATIONS
+from specvit.ops.norm import NORM_KINDS
+
+__all__ = [
+    "GRAPH_OPS",
+    "BlockOverride",
+    "BlockSpec",
+    "GraphNodeSpec",
+    "LayerOverride",
+    "MlpSpec",
+    "NormSpec",
+    "WindowSpec",
+    "merge_block",
+    "resolve_mlp",
+]
+
+Node = Fragment
+
+if TYPE_CHECKING:
+    SublayerKind = str
+    NormKind = str
+    Activation = str
+    GraphOp = str
+else:
+    SublayerKind = Literal[tuple(SUBLAYERS)]
+    NormKind = Literal[NORM_KINDS]
+    Activation = Literal[ACTIVATIONS]
+
+GRAPH_OPS = (*SUBLAYERS, "norm", "add", "layer_scale", "drop_path")
+"""The ops a block ``graph:`` may use: every sublayer, the block's norm, residual adds, layer scale and
+stochastic depth."""
+if not TYPE_CHECKING:
+    GraphOp = Literal[GRAPH_OPS]
+
+
+class NormSpec(Node):
+    """The normalisation of a block, and where it sits on the residual path."""
+
+    kind: NormKind = Field("layernorm", description="Norm layer.")
+    placement: Literal["pre", "post", "sandwich", "res_post"] = Field(
+        "pre",
+        description="pre: x + f(norm(x)) (ViT, GPT-2). post: norm(x + f(x)) (original Transformer, BERT). "
+        "sandwich: x + norm(f(norm(x))) (Gemma 2, CogView). res_post: x + norm(f(x)) (Swin-V2).",
+    )
+    eps: float = Field(1e-6, gt=0.0, lt=1.0, description="Epsilon added to the variance.")
+    bias: bool = Field(True, description="LayerNorm has a bias (rmsnorm never has one).")
+
+
+class MlpSpec(Node):
+    """The position-wise feed-forward sublayer."""
+
+    ratio: float | None = Field(
+        None,
+        gt=0.0,
+        le=64.0,
+        description="Hidden size as a multiple of the width; default 4 when hidden is null.",
+    )
+    hidden: int | None = Field(None, ge=1, le=MAX_WIDTH * 64, description="Hidden size; overrides ratio.")
+    activation: Activation = Field(
+        "gelu",
+        description="gelu (exact), gelu_tanh (GPT-2), quick_gelu (CLIP), relu, silu, or the gated "
+        "swiglu / geglu / geglu_tanh (T5 v1.1).",
+    )
+    bias: bool = Field(True, description="Biases in the MLP's linear layers.")
+
+
+class WindowSpec(Node):
+    """Attention within M x M windows of the patch grid, with a learned relative position bias (Swin)."""
+
+    size: int = Field(
+        ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
+    )
+    shift: bool = Field(
+        True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
+    )
+
+
+class GraphNodeSpec(Node):
+    """One node of a block written as a graph: a registered op reading earlier nodes by name."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=64,
+        description="The node's name, also its module's name in the block (``attn``, ``norm1``).",
+    )
+    op: GraphOp = Field(description="The op: a sublayer kind, norm, add, layer_scale or drop_path.")
+    inputs: list[str] = Field(
+        min_length=1,
+        max_length=8,
+        description="Names of the nodes it reads, in order; ``x`` is the block's input. add sums them all.",
+    )
+
+
+class BlockSpec(Node):
+    """One residual block (the base of a stack, repeated `depth` times unless a schedule varies it)."""
+
+    heads: per_stage(MAX_HEADS, "Attention (query) heads; a list gives each stage's heads.")  # type: ignore[valid-type]
+    kv_heads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_HEADS,
+        description="Key/value heads: fewer than heads for GQA, 1 for MQA; null = heads.",
+    )
+    head_dim: int | None = Field(None, ge=1, le=4096, description="Dim per head; null = width / heads.")
+    layers: list[SublayerKind] = Field(
+        default_factory=lambda: ["self_attention", "mlp"],
+        min_length=1,
+        max_length=16,
+        description="The residual sublayers in order.",
+    )
+    norm: NormSpec = Field(default_factory=NormSpec, description="Norm kind, placement and eps.")
+    parallel: bool = Field(
+        False,
+        description="The sublayers read the same input and their sum is added once: "
+        "x + attn(norm1(x)) + mlp(norm2(x)) (GPT-J, GPT-NeoX, PaLM).",
+    )
+    mlp: MlpSpec = Field(default_factory=MlpSpec, description="The feed-forward sublayer.")
+    qkv_bias: bool | list[bool] = Field(
+        True,
+        description="Biases in the query/key/value projections: one for all, or [q, k, v] "
+        "(BEiT, Whisper: [true, false, true]).",
+    )
+    proj_bias: bool = Field(True, description="Bias in the attention output projection.")
+    qk_norm: bool = Field(False, description="Normalise queries and keys per head (same norm kind).")
+    attention_scale: float | None = Field(
+        None, gt=0.0, le=100.0, description="Scale of q·k; null = 1/sqrt(head_dim). T5 uses 1."
+    )
+    sliding_window: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral).",
+    )
+    layer_scale: float | None = Field(
+        None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
+    )
+    window: WindowSpec | None = Field(
+        None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
+    )
+    memory_norm: bool = Field(
+        False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
+    )
+    graph: list[GraphNodeSpec] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The block written as a graph of ops; replaces layers, placement and parallel.",
+    )
+
+    def bias_of(self, which: str) -> bool:
+        """Whether the ``q``, ``k`` or ``v`` projection has a bias."""
+        if isinstance(self.qkv_bias, bool):
+            return self.qkv_bias
+        return self.qkv_bias["qkv".index(which)]
+
+    @property
+    def sublayers(self) -> list[str]:
+        """The sublayer kinds the block runs, in order (from its graph when it has one)."""
+        if self.graph is not None:
+            return [n.op for n in self.graph if n.op in SUBLAYERS]
+        return list(self.layers)
+
+
+# --------------------------------------------------------------------------------- variants and overrides
+
+_STACK_WIDE = ("heads", "kv_heads", "head_dim")  # one per stack: the KV cache and positions depend on them
+
+
+@cache
+def _partial(model: type[Node]) -> type[Node]:
+    """``model`` with every field optional and unset by default (nested blocks partial too)."""
+    fields: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        if model is BlockSpec and name in _STACK_WIDE:
+            continue
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, Node):
+            ann = _partial(ann)
+        fields[name] = (Optional[ann], Field(None, description=f.description))  # noqa: UP045
+    doc = f"Any keys of {model.__name__}; those given replace the base block's."
+    return create_model(f"Partial{model.__name__}", __base__=Node, __doc__=doc, **fields)
+
+
+if TYPE_CHECKING:  # assembled at import; type checkers see the base
+    BlockOverride = Node
+else:
+    BlockOverride = _partial(BlockSpec)
+    """A partial block: the keys a variant or override changes (heads, kv_heads and head_dim are the stack's)."""
+
+
+class LayerOverride(Node):
+    """Changes to the blocks at some layer indexes."""
+
+    layers: list[int] = Field(
+        min_length=1,
+        max_length=MAX_DEPTH,
+        description="Layer indexes from 0 over the whole stack; negative ones count from the end (-1 = last).",
+    )
+    block: BlockOverride = Field(description="The keys to change in those blocks.")
+
+
+def _deep(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in change.items():
+        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def merge_block(base: BlockSpec, *changes: Node) -> BlockSpec:
+    """``base`` with the keys set in each partial block of ``changes`` replaced, in order.
+
+    Args:
+        base: the stack's base block.
+        changes: partial blocks (:data:`BlockOverride`).
+    """
+    data = base.model_dump()
+    for change in changes:
+        delta = change.model_dump(exclude_unset=True)
+        mlp = delta.get("mlp") or {}
+        if "ratio" in mlp or "hidden" in mlp:  # a new size replaces the base's resolved one
+            data["mlp"] = {**data["mlp"], "ratio": None, "hidden": None}
+        if "layers" in delta and "graph" not in delta:  # new layers: the base's graph no longer applies
+            data["graph"] = None
+        data = _deep(data, delta)
+    return BlockSpec.model_validate(data)
+
+
+def resolve_mlp(block: BlockSpec, width: int) -> None:
+    """Store the MLP hidden size resolved (``ratio * width``, default ratio 4), so a spec carries one number."""
+    mlp = block.mlp
+    if mlp.hidden is None:
+        mlp.hidden = int((mlp.ratio if mlp.ratio is not None else 4.0) * width)
+        mlp.ratio = None

@@ -1,0 +1,220 @@
+"""Cross-field rules of the blocks along a stack's depth (schedule, variants, overrides, block graphs) and
+of its position kinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specvit.errors import Problem
+from specvit.spec.block import BlockSpec
+from specvit.spec.schema import Spec, StackSpec
+
+__all__ = ["check_layers", "check_positions"]
+
+
+def _schedule(role: str, s: StackSpec) -> list[Problem]:
+    out: list[Problem] = []
+    known = ["block", *s.blocks]
+    used: set[str] = set()
+    for i, item in enumerate(s.schedule or []):
+        for name in item if isinstance(item, dict) else [item]:
+            used.add(name)
+            if name not in known:
+                out.append(
+                    Problem(
+                        f"{role}.schedule.{i}",
+                        f"there is no block named {name!r}",
+                        f"use one of {', '.join(known)}, or add {name}: under {role}.blocks",
+                    )
+                )
+    for name in s.blocks:
+        if name == "block":
+            out.append(Problem(f"{role}.blocks.block", "'block' names the base block", "rename the variant"))
+        elif name not in used:
+            out.append(
+                Problem(
+                    f"{role}.blocks.{name}",
+                    f"block {name!r} is never used",
+                    f"name it in {role}.schedule, e.g. schedule: [block, {name}]",
+                )
+            )
+    depth = s.total_depth
+    for k, o in enumerate(s.overrides):
+        for j, index in enumerate(o.layers):
+            if not -depth <= index < depth:
+                out.append(
+                    Problem(
+                        f"{role}.overrides.{k}.layers.{j}",
+                        f"layer {index} does not exist: the stack has {depth}",
+                        f"use 0 .. {depth - 1}, or -{depth} .. -1 from the end",
+                    )
+                )
+    return out
+
+
+def _origins(role: str, s: StackSpec) -> dict[int, tuple[BlockSpec, str]]:
+    """Each distinct block of the stack, with the key path it was written at (for messages)."""
+    out: dict[int, tuple[BlockSpec, str]] = {id(s.block): (s.block, f"{role}.block")}
+    pattern, depth = s.pattern(), s.total_depth
+    for i in range(depth):
+        block = s.layer(i)
+        if id(block) in out:
+            continue
+        at = f"{role}.blocks.{pattern[i]}"
+        for k, o in enumerate(s.overrides):
+            if i in {j % depth for j in o.layers}:
+                at = f"{role}.overrides.{k}.block"
+        out[id(block)] = (block, at)
+    return out
+
+
+def check_layers(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    """Problems of the blocks along the stack: the schedule, and every distinct block once."""
+    out = _schedule(role, s)
+    if out:
+        return out
+    for block, at in _origins(role, s).values():
+        out += _block(role, at, block, spec)
+    reads = any("cross_attention" in b.sublayers for b in s.layer_blocks)
+    if spec.model == "encoder_decoder" and role == "decoder" and not reads:
+        out.append(
+            Problem(
+                f"{role}.block.layers",
+                "the decoder never reads the encoder",
+                "add cross_attention to the decoder's layers",
+            )
+        )
+    return out
+
+
+def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
+    out: list[Problem] = []
+    if b.graph is not None:
+        out += _graph(at, b)
+    for i, layer in enumerate(b.sublayers):
+        path = f"{at}.graph.{i}.op" if b.graph is not None else f"{at}.layers.{i}"
+        if layer == "cross_attention" and not (role == "decoder" and spec.model == "encoder_decoder"):
+            out.append(
+                Problem(
+                    path,
+                    "cross_attention needs an encoder to attend to",
+                    "cross_attention belongs in the decoder of an encoder_decoder model",
+                )
+            )
+        if layer == "self_attention" and spec.model == "decoder":
+            out.append(
+                Problem(
+                    path,
+                    "a decoder-only model with self_attention sees future tokens",
+                    "use masked_self_attention",
+                )
+            )
+    if b.memory_norm and "cross_attention" not in b.sublayers:
+        out.append(
+            Problem(
+                f"{at}.memory_norm",
+                "memory_norm normalises the memory of a cross_attention, and the block has none",
+                "remove memory_norm, or add cross_attention to the layers",
+            )
+        )
+    if isinstance(b.qkv_bias, list) and len(b.qkv_bias) != 3:
+        out.append(
+            Problem(
+                f"{at}.qkv_bias",
+                f"qkv_bias lists the biases of q, k and v: 3 values, got {len(b.qkv_bias)}",
+                "write [true, false, true] for q and v biases without a k bias",
+            )
+        )
+    if b.parallel and (b.norm.placement != "pre" or b.graph is not None):
+        out.append(
+            Problem(
+                f"{at}.parallel",
+                f"parallel sublayers are pre-norm: x + attn(norm1(x)) + mlp(norm2(x)), not {b.norm.placement}"
+                if b.graph is None
+                else "a block graph states the data flow itself",
+                "set norm.placement: pre" if b.graph is None else "remove parallel",
+            )
+        )
+    if b.sliding_window is not None and b.window is not None:
+        out.append(
+            Problem(
+                f"{at}.sliding_window",
+                "a block has 1D sliding-window attention or 2D windows (window), not both",
+                "remove one of sliding_window and window",
+            )
+        )
+    return out
+
+
+def _graph(at: str, b: BlockSpec) -> list[Problem]:
+    """A block graph reads only earlier nodes (or ``x``), uses every node, and ends in its output."""
+    assert b.graph is not None
+    out: list[Problem] = []
+    seen: dict[str, int] = {"x": -1}
+    read: set[str] = set()
+    for i, node in enumerate(b.graph):
+        if node.name in seen:
+            out.append(Problem(f"{at}.graph.{i}.name", f"{node.name!r} is defined twice", "rename one"))
+        if (node.op == "add") != (len(node.inputs) > 1):
+            out.append(
+                Problem(
+                    f"{at}.graph.{i}.inputs",
+                    f"{node.op} reads {'two or more inputs' if node.op == 'add' else 'one input'}, "
+                    f"got {len(node.inputs)}",
+                    "list the inputs it sums" if node.op == "add" else "sum several inputs with an add node",
+                )
+            )
+        for j, src in enumerate(node.inputs):
+            read.add(src)
+            if src not in seen:
+                later = any(n.name == src for n in b.graph[i:])
+                out.append(
+                    Problem(
+                        f"{at}.graph.{i}.inputs.{j}",
+                        f"{src!r} is {'defined after this node' if later else 'not a node of the block'}",
+                        "read x (the block's input) or a node above this one",
+                    )
+                )
+        seen[node.name] = i
+    for node in b.graph[:-1]:
+        if node.name not in read:
+            out.append(
+                Problem(
+                    f"{at}.graph.{seen[node.name]}.name",
+                    f"{node.name!r} is computed but never read",
+                    "read it in a later node, or remove it (the last node is the block's output)",
+                )
+            )
+    return out
+
+
+def check_positions(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    """Each position kind's own rules, and that combined kinds do not write the same thing twice."""
+    out: list[Problem] = []
+    many = isinstance(s.position, list)
+    writes: dict[str, str] = {}
+    for k, p in enumerate(s.positions):
+        at = f"{role}.position.{k}" if many else f"{role}.position"
+        out += p.check(at, s, spec)
+        what = p.writes()
+        if many and p.kind == "none":
+            out.append(Problem(at, "none in a list of positions", "remove it"))
+        elif what in writes:
+            out.append(
+                Problem(
+                    at,
+                    f"{p.kind} and {writes[what]} both give the {_WHAT[what]}",
+                    f"keep one of {writes[what]} and {p.kind}",
+                )
+            )
+        writes[what] = p.kind
+    return out
+
+
+_WHAT: dict[str, Any] = {
+    "tokens": "positions added to the tokens",
+    "rope": "rotary tables",
+    "bias": "attention bias",
+    "pos": "positions of the attention's queries and keys",
+    "": "",
+}
