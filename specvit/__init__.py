@@ -25,6 +25,7 @@ __all__ = [
     "build_model",
     "convert_state_dict",
     "eject",
+    "from_hf",
     "load_pretrained",
     "load_spec",
     "parse_spec",
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from specvit.convert import convert_state_dict
     from specvit.diagram import render
     from specvit.graph import ArchGraph, build_graph
+    from specvit.interop.hf import from_hf
     from specvit.model import SpecModel
     from specvit.spec import Spec, load_spec, parse_spec
 
@@ -52,6 +54,7 @@ _LAZY = {
     "load_pretrained": "specvit.compile",
     "CheckpointError": "specvit.checkpoint",
     "convert_state_dict": "specvit.convert",
+    "from_hf": "specvit.interop.hf",
     "SpecModel": "specvit.model",
     "render": "specvit.diagram",  # the function; the package is specvit.diagram
 }

@@ -130,6 +130,27 @@ def cmd_eject(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    import os
+
+    from specvit.interop.hf import spec_dict
+    from specvit.io import atomic_write
+    from specvit.spec.loader import parse_spec
+    from specvit.spec.yamlread import dump_yaml
+
+    if os.path.exists(args.output) and os.path.samefile(args.output, args.config):
+        print(f"specvit import: -o {args.output} is the config itself; name another file", file=sys.stderr)
+        return EXIT_IO_ERROR
+    data = spec_dict(args.config)
+    if args.name:
+        data["name"] = args.name
+    data["description"] += f" Source: {os.path.basename(args.config)}."
+    parse_spec(data, source=args.output)  # what is written is a valid spec
+    atomic_write(args.output, dump_yaml(data))
+    print(f"wrote {args.output} ({data['name']}: {data['model']})")
+    return 0
+
+
 def _add_sizes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
     g.add_argument("--batch", type=int, default=1, metavar="N", help="batch size B (default 1)")
@@ -222,6 +243,19 @@ def _add_writing(sub: Any) -> None:
     p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
     _add_set(p)
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "import",
+        help="write the spec of a model from another library's config (HF transformers)",
+        description="Read a transformers config.json and write the spec of exactly that architecture as a "
+        "readable YAML file (defaults left out). Architectures specvit cannot state exactly are refused, "
+        "naming the config field. Weights convert with specvit.convert_state_dict(sd, 'hf', spec).",
+    )
+    p.add_argument("source", choices=["hf"], help="the library the config comes from")
+    p.add_argument("config", metavar="CONFIG", help="the config.json")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .yaml spec to write")
+    p.add_argument("--name", help="the spec's name (default: <model_type>_from_hf)")
+    p.set_defaults(func=cmd_import)
 
     p = sub.add_parser(
         "eject",

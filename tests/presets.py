@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import specvit
 from specvit.graph import ArchGraph, build_graph
+from specvit.spec.schema import TokensInput
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted((ROOT / "specs").glob("*.yaml"))
 
 
 def small_spec(path: Path) -> specvit.Spec:
-    """The preset with at most 2 blocks per stack (or per stage); everything else as written."""
+    """The preset with at most 2 blocks per stack (or per stage) and a vocabulary of at most 1024 tokens;
+    everything else as written."""
     spec = specvit.load_spec(path)
-    over = {
+    over: dict[str, Any] = {
         f"{r}.depth": [min(d, 2) for d in s.depth] if isinstance(s.depth, list) else min(s.depth, 2)
         for r, s in spec.stacks.items()
     }
+    for r, s in spec.stacks.items():
+        if isinstance(s.input, TokensInput) and s.input.vocab > 1024:
+            over[f"{r}.input.vocab"] = 1024
     return specvit.load_spec(path, overrides=over)
 
 

@@ -45,7 +45,7 @@ class Alibi(nn.Module):
         self.causal = causal
 
     def forward(self, x: Tensor, *, offset: int = 0, mask: Tensor | None = None) -> Tensor:
-        """The bias, float32: (B or 1, H, 1, T) when causal, (B or 1, H, N, T) otherwise.
+        """The bias, float32: (B, H, 1, T) when causal, (B, H, N, T) otherwise.
 
         Args:
             x: (B, N, D) the new tokens.
@@ -55,16 +55,16 @@ class Alibi(nn.Module):
         n = x.shape[1]
         t = offset + n
         if mask is None:
-            keys = torch.arange(t, device=x.device, dtype=torch.float32)[None]  # (1, T)
+            keys = torch.arange(t, device=x.device, dtype=torch.float32).expand(x.shape[0], t)  # (B, T) view
         else:
             keep = (~mask).to(torch.float32)  # (B, T)
             keys = (keep.cumsum(dim=-1) - 1) * keep  # (B, T): a padded key gets position 0
         slopes = alibi_slopes(self.heads).to(x.device)[None, :, None, None]  # (1, H, 1, 1)
         if self.causal:
-            return slopes * keys[:, None, None, :]  # (B or 1, H, 1, T)
-        queries = keys[:, -n:]  # (B or 1, N)
-        distance = (queries[:, :, None] - keys[:, None, :]).abs()  # (B or 1, N, T)
-        return -slopes * distance[:, None]  # (B or 1, H, N, T)
+            return slopes * keys[:, None, None, :]  # (B, H, 1, T)
+        queries = keys[:, -n:]  # (B, N)
+        distance = (queries[:, :, None] - keys[:, None, :]).abs()  # (B, N, T)
+        return -slopes * distance[:, None]  # (B, H, N, T)
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, causal={self.causal}"

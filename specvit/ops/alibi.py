@@ -42,9 +42,8 @@ class AlibiOp(Op):
     ports = ("x", "offset", "mask")
 
     def shape(self, p: AlibiParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        batch = inputs["mask"][0] if "mask" in inputs else 1
-        n = inputs["x"][1]
-        return (batch, p.heads, 1 if p.causal else n, n)
+        b, n = inputs["x"][0], inputs["x"][1]
+        return (b, p.heads, 1 if p.causal else n, n)
 
     def label(self, p: AlibiParams) -> tuple[str, ...]:
         form = "slope · key position" if p.causal else "-slope · |i - j|"

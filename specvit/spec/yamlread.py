@@ -377,7 +377,14 @@ def too_big(size: int, file: str) -> SpecError:
 
 def dump_yaml(data: Any) -> str:
     """Plain YAML for ``data``, keys in insertion order."""
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    return yaml.dump(data, Dumper=_PlainDumper, sort_keys=False, default_flow_style=None, width=100)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """A safe dumper that writes a value used twice twice, never as an anchor and alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def split_path(path: str) -> list[str | int]:

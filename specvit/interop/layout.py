@@ -1,0 +1,162 @@
+"""The machinery of weight conversion: a table from each target key to its source keys and a transform.
+
+Shared by :mod:`specvit.convert` and the per-family layouts of :mod:`specvit.interop`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from specvit.spec.schema import Spec, StackSpec
+
+__all__ = [
+    "Entry",
+    "Layout",
+    "Transform",
+    "batched",
+    "cat",
+    "check_blocks",
+    "conv1d",
+    "heads_interleaved",
+    "one",
+    "patches",
+    "prefix",
+    "rows",
+    "same",
+]
+
+Transform = Callable[[Sequence[Tensor]], Tensor]
+Entry = tuple[tuple[str, ...], Transform]  # source key templates, and how to make the target from them
+
+_BLOCK = re.compile(r"\.blocks\.(\d+)\.")
+
+
+# -- transforms ---------------------------------------------------------------------------------------
+
+
+def same(ts: Sequence[Tensor]) -> Tensor:
+    return ts[0]
+
+
+def cat(ts: Sequence[Tensor]) -> Tensor:
+    return torch.cat(tuple(ts), dim=0)  # separate q, k, v (or gate, value) -> one packed projection
+
+
+def conv1d(ts: Sequence[Tensor]) -> Tensor:
+    """GPT-2's ``Conv1D`` stores weights as (in, out); ``nn.Linear`` wants (out, in). Biases pass through."""
+    return ts[0].t().contiguous() if ts[0].ndim == 2 else ts[0]
+
+
+def batched(ts: Sequence[Tensor]) -> Tensor:
+    return ts[0].unsqueeze(0)  # (N, D) position table -> (1, N, D)
+
+
+def patches(ts: Sequence[Tensor]) -> Tensor:
+    """A Conv2d patch weight (D, C, ph, pw) as the equivalent Linear weight (D, C*ph*pw); biases pass."""
+    return ts[0].flatten(1) if ts[0].ndim == 4 else ts[0]
+
+
+def rows(start: int, stop: int | None) -> Transform:
+    """Rows ``start:stop`` of a packed projection, e.g. ``q`` or ``kv`` out of an ``in_proj``."""
+
+    def take(ts: Sequence[Tensor]) -> Tensor:
+        return ts[0][start:stop]
+
+    return take
+
+
+def one(source: str, transform: Transform = same) -> Entry:
+    return (source,), transform
+
+
+def heads_interleaved(heads: int, parts: int = 3) -> Transform:
+    """A fused projection stored per head ([q_h, k_h, v_h] for each head h: GPT-NeoX, BLOOM) as specvit's
+    [q; k; v] (all heads' q, then k, then v)."""
+
+    def take(ts: Sequence[Tensor]) -> Tensor:
+        t = ts[0]
+        grouped = t.reshape(heads, parts, t.shape[0] // (heads * parts), *t.shape[1:])  # (H, 3, hd, ...)
+        return grouped.transpose(0, 1).reshape(t.shape).contiguous()  # (3 * H * hd, ...)
+
+    return take
+
+
+# -- layouts ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    """How one source format names the parameters of a spec's model.
+
+    Args:
+        name: the source format, for messages.
+        table: target key template -> source key templates and transform. ``{i}`` stands for a block
+            index and ``{p}`` for a parameter name; a template without ``{p}`` names one parameter.
+        ignore: regular expressions of source keys that are buffers, not parameters.
+        tied: source key -> the source key it must equal; dropped (a tied head's copy of the embedding).
+        zeros: source keys of buffers the spec has no place for, accepted only when all zero (BART's
+            ``final_logits_bias`` for a head without a bias), with the fix if they are not.
+    """
+
+    name: str
+    table: dict[str, Entry]
+    ignore: tuple[str, ...] = ()
+    tied: dict[str, str] = field(default_factory=dict)
+    zeros: dict[str, str] = field(default_factory=dict)
+
+    def sources(self, target: str) -> Entry | None:
+        """The source keys of one target key and their transform, or None if the format has no such part."""
+        match = _BLOCK.search(target)
+        index = match.group(1) if match else ""
+        generic = _BLOCK.sub(".blocks.{i}.", target, count=1)
+        module, _, param = generic.rpartition(".")
+        entry = self.table.get(generic)
+        if entry is None:
+            entry = self.table.get(module + ".{p}")
+        if entry is None:
+            return None
+        templates, transform = entry
+        return tuple(t.format(i=index, p=param) for t in templates), transform
+
+    def ignored(self, key: str) -> bool:
+        return any(re.fullmatch(pattern, key) for pattern in self.ignore)
+
+
+def check_blocks(
+    spec: Spec, role: str, source: str, layers: Iterable[tuple[str, ...]], placement: str | None = None
+) -> StackSpec:
+    """The stack ``role`` of ``spec``, after checking that its blocks have a layout ``source`` can hold.
+
+    Args:
+        spec: the target spec.
+        role: ``encoder`` or ``decoder``.
+        source: the source format, for messages.
+        layers: the sublayer orders the format's blocks can have.
+        placement: the norm placement of the format's blocks, or None when the weights fit either.
+    """
+    stack = spec.stacks[role]
+    allowed = list(layers)
+    if tuple(stack.block.layers) not in allowed:
+        shown = " or ".join(str(list(a)) for a in allowed)
+        raise ValueError(
+            f"{source} blocks have the sublayers {shown}, but spec {spec.name!r} has "
+            f"{role}.block.layers {list(stack.block.layers)}"
+        )
+    if placement is not None and stack.block.norm.placement != placement:
+        raise ValueError(
+            f"{source} blocks are {placement}-norm, but spec {spec.name!r} has "
+            f"{role}.block.norm.placement {stack.block.norm.placement}"
+        )
+    return stack
+
+
+def prefix(keys: Iterable[str], prefix: str) -> str:
+    """``prefix`` if any key starts with it (a task model's backbone), else the empty string."""
+    return prefix if any(k.startswith(prefix) for k in keys) else ""

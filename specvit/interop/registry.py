@@ -1,0 +1,79 @@
+"""The HF model families specvit reads: each maps a config to a spec and a state dict to specvit's keys.
+
+A family module (``specvit/interop/hf_*.py``) registers one :class:`Family` per architecture it covers.
+:mod:`specvit.interop.hf` finds the family of a config by its ``model_type`` and the family of a state
+dict by its keys.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specvit.errors import Problem, SpecError
+from specvit.interop.layout import Layout
+
+__all__ = ["FAMILIES", "Config", "Family", "family"]
+
+
+class Config:
+    """A transformers config read as a dict, with the class defaults a config.json may leave out.
+
+    Args:
+        model_type: the config's ``model_type``.
+        values: its fields (``config.to_dict()`` or a config.json).
+    """
+
+    def __init__(self, model_type: str, values: dict[str, Any]):
+        self.model_type, self.values = model_type, values
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field, or its default when the config leaves it out (or sets it to null)."""
+        value = self.values.get(key)
+        return default if value is None else value
+
+    def refuse(self, key: str, value: Any, why: str, fix: str) -> SpecError:
+        """The error for a field whose value specvit cannot state exactly."""
+        return SpecError(
+            Problem(f"config.{key}", f"{self.model_type} config has {key}={value!r}: {why}", fix)
+        )
+
+    def only(self, key: str, default: Any, allowed: Sequence[Any], why: str) -> Any:
+        """A field whose value must be one of ``allowed``; anything else is refused."""
+        value = self.get(key, default)
+        if value not in allowed:
+            raise self.refuse(key, value, why, f"use {' or '.join(repr(a) for a in allowed)}")
+        return value
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF architecture.
+
+    Args:
+        name: the HF model class it reads (``LlamaForCausalLM``), for messages.
+        model_types: the config ``model_type`` values it covers.
+        keys: a regular expression one of its state dict's keys matches (and no other family's).
+        spec: config -> the spec's fields, defaults left out.
+        layout: (spec, state dict keys) -> where each specvit parameter comes from.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    keys: str
+    spec: Callable[[Config], dict[str, Any]]
+    layout: Callable[[Any, Sequence[str]], Layout]
+
+    def reads(self, keys: Sequence[str]) -> bool:
+        return any(re.match(self.keys, k) for k in keys)
+
+
+FAMILIES: list[Family] = []
+
+
+def family(f: Family) -> Family:
+    """Register a family."""
+    FAMILIES.append(f)
+    return f
