@@ -108,9 +108,48 @@ def _model_in(annotation: Any, node: Any) -> Any:
     return None
 
 
+# Names other libraries and papers use for what specvit writes differently: value -> the hint.
+_ALIASES = {
+    "gelu_new": "there is no gelu_new; for HF's gelu_new (GPT-2's tanh GELU) write gelu_tanh",
+    "gelu_pytorch_tanh": "there is no gelu_pytorch_tanh; for the tanh GELU write gelu_tanh",
+    "gelu_fast": "there is no gelu_fast; for the tanh GELU write gelu_tanh",
+    "swish": "there is no swish; it is SiLU: write silu (or swiglu for the gated MLP)",
+    "gated-gelu": "there is no gated-gelu; for T5 v1.1's gated GELU write geglu_tanh",
+    "layer_norm": "write layernorm",
+    "ln": "write layernorm",
+    "rms_norm": "write rmsnorm",
+    "t5_layernorm": "there is no t5_layernorm; T5's norm is RMSNorm: write rmsnorm",
+    "absolute": "there is no absolute; for learned absolute positions write learned, for fixed ones sincos",
+    "rotary": "write rope",
+    "sinusoidal": "write sincos (1D) or sincos2d (images)",
+    "t5": "there is no t5; for T5's bucketed relative bias write relative",
+    "relative_bias": "write relative",
+    "prenorm": "write pre",
+    "postnorm": "write post",
+    "pre_norm": "write pre",
+    "post_norm": "write post",
+    "parallel": "there is no parallel here; for parallel attention and MLP (GPT-J, GPT-NeoX) write "
+    "parallel: true in the block",
+    "attention": "write self_attention (or masked_self_attention for causal, cross_attention)",
+    "causal_self_attention": "write masked_self_attention",
+    "causal_attention": "write masked_self_attention",
+    "ffn": "write mlp",
+    "feed_forward": "write mlp",
+    "sliding_window": "there is no sliding_window kind; write sliding_window: N in the block",
+    "mean_pool": "write mean",
+    "avg": "write mean",
+}
+
+
 def _suggest(word: Any, options: list[str]) -> str:
-    close = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
-    return f"did you mean '{close[0]}'?" if close else ""
+    text = str(word)
+    if text.lower() in _ALIASES and text.lower() not in options:
+        return _ALIASES[text.lower()]
+    folded = {o.lower().replace("-", "_"): o for o in options}
+    if text.lower().replace("-", "_") in folded:  # RMSNorm -> rmsnorm, SwiGLU -> swiglu
+        return f"did you mean '{folded[text.lower().replace('-', '_')]}'?"
+    close = difflib.get_close_matches(text.lower(), list(folded), n=1, cutoff=0.6)
+    return f"did you mean '{folded[close[0]]}'?" if close else ""
 
 
 def problem(err: Any, data: Any, source: SourceMap) -> Problem:
@@ -181,6 +220,13 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     elif kind == "model_type" or kind == "model_attributes_type" or kind == "dict_type":
         message = f"expected a mapping of keys, got {show(value)}"
         hint = "write the keys of this section indented below it"
+        if isinstance(value, list) and path and path[-1] == "block":
+            role = dotted(path[:-1])
+            hint = (
+                f"a stack has one base block; for blocks that differ along the depth, name them under "
+                f"{role}.blocks (each the keys it changes) and order them with {role}.schedule, "
+                "e.g. schedule: [local, local, global]"
+            )
     elif kind == "tuple_type" or kind == "list_type":
         message = f"expected a list, got {show(value)}"
     else:
