@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from specvit.text import escape
+
 __all__ = ["Location", "Problem", "SpecError"]
 
 
@@ -28,9 +30,10 @@ class Location:
     col: int = 0
 
     def __str__(self) -> str:
+        file = escape(self.file)  # a file name is input too: no escape sequence reaches the terminal
         if not self.line:
-            return self.file
-        return f"{self.file}:{self.line}:{self.col}" if self.col else f"{self.file}:{self.line}"
+            return file
+        return f"{file}:{self.line}:{self.col}" if self.col else f"{file}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,15 @@ class Problem:
     location: Location | None = None
 
     def __str__(self) -> str:
+        """One line: control and invisible characters from the input are escaped (``\\x1b``), never raw."""
         parts = []
         if self.location is not None:
             parts.append(f"{self.location}:")
         if self.path:
-            parts.append(f"{self.path}:")
-        parts.append(self.message)
+            parts.append(f"{escape(self.path)}:")
+        parts.append(escape(self.message))
         text = " ".join(parts)
-        return f"{text} ({self.hint})" if self.hint else text
+        return f"{text} ({escape(self.hint)})" if self.hint else text
 
 
 class SpecError(ValueError):

@@ -10,6 +10,7 @@ from typing import Any
 from specvit.errors import Problem
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import KeyPath, SourceMap, dotted
+from specvit.text import quote, with_oddities
 
 __all__ = ["problem", "show"]
 
@@ -125,8 +126,9 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     if kind == "extra_forbidden":
         key = path[-1] if path else "?"
         options = _fields_of(path[:-1], data)
-        message = f"unknown key '{key}'"
+        message = f"unknown key {quote(str(key))}"
         hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        hint = "; ".join(h for h in (with_oddities(str(key)), hint) if h)
         location = source.locate(path, key=True)
     elif kind == "missing":
         key = path[-1] if path else "?"
@@ -139,8 +141,10 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         expected = ctx.get("expected_tags") or ctx.get("expected", "")
         options = re.findall(r"'([^']*)'", str(expected)) or re.findall(r"[\w.-]+", str(expected))
         shown = ctx.get("tag", value)
-        message = f"{shown!r} is not one of {', '.join(options)}"
+        message = f"{show(shown)} is not one of {', '.join(options)}"
         hint = _suggest(shown, options) or f"use one of {', '.join(options)}"
+        if isinstance(shown, str):
+            hint = "; ".join(h for h in (with_oddities(shown), hint) if h)
         if kind == "union_tag_invalid":
             path = (*path, "kind") if isinstance(value, dict) and "kind" in value else path
             location = source.locate(path)
@@ -192,7 +196,7 @@ def show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return repr(value)
+        return quote(value)
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
