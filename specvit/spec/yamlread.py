@@ -470,4 +470,5 @@ def dump_yaml(data: Any) -> str:
 
 
 def split_path(path: str) -> list[str | int]:
-    return [int(p) if p.isdigit() else p for p in path.split(".")] if path else []
+    """``"encoder.layers.0"`` -> ``["encoder", "layers", 0]``; only ASCII digits make a list index."""
+    return [int(p) if p.isascii() and p.isdigit() else p for p in path.split(".")] if path else []
