@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specvit.checkpoint import SPEC_FILE, read_weights
+from specvit.checkpoint import SPEC_FILE, read_checkpoint, read_weights
 from specvit.codegen.build import compile_graph
 from specvit.codegen.eject import eject_source
 from specvit.errors import SpecError
@@ -141,12 +141,19 @@ def load_pretrained(
 
     Raises:
         SpecError: when ``spec.yaml`` is invalid.
-        CheckpointError: when the weight file is missing, truncated, corrupted, or its keys or shapes
-            do not match the spec (every mismatch is named).
+        CheckpointError: when a file or the manifest is missing, a file is not the one the manifest was
+            written for (an interrupted or concurrent save), the weight file is truncated or corrupted, or
+            its keys, shapes or dtypes do not match the spec (every mismatch is named).
     """
-    model = build_model(os.path.join(directory, SPEC_FILE), device="meta", dtype=dtype)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = read_weights(directory, expected, str(torch.device(device or "cpu")))
+    from specvit.spec.loader import parse_spec
+
+    contents = read_checkpoint(directory)
+    spec = parse_spec(contents.spec_text, source=os.path.join(directory, SPEC_FILE))
+    model = build_model(spec, device="meta", dtype=dtype)
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    target = str(torch.device(device or "cpu"))
+    state = read_weights(directory, expected, target, data=contents.weights, cast=dtype is not None)
+    contents.verify()  # after the checks above, which name what differs when the spec was edited by hand
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)

@@ -84,7 +84,7 @@ class SpecModel(nn.Module):
     def save_pretrained(
         self, directory: str | Path, *, overwrite: bool = False, state_dict: dict[str, Tensor] | None = None
     ) -> Path:
-        """Write ``spec.yaml`` and ``model.safetensors`` into ``directory``.
+        """Write ``spec.yaml``, ``model.safetensors`` and the manifest ``checkpoint.json`` into ``directory``.
 
         Args:
             directory: the checkpoint directory; created if missing.
