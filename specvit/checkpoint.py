@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from specvit.errors import CheckpointError
 from specvit.io import atomic_write
 from specvit.text import escape
 
@@ -44,10 +45,6 @@ SPEC_FILE = "spec.yaml"
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "checkpoint.json"
 FORMAT = "specvit-checkpoint/1"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written, is incomplete or mixed, or does not match its spec."""
 
 
 @contextlib.contextmanager

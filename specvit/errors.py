@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specvit.text import escape
 
-__all__ = ["Location", "Problem", "SpecError"]
+__all__ = ["CheckpointError", "Location", "MissingDependencyError", "Problem", "SpecError"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,24 @@ class SpecError(ValueError):
     ) -> SpecError:
         """A SpecError holding a single problem."""
         return cls(Problem(path=path, message=message, hint=hint, location=location))
+
+
+class MissingDependencyError(ImportError):
+    """An optional package a feature needs is not installed; the message says which extra installs it.
+
+    Args:
+        package: the missing import name (``onnxscript``).
+        extra: the specvit extra that installs it (``export``).
+        feature: what needs it, for the message (``ONNX export``).
+    """
+
+    def __init__(self, package: str, extra: str, feature: str):
+        super().__init__(
+            f"{feature} needs the package '{package}', which is not installed: pip install 'specvit[{extra}]'",
+            name=package,
+        )
+        self.extra = extra
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written, is incomplete or mixed, or does not match its spec."""

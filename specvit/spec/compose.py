@@ -106,6 +106,7 @@ def load_tree(
             location=at,
         )
     data, source = read_yaml(raw, shown)
+    source.files.append(str(path))
     if not isinstance(data, dict) or "extends" not in data:
         return data, source
     base_ref = data.pop("extends")
@@ -140,6 +141,7 @@ def load_tree(
     merged = _deep_merge(base_data, data)
     base_source.values.pop(("extends",), None)
     _overlay(base_source, source, data)
+    base_source.files = [*source.files, *base_source.files]
     return merged, base_source
 
 

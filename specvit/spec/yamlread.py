@@ -112,6 +112,7 @@ class SourceMap:
     ):
         self.values: dict[KeyPath, Location] = values or {}
         self.keys: dict[KeyPath, Location] = keys or {}
+        self.files: list[str] = []  # the files read, the spec's own first (its extends chain after it)
 
     def locate(self, path: KeyPath | str, *, key: bool = False) -> Location | None:
         """The location of ``path``, or of its nearest ancestor that the source spells out."""
