@@ -178,8 +178,8 @@ def _copy(value: Any, label: str) -> Any:
             return operator.index(node)
         if isinstance(node, numbers.Real):
             return float(node)
-        item = getattr(node, "item", None)
-        if type(node).__module__ == "numpy" and callable(item) and isinstance(item(), bool):
+        item = getattr(node, "item", bool)
+        if type(node).__module__ == "numpy" and getattr(node, "ndim", 1) == 0 and isinstance(item(), bool):
             return item()  # numpy.bool_
         raise fail(
             f"a {type(node).__module__}.{type(node).__qualname__} is not spec data",
