@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from specvit.text import escape
+from specvit.text import escape, visible
 
 __all__ = ["CheckpointError", "Location", "MissingDependencyError", "Problem", "SpecError"]
 
@@ -58,7 +58,7 @@ class Problem:
         if self.location is not None:
             parts.append(f"{self.location}:")
         if self.path:
-            parts.append(f"{escape(self.path)}:")
+            parts.append(f"{visible(self.path)}:")  # keys are ASCII: anything else is shown escaped
         parts.append(escape(self.message))
         text = " ".join(parts)
         return f"{text} ({escape(self.hint)})" if self.hint else text

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["escape", "oddities", "quote", "with_oddities"]
+__all__ = ["escape", "oddities", "quote", "visible", "with_oddities"]
 
 _INVISIBLE_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Mn", "Me"}
 
@@ -67,6 +67,15 @@ def escape(text: str) -> str:
     return "".join(_code(c) if _invisible(c) else c for c in text)
 
 
+def visible(text: str) -> str:
+    """``text`` with control, invisible and look-alike characters escaped: ``d\\u0435pth``.
+
+    Args:
+        text: untrusted text, such as a key path.
+    """
+    return "".join(_code(c) if _invisible(c) or _lookalike(c, text) else c for c in text)
+
+
 def quote(text: str) -> str:
     """``text`` in single quotes, with control, invisible and look-alike characters escaped.
 
@@ -75,8 +84,7 @@ def quote(text: str) -> str:
     Args:
         text: untrusted text, such as a key or a value from a spec.
     """
-    shown = "".join(_code(c) if _invisible(c) or _lookalike(c, text) else c for c in text)
-    return f"'{shown}'"
+    return f"'{visible(text)}'"
 
 
 def oddities(text: str) -> list[str]:
