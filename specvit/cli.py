@@ -107,7 +107,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
     else:
-        print(format_table(graph, expand=args.expand))
+        _say(format_table(graph, expand=args.expand))
     return 0
 
 

@@ -370,3 +370,14 @@ def test_numpy_numbers_are_numbers() -> None:
 def test_values_that_are_not_data_are_named(value: object, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         specvit.parse_spec({**_valid(), "x": value})
+
+
+def test_a_date_where_a_number_belongs_is_not_told_to_drop_quotes_it_does_not_have() -> None:
+    with pytest.raises(SpecError) as info:
+        specvit.parse_spec(rc.VALID.replace("depth: 2", "depth: 2024-05-01"))
+    assert (
+        str(info.value)
+        == "<string>:9:10: encoder.depth: expected an integer, got '2024-05-01' (write a number)"
+    )
+    with pytest.raises(SpecError, match=r"write the number without quotes: 12\)"):
+        specvit.parse_spec(rc.VALID.replace("depth: 2", 'depth: "12"'))

@@ -160,8 +160,10 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
             "string_type": "a string",
         }[kind]
         message = f"expected {want}, got {show(value)}"
-        if isinstance(value, str) and kind in ("int_type", "float_type"):
+        if isinstance(value, str) and kind in ("int_type", "float_type") and _numeric(value):
             hint = f"write the number without quotes: {value.strip()}"
+        elif isinstance(value, str) and kind in ("int_type", "float_type"):
+            hint = "write a number"  # `2024-05-01` is a string (YAML 1.2), not a number to unquote
         elif isinstance(value, bool) and kind in ("int_type", "float_type"):
             hint = "booleans are not numbers here; write a number"
         elif kind == "bool_type" and isinstance(value, str):
@@ -188,6 +190,15 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     else:
         message = message[0].lower() + message[1:]
     return Problem(key_path, message, hint, location)
+
+
+def _numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number (so that the fix is to drop its quotes)."""
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def show(value: Any) -> str:
