@@ -24,7 +24,7 @@ A ``--data`` file holds ``inputs`` (N, ...) and integer ``targets`` (N,) or (N, 
 decoder, and ``src``, ``tgt_in`` (N, T) and integer ``tgt_out`` (N, T) for an encoder-decoder; each
 epoch visits the N samples in an order drawn from (seed, epoch). The loss is the cross-entropy.
 
-``--save DIR`` writes ``spec.yaml`` and ``model.safetensors`` (``specvit.load_pretrained(DIR)`` reads
+``--save DIR`` writes ``spec.yaml``, ``model.safetensors`` and ``checkpoint.json`` (``specvit.load_pretrained(DIR)`` reads
 them) and ``trainer.safetensors``: the AdamW state of every parameter (``{parameter}/{state}``
 tensors), with the step, seed, batch and parameter groups in its metadata. Under torchrun rank 0
 writes both files from full state dicts gathered from every rank, and on ``--resume`` reads them and

@@ -1,29 +1,72 @@
-"""Checkpoints: a directory with ``spec.yaml`` and ``model.safetensors``. Never pickle.
+"""Checkpoints: a directory with ``spec.yaml``, ``model.safetensors`` and ``checkpoint.json``. Never pickle.
 
-:func:`specvit.load_pretrained` rebuilds the model from the spec on the meta device, checks every key and
-shape of the weight file against it (:func:`read_weights`) before anything is allocated, then assigns the
-loaded tensors.
+A checkpoint is one unit. Each file is written whole or not at all (temporary file, then rename), and
+``checkpoint.json``, the manifest, is written last: it holds the SHA-256 of the other two. A save first
+removes the old manifest, so a save that is interrupted leaves a directory without one; saves into one
+directory take an exclusive lock on it (``flock``), so two at once run one after the other; and a load
+takes a shared lock, reads each file once, and checks the bytes it read against the manifest. A spec
+from one save beside the weights of another therefore never loads: it is a :class:`CheckpointError`.
+
+:func:`specvit.load_pretrained` rebuilds the model from the spec on the meta device, checks every key,
+shape and dtype of the weights against it (:func:`check_weights`) before anything is allocated, then
+assigns the loaded tensors.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specvit.errors import CheckpointError
 from specvit.io import atomic_write
+from specvit.text import escape
 
-__all__ = ["SPEC_FILE", "WEIGHTS_FILE", "CheckpointError", "read_weights", "save_pretrained"]
+__all__ = [
+    "MANIFEST_FILE",
+    "SPEC_FILE",
+    "WEIGHTS_FILE",
+    "CheckpointError",
+    "Contents",
+    "check_weights",
+    "read_checkpoint",
+    "read_weights",
+    "save_pretrained",
+]
 
 SPEC_FILE = "spec.yaml"
 WEIGHTS_FILE = "model.safetensors"
+MANIFEST_FILE = "checkpoint.json"
+FORMAT = "specvit-checkpoint/1"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written or does not match its spec."""
+@contextlib.contextmanager
+def _locked(path: Path, exclusive: bool) -> Iterator[None]:
+    """Hold an advisory lock on the directory ``path`` (POSIX ``flock``; no lock where there is none)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the manifest still catches a mixed directory
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # a filesystem without locks (some network mounts) goes unlocked: the manifest still guards loads
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _digest(data: bytes) -> dict[str, Any]:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
 def save_pretrained(
@@ -33,9 +76,9 @@ def save_pretrained(
     overwrite: bool = False,
     state_dict: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the model's canonical spec and weights into ``directory``.
+    """Write the model's canonical spec, its weights and the manifest that binds them into ``directory``.
 
-    Each file is written whole or not at all (temporary file, then rename).
+    Only the checkpoint's three files are written; other files in the directory are left alone.
 
     Args:
         model: a compiled model.
@@ -50,55 +93,203 @@ def save_pretrained(
 
     path = Path(directory)
     if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise CheckpointError(f"{path} is not empty; pass overwrite=True to replace its checkpoint")
-    path.mkdir(parents=True, exist_ok=True)
+        raise CheckpointError(f"{escape(str(path))} exists and is not a directory")
     weights = model.state_dict() if state_dict is None else state_dict
     tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-    atomic_write(
-        path / WEIGHTS_FILE, save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
-    )
-    atomic_write(path / SPEC_FILE, model.spec.to_yaml())
+    weight_bytes = save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
+    spec_bytes = model.spec.to_yaml().encode("utf-8")
+    path.mkdir(parents=True, exist_ok=True)
+    with _locked(path, exclusive=True):  # checked under the lock: two saves cannot both find it empty
+        if any(path.iterdir()) and not overwrite:
+            raise CheckpointError(
+                f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
+            )
+        (path / MANIFEST_FILE).unlink(missing_ok=True)  # until the new one is written, nothing loads
+        atomic_write(path / WEIGHTS_FILE, weight_bytes)
+        atomic_write(path / SPEC_FILE, spec_bytes)
+        manifest = {
+            "format": FORMAT,
+            "files": {SPEC_FILE: _digest(spec_bytes), WEIGHTS_FILE: _digest(weight_bytes)},
+        }
+        atomic_write(path / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return path
 
 
-def read_weights(
-    directory: str | os.PathLike[str], expected: Mapping[str, tuple[int, ...]], device: str
-) -> dict[str, torch.Tensor]:
-    """The weights of a checkpoint directory, checked key by key and shape by shape against ``expected``.
+@dataclass(frozen=True)
+class Contents:
+    """The files of a checkpoint as read once, under a shared lock, and checked against the manifest.
 
     Args:
         directory: the checkpoint directory.
-        expected: the model's state_dict keys and shapes.
-        device: where to load the tensors.
+        spec_text: the bytes of ``spec.yaml``.
+        weights: the bytes of ``model.safetensors``.
+    """
+
+    directory: Path
+    spec_text: bytes
+    weights: bytes
+    manifest: Mapping[str, Any]
+
+    def verify(self) -> None:
+        """Check the bytes read against the manifest.
+
+        Raises:
+            CheckpointError: when a file is not the one the manifest was written for: the directory mixes
+                two saves (an interrupted or concurrent save), or a file was changed or damaged since.
+        """
+        for name, data in ((SPEC_FILE, self.spec_text), (WEIGHTS_FILE, self.weights)):
+            if self.manifest["files"][name] != _digest(data):
+                raise CheckpointError(
+                    f"{escape(str(self.directory / name))} is not the file {MANIFEST_FILE} was written for "
+                    "(its SHA-256 differs): the checkpoint mixes two saves (an interrupted or concurrent "
+                    "save) or the file was changed or damaged since; save the model again"
+                )
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{escape(str(path))} is missing") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{escape(str(path))} is a directory, not a file") from None
+    except OSError as exc:
+        raise CheckpointError(f"{escape(str(path))} cannot be read: {exc.strerror or exc}") from None
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    """The parsed manifest of the checkpoint in ``path``, or a CheckpointError saying what is wrong."""
+    where = escape(str(path / MANIFEST_FILE))
+    if not (path / MANIFEST_FILE).exists():
+        raise CheckpointError(
+            f"{where} is missing: the checkpoint is incomplete (its save did not finish, or it was not "
+            "written by specvit's save_pretrained); save the model again"
+        )
+    try:
+        manifest = json.loads(_read(path / MANIFEST_FILE))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(
+            f"{where} is not valid JSON ({escape(str(exc))}); save the model again"
+        ) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(files, dict)
+        or not all(isinstance(files.get(n), dict) for n in (SPEC_FILE, WEIGHTS_FILE))
+    ):
+        raise CheckpointError(f"{where} is not a {FORMAT} manifest; save the model again")
+    return manifest
+
+
+def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
+    """Read a checkpoint's manifest, spec and weights once each, under a shared lock on the directory.
+
+    Call :meth:`Contents.verify` before trusting the bytes together.
+
+    Args:
+        directory: the checkpoint directory.
 
     Raises:
-        CheckpointError: when the weight file is missing, truncated, corrupted, or its keys or shapes
-            do not match (every mismatch is named).
+        CheckpointError: when the directory or a file is missing, or the manifest is missing or damaged.
+    """
+    path = Path(directory)
+    if not path.is_dir():
+        raise CheckpointError(f"{escape(str(path))} is not a checkpoint directory")
+    with _locked(path, exclusive=False):
+        manifest = _manifest(path)
+        return Contents(path, _read(path / SPEC_FILE), _read(path / WEIGHTS_FILE), manifest)
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_weights(
+    state: Mapping[str, torch.Tensor],
+    expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    *,
+    cast: bool = False,
+) -> list[str]:
+    """Every way ``state`` differs from ``expected``: missing, unexpected, shape and dtype mismatches.
+
+    A floating-point parameter must be stored as a floating-point tensor, anything else in its own dtype;
+    unless ``cast``, the floating-point tensors must share one dtype (as ``save_pretrained`` writes them),
+    since a model of mixed precisions fails only later, in its forward.
+
+    Args:
+        state: the loaded tensors.
+        expected: the model's state_dict keys, shapes and dtypes.
+        cast: the caller casts floating-point tensors to one dtype, so mixed ones are fine.
+    """
+    got = {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+    problems = [f"missing {k} {list(s)}" for k, (s, _) in expected.items() if k not in got]
+    problems += [f"unexpected {escape(k)} {list(s)}" for k, (s, _) in got.items() if k not in expected]
+    floats: dict[torch.dtype, list[str]] = {}
+    for k, (shape, dtype) in expected.items():
+        if k not in got:
+            continue
+        have_shape, have = got[k]
+        if have_shape != shape:
+            problems.append(f"{k}: checkpoint has {list(have_shape)}, the spec needs {list(shape)}")
+        if dtype.is_floating_point and not have.is_floating_point:
+            problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs a floating-point tensor")
+        elif not dtype.is_floating_point and have != dtype:
+            problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs {_dtype(dtype)}")
+        elif dtype.is_floating_point:
+            floats.setdefault(have, []).append(k)
+    if len(floats) > 1 and not cast:
+        common = max(floats, key=lambda d: len(floats[d]))
+        for d, keys in floats.items():
+            if d != common:
+                shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+                problems.append(
+                    f"{shown}: checkpoint has {_dtype(d)} where the rest is {_dtype(common)} (pass dtype= to "
+                    "load_pretrained to cast every tensor to one dtype)"
+                )
+    return problems
+
+
+def read_weights(
+    directory: str | os.PathLike[str],
+    expected: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    device: str,
+    *,
+    data: bytes | None = None,
+    cast: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint directory, checked key by key, shape by shape and dtype by dtype.
+
+    Args:
+        directory: the checkpoint directory.
+        expected: the model's state_dict keys, shapes and dtypes.
+        device: where to load the tensors.
+        data: the bytes of the weight file, already read and verified (:func:`read_checkpoint`); default:
+            read the file.
+        cast: the caller casts the floating-point tensors to one dtype (see :func:`check_weights`).
+
+    Raises:
+        CheckpointError: when the weight file is missing, truncated, corrupted, or its keys, shapes or
+            dtypes do not match (every mismatch is named).
     """
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     path = Path(directory)
     weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{weights} is missing")
     try:
-        state = load_file(weights, device=device)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights} is truncated or corrupted ({exc})") from None
-    got = {k: tuple(v.shape) for k, v in state.items()}
-    problems = [f"missing {k} {list(s)}" for k, s in expected.items() if k not in got]
-    problems += [f"unexpected {k} {list(s)}" for k, s in got.items() if k not in expected]
-    problems += [
-        f"{k}: checkpoint has {list(got[k])}, the spec needs {list(s)}"
-        for k, s in expected.items()
-        if k in got and got[k] != s
-    ]
+        state = load(data if data is not None else _read(weights))
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(
+            f"{escape(str(weights))} is truncated or corrupted ({escape(str(exc))})"
+        ) from None
+    state = {k: v.to(device) for k, v in state.items()}
+    problems = check_weights(state, expected, cast=cast)
     if problems:
         shown = "\n  ".join(problems[:20]) + (
             f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         )
-        raise CheckpointError(f"the weights in {weights} do not match {path / SPEC_FILE}:\n  {shown}")
+        raise CheckpointError(
+            f"the weights in {escape(str(weights))} do not match {escape(str(path / SPEC_FILE))}:\n  {shown}"
+        )
     return state

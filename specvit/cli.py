@@ -1,7 +1,9 @@
 """The ``specvit`` command line: validate, schema, summary, render, export, eject.
 
 Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
-exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch.
+exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch. Everything
+printed passes through :func:`_say`, which escapes control characters (ANSI sequences) that came
+from the input, so no spec, file name or checkpoint can write to the terminal.
 """
 
 from __future__ import annotations
@@ -12,13 +14,30 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from specvit.errors import SpecError
+from specvit.errors import CheckpointError, MissingDependencyError, SpecError
+from specvit.text import escape
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
 
 EXIT_SPEC_ERROR = 2
 EXIT_IO_ERROR = 1
+
+
+def _say(text: object, *, err: bool = False) -> None:
+    """Print ``text`` with every control character but the line breaks escaped (``\\x1b``)."""
+    print("\n".join(escape(line) for line in str(text).split("\n")), file=sys.stderr if err else sys.stdout)
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{escape(text)!s} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -45,9 +64,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except SpecError as exc:
             problems.append(str(exc))
             continue
-        print(f"ok  {spec.summary_line()}")
+        _say(f"ok  {spec.summary_line()}")
     if problems:
-        print("\n".join(problems), file=sys.stderr)
+        _say("\n".join(problems), err=True)
         return EXIT_SPEC_ERROR
     return 0
 
@@ -60,7 +79,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
         from specvit.io import atomic_write
 
         atomic_write(args.output, text)
-        print(f"wrote {args.output}")
+        _say(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
     return 0
@@ -88,7 +107,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
     else:
-        print(format_table(graph, expand=args.expand))
+        _say(format_table(graph, expand=args.expand))
     return 0
 
 
@@ -98,9 +117,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         written = render(_load(args.spec, args.set), args.output, view=args.view, direction=args.direction)
     except RenderError as exc:
-        print(f"specvit render: {exc}", file=sys.stderr)
+        _say(f"specvit render: {exc}", err=True)
         return EXIT_IO_ERROR
-    print(f"wrote {written}")
+    _say(f"wrote {written}")
     return 0
 
 
@@ -108,25 +127,40 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.checkpoint and not args.spec:
         print("specvit export: give a SPEC or --checkpoint DIR", file=sys.stderr)
         return EXIT_SPEC_ERROR
+    if args.checkpoint and args.spec:
+        print("specvit export: give a SPEC or --checkpoint DIR, not both", file=sys.stderr)
+        return EXIT_SPEC_ERROR
+    import os
+
+    from specvit.checkpoint import MANIFEST_FILE, SPEC_FILE, WEIGHTS_FILE
     from specvit.compile import build_model, load_pretrained
     from specvit.export import example_inputs, export_onnx
+    from specvit.io import refuse_inputs, spec_inputs
 
-    model = load_pretrained(args.checkpoint) if args.checkpoint else build_model(_load(args.spec, args.set))
+    if args.checkpoint:
+        names = (SPEC_FILE, WEIGHTS_FILE, MANIFEST_FILE)
+        refuse_inputs(args.output, {os.path.join(args.checkpoint, n): f"the checkpoint's {n}" for n in names})
+        model = load_pretrained(args.checkpoint)
+    else:
+        from specvit.graph import build_graph
+
+        spec = _load(args.spec, args.set)
+        refuse_inputs(args.output, spec_inputs(spec))
+        example_inputs(build_graph(spec), batch=2, device="meta")  # refuses huge inputs before the build
+        model = build_model(spec)
     written = export_onnx(model, args.output, example_inputs(model, batch=2))
-    print(f"wrote {written} (batch dimension dynamic)")
+    _say(f"wrote {written} (batch dimension dynamic)")
     return 0
 
 
 def cmd_eject(args: argparse.Namespace) -> int:
-    import os
-
     from specvit.compile import eject
+    from specvit.io import refuse_inputs, spec_inputs
 
-    if os.path.exists(args.output) and os.path.samefile(args.output, args.spec):
-        print(f"specvit eject: -o {args.output} is the spec itself; name another file", file=sys.stderr)
-        return EXIT_IO_ERROR
-    eject(_load(args.spec, args.set), args.output)
-    print(f"wrote {args.output} (standalone PyTorch: Model() builds it)")
+    spec = _load(args.spec, args.set)
+    refuse_inputs(args.output, spec_inputs(spec))
+    eject(spec, args.output)
+    _say(f"wrote {args.output} (standalone PyTorch: Model() builds it)")
     return 0
 
 
@@ -153,12 +187,19 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def _add_sizes(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
-    g.add_argument("--batch", type=int, default=1, metavar="N", help="batch size B (default 1)")
+    g.add_argument("--batch", type=_positive, default=1, metavar="N", help="batch size B (default 1)")
     g.add_argument(
-        "--seq-len", type=int, metavar="N", help="sequence length S of token/feature inputs (default 128)"
+        "--seq-len",
+        type=_positive,
+        metavar="N",
+        help="sequence length S of token/feature inputs (default 128)",
     )
-    g.add_argument("--src-len", type=int, metavar="N", help="encoder length S_src of an encoder_decoder")
-    g.add_argument("--tgt-len", type=int, metavar="N", help="decoder length S_tgt of an encoder_decoder")
+    g.add_argument(
+        "--src-len", type=_positive, metavar="N", help="encoder length S_src of an encoder_decoder"
+    )
+    g.add_argument(
+        "--tgt-len", type=_positive, metavar="N", help="decoder length S_tgt of an encoder_decoder"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,14 +317,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except SpecError as exc:
-        print(exc, file=sys.stderr)
+        _say(exc, err=True)
         return EXIT_SPEC_ERROR
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
     except OSError as exc:
-        print(f"specvit: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        _say(f"specvit {args.command}: {exc.filename or ''}: {exc.strerror or exc}", err=True)
         return EXIT_IO_ERROR
+    except MissingDependencyError as exc:
+        _say(f"specvit {args.command}: {exc}", err=True)
+        return EXIT_IO_ERROR
+    except ModuleNotFoundError as exc:  # a package specvit needs is missing or broken: say which
+        _say(
+            f"specvit {args.command}: needs the package '{exc.name}', which is not installed ({exc})",
+            err=True,
+        )
+        return EXIT_IO_ERROR
+    except CheckpointError as exc:
+        _say(f"specvit {args.command}: {exc}", err=True)
+        return EXIT_SPEC_ERROR
 
 
 if __name__ == "__main__":

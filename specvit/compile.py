@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specvit.checkpoint import SPEC_FILE, read_weights
+from specvit.checkpoint import SPEC_FILE, read_checkpoint, read_weights
 from specvit.codegen.build import compile_graph
 from specvit.codegen.eject import eject_source
 from specvit.errors import SpecError
@@ -20,23 +20,9 @@ from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import graph_of
 from specvit.io import atomic_write
 from specvit.model import MODEL_CLASSES, Block, SpecModel
+from specvit.resources import available_memory, memory_budget
 
 __all__ = ["available_memory", "build_model", "eject", "load_pretrained"]
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation on this machine (Linux ``MemAvailable``), if known."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _check_fits(
@@ -50,7 +36,7 @@ def _check_fits(
     need = graph.total_params * item
     limit, what = (max_bytes, "the limit given") if max_bytes is not None else (None, "")
     if limit is None and device.type == "cpu":
-        limit, what = available_memory(), "the memory available"
+        limit, what = memory_budget()
     if limit is not None and need > limit:
         raise SpecError.at(
             f"{graph.name}: its {graph.total_params:,} parameters need {format_count(need)}B as "
@@ -78,7 +64,7 @@ def build_model(
         dtype: parameter dtype (default: torch's default dtype).
         overrides: dotted-key overrides for a spec or spec file, e.g. ``{"encoder.depth": 2}``.
         max_bytes: refuse to allocate weights larger than this; on CPU the default limit is the memory
-            available. Building on the meta device is never refused.
+            available, under the process's cgroup (container) limit too. Building on the meta device is never refused.
         checkpointing: recompute each block's activations in the backward pass instead of storing
             them (``torch.utils.checkpoint``): less memory for one more forward per block in training.
 
@@ -141,12 +127,19 @@ def load_pretrained(
 
     Raises:
         SpecError: when ``spec.yaml`` is invalid.
-        CheckpointError: when the weight file is missing, truncated, corrupted, or its keys or shapes
-            do not match the spec (every mismatch is named).
+        CheckpointError: when a file or the manifest is missing, a file is not the one the manifest was
+            written for (an interrupted or concurrent save), the weight file is truncated or corrupted, or
+            its keys, shapes or dtypes do not match the spec (every mismatch is named).
     """
-    model = build_model(os.path.join(directory, SPEC_FILE), device="meta", dtype=dtype)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = read_weights(directory, expected, str(torch.device(device or "cpu")))
+    from specvit.spec.loader import parse_spec
+
+    contents = read_checkpoint(directory)
+    spec = parse_spec(contents.spec_text, source=os.path.join(directory, SPEC_FILE))
+    model = build_model(spec, device="meta", dtype=dtype)
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    target = str(torch.device(device or "cpu"))
+    state = read_weights(directory, expected, target, data=contents.weights, cast=dtype is not None)
+    contents.verify()  # after the checks above, which name what differs when the spec was edited by hand
     if dtype is not None:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Location", "Problem", "SpecError"]
+from specvit.text import escape, visible
+
+__all__ = ["CheckpointError", "Location", "MissingDependencyError", "Problem", "SpecError"]
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,10 @@ class Location:
     col: int = 0
 
     def __str__(self) -> str:
+        file = escape(self.file)  # a file name is input too: no escape sequence reaches the terminal
         if not self.line:
-            return self.file
-        return f"{self.file}:{self.line}:{self.col}" if self.col else f"{self.file}:{self.line}"
+            return file
+        return f"{file}:{self.line}:{self.col}" if self.col else f"{file}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,15 @@ class Problem:
     location: Location | None = None
 
     def __str__(self) -> str:
+        """One line: control and invisible characters from the input are escaped (``\\x1b``), never raw."""
         parts = []
         if self.location is not None:
             parts.append(f"{self.location}:")
         if self.path:
-            parts.append(f"{self.path}:")
-        parts.append(self.message)
+            parts.append(f"{visible(self.path)}:")  # keys are ASCII: anything else is shown escaped
+        parts.append(escape(self.message))
         text = " ".join(parts)
-        return f"{text} ({self.hint})" if self.hint else text
+        return f"{text} ({escape(self.hint)})" if self.hint else text
 
 
 class SpecError(ValueError):
@@ -82,3 +86,24 @@ class SpecError(ValueError):
     ) -> SpecError:
         """A SpecError holding a single problem."""
         return cls(Problem(path=path, message=message, hint=hint, location=location))
+
+
+class MissingDependencyError(ImportError):
+    """An optional package a feature needs is not installed; the message says which extra installs it.
+
+    Args:
+        package: the missing import name (``onnxscript``).
+        extra: the specvit extra that installs it (``export``).
+        feature: what needs it, for the message (``ONNX export``).
+    """
+
+    def __init__(self, package: str, extra: str, feature: str):
+        super().__init__(
+            f"{feature} needs the package '{package}', which is not installed: pip install 'specvit[{extra}]'",
+            name=package,
+        )
+        self.extra = extra
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written, is incomplete or mixed, or does not match its spec."""

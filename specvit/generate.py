@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +28,47 @@ def _pick(logits: Tensor, temperature: float, top_k: int | None, generator: torc
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
+def _integer(value: object, name: str, *, low: int, hint: str = "") -> int:
+    """``value`` as an int >= ``low`` (NumPy and 0-d tensor integers too), or a TypeError / ValueError."""
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
+    if n < low:
+        raise ValueError(f"{name} must be >= {low}, got {n}" + (f" ({hint})" if hint else ""))
+    return n
+
+
+def _temperature(value: object) -> float:
+    """``value`` as a finite float >= 0, or a TypeError / ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"temperature must be a number, got {type(value).__name__} {value!r}")
+    t = float(value)
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 for greedy), got {t}")
+    return t
+
+
+def _check_prompt(tokens: object) -> None:
+    """A prompt is a (B, T0) tensor of integer ids with B >= 1 and T0 >= 1."""
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"the prompt must be a torch.Tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"the prompt must be a 2-D (batch, length) tensor of integer token ids, got a {tokens.dim()}-D "
+            f"{str(tokens.dtype).removeprefix('torch.')} tensor of shape {list(tokens.shape)}"
+        )
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(
+            f"the prompt is empty (shape {list(tokens.shape)}): give at least one sequence of at least one "
+            "token, e.g. a BOS id"
+        )
+
+
 def decode_loop(
     step: Step,
     new_cache: Callable[[], Any],
@@ -46,12 +90,20 @@ def decode_loop(
         max_new_tokens: the most tokens to add.
         eos_id: a finished sequence keeps emitting this id; stop when every sequence has finished.
         temperature: 0 for greedy.
-        top_k: restrict sampling to the k most likely tokens.
+        top_k: restrict sampling to the k most likely tokens (>= 1), or None for all.
         use_cache: feed one token per step into a KV cache instead of the whole sequence.
         generator: random generator for sampling.
+
+    Raises:
+        TypeError: an argument of the wrong type (NumPy integers are integers).
+        ValueError: an empty prompt, ``top_k`` < 1, a negative or non-finite temperature, a negative
+            ``max_new_tokens`` or ``eos_id``.
     """
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", low=0)
+    eos_id = None if eos_id is None else _integer(eos_id, "eos_id", low=0)
+    top_k = None if top_k is None else _integer(top_k, "top_k", low=1, hint="None samples from every token")
+    temperature = _temperature(temperature)
+    _check_prompt(tokens)
     cache = new_cache() if use_cache else None
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     seq = tokens

@@ -1,15 +1,72 @@
-"""Writing files whole or not at all."""
+"""Writing files whole or not at all, never over a file the user did not name, nor over an input.
+
+Errors name the file the user asked for, never the hidden temporary file beside it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["atomic_open", "atomic_write"]
+__all__ = ["atomic_create", "atomic_open", "atomic_path", "atomic_write", "refuse_inputs", "spec_inputs"]
+
+
+def _parent(target: Path) -> None:
+    """Create ``target``'s missing parent directories, or say which part of the path is not a directory."""
+    for ancestor in target.parents:
+        if ancestor.exists() or ancestor.is_symlink():
+            if not ancestor.is_dir():
+                raise NotADirectoryError(
+                    errno.ENOTDIR, f"cannot write it: {ancestor} is a file, not a directory", str(target)
+                )
+            break
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _about(exc, target) from None
+
+
+def _about(exc: OSError, target: Path) -> OSError:
+    """``exc`` as an error about ``target`` (the path the user named), of the same class."""
+    return OSError(exc.errno, exc.strerror or str(exc), str(target)) if exc.errno else exc
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+    """The name of a temporary file beside ``path``; on success it replaces ``path`` in one rename.
+
+    For writers that take a file name (``program.save(name)``). If the body raises, the temporary file is
+    removed and ``path`` keeps its old content; an OSError names ``path``, not the temporary file.
+
+    Args:
+        path: the file to write.
+    """
+    target = Path(path)
+    _parent(target)
+    if target.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file", str(target))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise _about(exc, target) from None
+    try:
+        os.chmod(tmp, _mode_for(target))  # mkstemp makes 0600; give the file the mode a plain open would
+        yield tmp
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise _about(exc, target) from None
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager
@@ -17,25 +74,15 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a temporary file (binary) beside ``path``; on success it replaces ``path`` in one rename.
 
     If the body raises, the temporary file is removed and ``path`` keeps its old content. Missing parent
-    directories are created.
+    directories are created. An OSError names ``path``, not the temporary file.
 
     Args:
         path: the file to write.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    try:
-        os.chmod(tmp, _mode_for(target))  # mkstemp makes 0600; give the file the mode a plain open would
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _mode_for(target: Path) -> int:
@@ -57,3 +104,80 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
     """
     with atomic_open(path) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
+    """Write ``data`` to ``path`` whole, only if no file is there: never over an existing file.
+
+    For files the user did not name (the ``.dot`` source written beside a diagram that could not be
+    drawn): the temporary file is hard-linked into place, which fails if ``path`` exists.
+
+    Args:
+        path: the file to create.
+        data: text (written as UTF-8) or bytes.
+
+    Returns:
+        True if the file was written, False if ``path`` already existed (it is left as it was).
+    """
+    target = Path(path)
+    if target.exists() or target.is_symlink():
+        return False
+    _parent(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise _about(exc, target) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(target))
+        os.link(tmp, target)  # fails if target exists: a file created meanwhile is never replaced
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise _about(exc, target) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return True
+
+
+def spec_inputs(source: Any) -> dict[str, str]:
+    """The files a spec (or a graph or model of one) was read from, each with what it is to the spec.
+
+    Args:
+        source: a Spec, an ArchGraph, a compiled model, or anything else (no files).
+
+    Returns:
+        ``{path: "the spec itself"}`` for the spec file, ``"the spec's base <path> (extends)"`` for the
+        files of its extends chain.
+    """
+    spec = getattr(source, "spec", source)
+    files = list(getattr(getattr(spec, "_source", None), "files", []))
+    return {f: "the spec itself" if i == 0 else f"the spec's base {f} (extends)" for i, f in enumerate(files)}
+
+
+def refuse_inputs(output: str | os.PathLike[str], inputs: Mapping[str, str]) -> None:
+    """Refuse to write ``output`` when it is one of ``inputs`` (the same file, through any path or link).
+
+    Args:
+        output: the file about to be written.
+        inputs: the files read to make it, each with what it is (``"the spec itself"``).
+
+    Raises:
+        FileExistsError: naming the output and the input it is.
+    """
+    out = Path(output)
+    if not out.exists():
+        return
+    for item, what in inputs.items():
+        try:
+            same = os.path.samefile(out, item)
+        except OSError:  # the input is gone: the output cannot be it
+            continue
+        if same:
+            raise FileExistsError(
+                errno.EEXIST, f"is {what}; writing it would replace it: name another file", str(out)
+            )

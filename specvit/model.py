@@ -58,6 +58,26 @@ class SpecModel(nn.Module):
         object.__setattr__(self, "graph", graph)  # plain attributes, not modules
         object.__setattr__(self, "spec", graph.spec)
 
+    def _check_ids(self, tokens: Tensor, arg: str, what: str) -> None:
+        """Refuse token ids outside the vocabulary of the input ``arg`` (an embedding would raise IndexError).
+
+        Args:
+            tokens: the ids.
+            arg: the forward argument they are for (``tokens``, ``src``, ``tgt``).
+            what: how to name them in the message.
+        """
+        vocab = next(
+            (self.graph[n]["p"].vocab for n in self.graph.placeholders() if self.graph[n]["p"].arg == arg),
+            None,
+        )
+        if vocab is None or tokens.numel() == 0 or tokens.is_floating_point():
+            return
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"{what} holds the id {low if low < 0 else high}, outside the vocabulary 0..{vocab - 1}"
+            )
+
     def blocks(self) -> list[Block]:
         """Every block of every stack, in order."""
         return [m for m in self.modules() if isinstance(m, Block)]
@@ -84,7 +104,7 @@ class SpecModel(nn.Module):
     def save_pretrained(
         self, directory: str | Path, *, overwrite: bool = False, state_dict: dict[str, Tensor] | None = None
     ) -> Path:
-        """Write ``spec.yaml`` and ``model.safetensors`` into ``directory``.
+        """Write ``spec.yaml``, ``model.safetensors`` and the manifest ``checkpoint.json`` into ``directory``.
 
         Args:
             directory: the checkpoint directory; created if missing.
@@ -128,7 +148,10 @@ class DecoderModel(SpecModel):
         Returns:
             (B, T0 + n) with n <= max_new_tokens.
         """
-        from specvit.generate import decode_loop
+        from specvit.generate import _check_prompt, decode_loop
+
+        _check_prompt(tokens)
+        self._check_ids(tokens, "tokens", "the prompt")
 
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
             return self(seq, cache=cache, offset=offset)[:, -1]  # (B, V)
@@ -185,8 +208,12 @@ class EncoderDecoderModel(SpecModel):
         Returns:
             (B, 1 + n) decoder tokens, BOS first.
         """
-        from specvit.generate import decode_loop
+        from specvit.generate import _check_prompt, _integer, decode_loop
 
+        _check_prompt(src)
+        self._check_ids(src, "src", "src")
+        bos_id = _integer(bos_id, "bos_id", low=0)
+        self._check_ids(torch.tensor([bos_id]), "tgt", "bos_id")
         masks = {"src_key_padding_mask": src_key_padding_mask} if src_key_padding_mask is not None else {}
         memory = self.encode(src, **masks)
 

@@ -184,6 +184,13 @@ def _extends_chain(d: Path) -> None:
     (d / "c40.yaml").write_text(VALID)
 
 
+def _extends_bytes(d: Path) -> None:
+    pad = ("# " + "x" * 1021 + "\n") * 300  # 300 KiB of comment: each file is far under the limit
+    for i in range(4):
+        (d / f"b{i}.yaml").write_text(f"specvit: 1\nextends: b{i + 1}.yaml\n" + pad)
+    (d / "b4.yaml").write_text(VALID)
+
+
 def _unreadable(d: Path) -> None:
     path = d / "path_unreadable.yaml"
     path.write_text(VALID)
@@ -425,6 +432,88 @@ CASES: list[Case] = [
         spec="c00.yaml",
         error_file="c31.yaml",
     ),
+    Case(
+        "extends_bytes",
+        "a chain of 5 files of 300 KiB each: each under the 1 MiB limit, together over it",
+        "2:10: extends: the extends chain holds more than 1,048,576 bytes: with 'b3.yaml' its 4 files hold "
+        "1,228,912",
+        setup=_extends_bytes,
+        spec="b0.yaml",
+        error_file="b2.yaml",
+    ),
+    # --- YAML 1.1 forms that YAML 1.2 reads as another value
+    Case(
+        "yaml11_octal",
+        "`depth: 012` (octal 10 in YAML 1.1, 12 in YAML 1.2)",
+        "9:10: encoder.depth: 012 is the octal number 10 in YAML 1.1 (a leading zero) but 12 in YAML 1.2 "
+        "(write 12 without the leading zero (or 0o12 for octal), or quote the value for a string: '012')",
+        text=_valid_with("depth: 2", "depth: 012"),
+    ),
+    Case(
+        "yaml11_boolean",
+        "`cls: yes` (a boolean in YAML 1.1, a string in YAML 1.2)",
+        "6:17: encoder.prefix.cls: yes is the boolean true in YAML 1.1 but a string in YAML 1.2 "
+        "(write true for the boolean, or quote the value for a string: 'yes')",
+        text=_valid_with("cls: true", "cls: yes"),
+    ),
+    Case(
+        "yaml11_underscore",
+        "`width: 7_68` (768 in YAML 1.1, a string in YAML 1.2)",
+        "8:10: encoder.width: 7_68 is the number 768 in YAML 1.1 but a string in YAML 1.2 (the '_')",
+        text=_valid_with("width: 768", "width: 7_68"),
+    ),
+    Case(
+        "yaml11_base60",
+        "`width: 12:48` (base 60, 768, in YAML 1.1; a string in YAML 1.2)",
+        "8:10: encoder.width: 12:48 is the base-60 number 768 in YAML 1.1 but a string in YAML 1.2",
+        text=_valid_with("width: 768", "width: 12:48"),
+    ),
+    Case(
+        "yaml11_leading_zero",
+        "`depth: 08` (a string in YAML 1.1, 8 in YAML 1.2)",
+        "9:10: encoder.depth: 08 is a string in YAML 1.1 (a leading zero) but the number 8 in YAML 1.2",
+        text=_valid_with("depth: 2", "depth: 08"),
+    ),
+    Case(
+        "duplicate_merge_key",
+        "two merge keys (`<<: *a` and `<<: *b`) in one mapping",
+        "20:3: x: a second merge key (<<) in one mapping (first at line 19) "
+        "(a mapping has one merge key; merge several mappings with one: <<: [*a, *b])",
+        text=(VALID + "a: &a {k: 1}\nb: &b {j: 2}\nx:\n  <<: *a\n  <<: *b\n").encode(),
+    ),
+    # --- characters that would act on the terminal or pass for others
+    Case(
+        "ansi_key",
+        'a key holding ANSI escape sequences (`"\\e[2J\\e[H": 1`: clear the screen)',
+        "16:1: \\x1b[2J\\x1b[H: unknown key '\\x1b[2J\\x1b[H' (it contains a control character \\x1b;",
+        text=(VALID + '"\\e[2J\\e[H": 1\n').encode(),
+    ),
+    Case(
+        "newline_in_value",
+        'a name holding a newline and a fake "ok" line (`name: "x\\nok  tiny"`)',
+        "2:7: name: 'x\\x0aok  tiny' is not a valid name",
+        text=_valid_with("name: tiny", 'name: "x\\nok  tiny"'),
+    ),
+    Case(
+        "bidi_value",
+        "a name holding a right-to-left override (U+202E), which reverses the text after it",
+        "2:7: name: '\\u202eymmud' is not a valid name",
+        text=_valid_with("name: tiny", 'name: "\\u202Eymmud"'),
+    ),
+    Case(
+        "confusable_key",
+        "a key with a Cyrillic 'е' that looks like the Latin 'e' (`dеpth`)",
+        "10:3: encoder.d\\u0435pth: unknown key 'd\\u0435pth' (it contains a Cyrillic 'е' (U+0435) that looks "
+        "like 'e'; did you mean 'depth'?)",
+        text=_valid_with("  depth: 2\n", "  depth: 2\n  d\u0435pth: 2\n"),
+    ),
+    Case(
+        "confusable_kind",
+        "a kind with a Cyrillic 'а' (`kind: lаyernorm`)",
+        "13:18: encoder.block.norm.kind: 'l\\u0430yernorm' is not one of layernorm, rmsnorm (it contains "
+        "a Cyrillic 'а' (U+0430) that looks like 'a'; did you mean 'layernorm'?)",
+        text=_valid_with("kind: layernorm", "kind: l\u0430yernorm"),
+    ),
     # --- the spec path itself
     Case(
         "path_missing",
@@ -586,8 +675,21 @@ The policy:
 - **Bounded.** A spec file is at most 1 MiB (larger files are refused before they are read), nests at
   most 64 levels deep, and holds at most 10,000 values, counted after aliases (`*name`) and merge keys
   (`<<`) are expanded, so that no file can hang specvit or exhaust its memory. An alias may not refer to
-  a collection that contains it. A chain of `extends` is at most 32 files long and may not loop; it names
-  regular files only (a FIFO or a device would wait forever for input).
+  a collection that contains it. A chain of `extends` is at most 32 files long, holds at most 1 MiB in
+  all (the limit holds for the chain, not for each file) and may not loop; it names regular files only
+  (a FIFO or a device would wait forever for input).
+- **YAML 1.2 where YAML 1.1 differs.** `2024-05-01` and `=` are strings, as YAML 1.2 reads them (PyYAML's
+  YAML 1.1 makes a timestamp and a "value" tag of them), and `0o17` is an integer. The forms YAML 1.1 and
+  1.2 read as different values are refused with the fix: `012` (octal 10, or 12), `08` (a string, or 8),
+  `1_000` and `12:48` (numbers, or strings), `0b101`, and `yes`/`no`/`on`/`off` (booleans, or strings);
+  the hint gives the number to write, or says to quote the value for a string. A mapping has at most one
+  merge key (`<<`); merge several mappings with `<<: [*a, *b]`.
+- **Nothing reaches the terminal raw.** Every key, value and file name echoed in a message has its
+  control characters (ANSI escape sequences, carriage returns, newlines) and invisible characters
+  (zero-width spaces, bidirectional overrides) written as escapes (`\\x1b`, `\\u202e`), so a spec cannot
+  clear the screen, fake an "ok" line or hide text; one problem is always one line. Characters that pass
+  for ASCII letters (a Cyrillic `е` in `dеpth`, a fullwidth `ｗ`) are shown escaped (`d\\u0435pth`) and
+  named ("it contains a Cyrillic 'е' (U+0435) that looks like 'e'").
 - **Slow is bounded, not absent.** PyYAML's scanner is pure Python and reads roughly 0.3 to 1 MB a
   second, so a document near the limits (a 1 MiB comment, 1 MiB of blank lines, 10,000 keys and values)
   takes a few seconds to refuse or accept; the limits are what keep that from growing.
@@ -604,11 +706,103 @@ The inputs tried, and the first error line each gets (the temporary directory le
 
 """
 
+_BEYOND_INTRO = """
+## Beyond the spec file
+
+What else a hostile input can be, and what specvit does; each row names the test that checks it.
+
+"""
+
 _OUTRO = """
-Besides this table, `tests/test_robustness.py` gives `specvit.parse_spec` random bytes and random
+Besides these tables, `tests/test_robustness.py` gives `specvit.parse_spec` random bytes and random
 YAML-like text built from YAML tokens and spec keys (Hypothesis), and `tests/fuzz_parse_spec.py` fuzzes
 it with coverage guidance (atheris; `make fuzz`): every outcome must be a spec or a `SpecError`.
+`tests/test_hostile_text.py` gives the command line random `--set` items drawn from the `KEY.KEY=VALUE`
+grammar (keys, indices, non-ASCII digits, empty parts, escape sequences, YAML values): every outcome is
+status 0 or 2 and lines safe to print. `tests/test_checkpoint_unit.py` damages checkpoint directories at
+random (flipped, truncated, deleted, emptied files, files of another save): every load gives back the
+saved model exactly or raises a `CheckpointError`.
 """
+
+
+@dataclass(frozen=True)
+class Beyond:
+    """A hostile input that is not a spec file, what specvit does with it, and the test that checks it.
+
+    Args:
+        id: a short name.
+        input: what the input is.
+        outcome: what specvit does.
+        test: ``file::function`` of the test.
+    """
+
+    id: str
+    input: str
+    outcome: str
+    test: str
+
+
+_IO = "tests/test_hostile_io.py::"
+_TEXT = "tests/test_hostile_text.py::"
+_CK = "tests/test_checkpoint_unit.py::"
+
+BEYOND: list[Beyond] = [
+    Beyond("checkpoint_concurrent_saves", "two processes save different models into one directory at once",
+           "saves take an exclusive lock on the directory: one runs after the other, and the last loads whole",
+           _CK + "test_a_second_save_waits_for_the_first"),
+    Beyond("checkpoint_mixed", "one save's `spec.yaml` beside another save's weights (the lock bypassed)",
+           "`CheckpointError`: the file is not the one `checkpoint.json` (SHA-256 of both) was written for",
+           _CK + "test_a_save_inside_another_save_never_loads_as_a_mix"),
+    Beyond("checkpoint_interrupted", "a save killed after its weights, before its spec",
+           "`CheckpointError`: `checkpoint.json` is missing, the checkpoint is incomplete (a save removes "
+           "the manifest first and writes it last)", _CK + "test_an_interrupted_save_never_loads"),
+    Beyond("checkpoint_dtype", "a weight stored as int64, or as float64 among float32 ones",
+           "`CheckpointError` naming each tensor and its dtype; a checkpoint of one dtype loads in it",
+           _CK + "test_tensors_of_the_wrong_dtype_are_named"),
+    Beyond("checkpoint_damaged", "random damage to any file of a checkpoint (Hypothesis)",
+           "the saved model exactly, or `CheckpointError`", _CK + "test_a_damaged_checkpoint_loads_whole_or_not_at_all"),
+    Beyond("render_input", "`render model.mmd -o model.mmd`, through a symlink, or over a base of `extends`",
+           "refused before writing: `-o` is the spec itself (render, eject and export alike)",
+           _IO + "test_no_command_writes_over_its_input"),
+    Beyond("render_fallback_dot", "`render -o hand.svg` without Graphviz beside an existing `hand.dot`",
+           "the `.dot` source is written only where no file is; an existing one is left and the message "
+           "says so", _IO + "test_the_dot_fallback_never_replaces_a_file"),
+    Beyond("write_error", "a write that fails (disk full) or an output under a file (`-o afile/x.mmd`)",
+           "the message names the output the user gave (`afile is a file, not a directory`), never the "
+           "hidden temporary file", _IO + "test_write_errors_name_the_output_not_the_temporary_file"),
+    Beyond("render_expanded_huge", "`render --view expanded` of a 1,024-layer spec (6,000 boxes)",
+           "refused at once: at most 1,000 boxes are drawn; the collapsed view draws it",
+           _IO + "test_an_expanded_render_is_bounded_in_boxes"),
+    Beyond("export_huge_input", "`export` of a valid spec whose example input would take 6.4 GB",
+           "`SpecError` before anything is allocated: example inputs take at most 256 MiB (or half the "
+           "memory available)", _IO + "test_export_refuses_a_huge_example_input_without_a_traceback"),
+    Beyond("cgroup_limit", "a build under a container (cgroup v1 or v2) memory limit below `MemAvailable`",
+           "refused before allocating, naming the cgroup limit", _IO + "test_a_build_over_the_cgroup_limit_is_refused"),
+    Beyond("set_non_ascii_digit", "`--set layers.²=mlp` (an index written with a non-ASCII digit)",
+           "`SpecError` at `<--set ...>`: write list indices with the digits 0-9",
+           _TEXT + "test_an_index_with_a_non_ascii_digit_is_refused"),
+    Beyond("set_unknown_key", "`--set encoder.x.y=1` (an unknown key, created by `--set`)",
+           "the problem is located at `<--set encoder.x.y=1>`, not at a line of the file",
+           _TEXT + "test_problems_from_set_say_they_came_from_set"),
+    Beyond("set_grammar", "random `--set` items (Hypothesis)", "status 0 or 2, never a traceback",
+           _TEXT + "test_any_set_items_give_a_spec_or_a_clear_error"),
+    Beyond("export_checkpoint_mismatch", "`export --checkpoint DIR` whose weights do not match its spec",
+           "`specvit export: the weights in ... do not match ...`, status 2",
+           _IO + "test_export_of_a_mismatched_checkpoint_is_a_message"),
+    Beyond("export_without_extra", "`export` without `onnx` or `onnxscript` installed",
+           "`ONNX export needs the package 'onnxscript' ...: pip install 'specvit[export]'`, status 1",
+           _IO + "test_export_without_its_extra_says_what_to_install"),
+    Beyond("summary_zero", "`summary --seq-len 0` (or a negative size, or `--batch 0`)",
+           "refused by the argument parser: must be >= 1", _IO + "test_sizes_must_be_positive"),
+    Beyond("python_cycle", "`parse_spec(d)` where `d` contains itself", "`SpecError` at the key path where it does",
+           _TEXT + "test_a_mapping_that_contains_itself_is_a_spec_error"),
+    Beyond("python_numpy", "NumPy integers, floats and booleans in a spec dict or in overrides",
+           "read as the Python numbers they are; other objects are a `SpecError` naming their type",
+           _TEXT + "test_numpy_numbers_are_numbers"),
+    Beyond("generate_arguments", "`generate(top_k=0)`, an empty prompt, ids outside the vocabulary",
+           "`ValueError` / `TypeError` saying which argument and why",
+           _IO + "test_generate_refuses_bad_arguments_with_the_right_errors"),
+]  # fmt: skip
 
 
 def _cell(text: str) -> str:
@@ -627,7 +821,11 @@ def render_doc(lines: Mapping[str, str | None]) -> str:
         got = _cell(line) if line is not None else "**no error**"
         description = case.input.replace("|", "\\|")
         rows.append(f"| `{case.id}` | {description} | {got} |")
-    return _INTRO + "\n".join(rows) + "\n" + _OUTRO
+    beyond = ["| case | input | what specvit does | test |", "|---|---|---|---|"]
+    for item in BEYOND:
+        cells = (item.input.replace("|", "\\|"), item.outcome.replace("|", "\\|"), f"`{item.test}`")
+        beyond.append(f"| `{item.id}` | {cells[0]} | {cells[1]} | {cells[2]} |")
+    return _INTRO + "\n".join(rows) + "\n" + _BEYOND_INTRO + "\n".join(beyond) + "\n" + _OUTRO
 
 
 def first_lines() -> dict[str, str | None]:

@@ -25,7 +25,7 @@ def _model(**over: object) -> specvit.SpecModel:
 def test_save_and_load_give_equal_outputs(tmp_path: Path) -> None:
     model = _model()
     model.save_pretrained(tmp_path / "ck")
-    assert sorted(os.listdir(tmp_path / "ck")) == ["model.safetensors", "spec.yaml"]
+    assert sorted(os.listdir(tmp_path / "ck")) == ["checkpoint.json", "model.safetensors", "spec.yaml"]
     again = load_pretrained(tmp_path / "ck").eval()
     x = torch.randn(3, 1, 28, 28)
     assert torch.equal(model(x), again(x))

@@ -226,6 +226,18 @@ def test_doc_is_current() -> None:
     )
 
 
+def test_every_case_beyond_the_spec_file_names_a_test_that_exists() -> None:
+    """The second table of docs/robustness.md points at real tests, so it cannot drift from them."""
+    import ast
+
+    ids = [item.id for item in rc.BEYOND]
+    assert len(ids) == len(set(ids))
+    for item in rc.BEYOND:
+        file, _, name = item.test.partition("::")
+        tree = ast.parse((rc.ROOT / file).read_text())
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, item.test
+
+
 # ------------------------------------------------------------------------------------------ properties
 
 

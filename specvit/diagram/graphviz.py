@@ -22,7 +22,7 @@ import graphviz
 
 from specvit.diagram.text import format_count
 from specvit.graph.ir import ArchGraph, Shape
-from specvit.io import atomic_open, atomic_write
+from specvit.io import atomic_create, atomic_open
 
 __all__ = [
     "CATEGORIES",
@@ -465,11 +465,18 @@ def draw_dot(dot: str, path: str | Path) -> Path:
     engine = _engine()
     if engine is None:
         source = path.with_suffix(".dot")
-        atomic_write(source, dot)
+        install = (
+            "Install pygraphviz (`pip install pygraphviz`, its wheel bundles Graphviz) or Graphviz "
+            "(`apt-get install graphviz`)"
+        )
+        if not atomic_create(source, dot):  # a file the user did not name is never replaced
+            raise RenderError(
+                f"no Graphviz to draw {path}; {source} exists, so the Graphviz source was not written there. "
+                f"{install}, or write the source elsewhere: specvit render SPEC -o OTHER.dot"
+            )
         raise RenderError(
-            f"no Graphviz to draw {path}; wrote {source} instead. Install pygraphviz "
-            f"(`pip install pygraphviz`, its wheel bundles Graphviz) or Graphviz (`apt-get install graphviz`), "
-            f"then run: dot -T{fmt} {source} -o {path}"
+            f"no Graphviz to draw {path}; wrote {source} instead. {install}, then run: "
+            f"dot -T{fmt} {source} -o {path}"
         )
     with atomic_open(path) as f:
         try:

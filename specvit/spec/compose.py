@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from specvit.errors import Location, SpecError
 from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
+from specvit.text import quote
 
-__all__ = ["MAX_EXTENDS", "apply_overrides", "load_tree", "parse_overrides", "resolve"]
+__all__ = ["MAX_EXTENDS", "Overrides", "apply_overrides", "load_tree", "parse_overrides", "resolve"]
 
 MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
 
@@ -79,8 +81,32 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | None) -> tuple[Any, SourceMap]:
-    data, source = read_yaml(_read_file(path, shown, at=at), shown)
+def load_tree(
+    path: Path, shown: str, chain: tuple[Path, ...], at: Location | None, total: int = 0
+) -> tuple[Any, SourceMap]:
+    """Read ``path`` and, through ``extends``, every base it names, merged; with where each value came from.
+
+    The bytes of the whole chain count against :data:`MAX_BYTES`, not each file's alone, so that a
+    chain of files near the limit cannot cost many times what one file may.
+
+    Args:
+        path: the file, resolved.
+        shown: its name as the user gave it (or relative to them), for error locations.
+        chain: the files read so far, this one included.
+        at: where the file was named (the ``extends`` of the file before), or None for the spec itself.
+        total: the bytes of the files before it in the chain.
+    """
+    raw = _read_file(path, shown, at=at)
+    if total + len(raw) > MAX_BYTES:
+        raise SpecError.at(
+            f"the extends chain holds more than {MAX_BYTES:,} bytes: with '{shown}' its {len(chain)} files "
+            f"hold {total + len(raw):,}",
+            path="extends",
+            hint="a spec and its bases are a few pages of YAML; shorten the chain or the files",
+            location=at,
+        )
+    data, source = read_yaml(raw, shown)
+    source.files.append(str(path))
     if not isinstance(data, dict) or "extends" not in data:
         return data, source
     base_ref = data.pop("extends")
@@ -109,12 +135,13 @@ def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | No
             location=ref_at,
         )
     base_shown = os.path.relpath(base_path) if not Path(shown).is_absolute() else str(base_path)
-    base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at)
+    base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at, total + len(raw))
     if not isinstance(base_data, dict):
         raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)
     merged = _deep_merge(base_data, data)
     base_source.values.pop(("extends",), None)
     _overlay(base_source, source, data)
+    base_source.files = [*source.files, *base_source.files]
     return merged, base_source
 
 
@@ -150,33 +177,94 @@ def _overlay(base: SourceMap, over: SourceMap, over_data: Any) -> None:
     base.values.update({p: loc for p, loc in over.values.items() if under(p, proper=False)})
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
+class Overrides(dict[str, Any]):
+    """Dotted-key overrides that remember where each came from (``--set encoder.depth=6``).
+
+    Args:
+        origin: the label of each key's origin, shown in place of a file name in its problems.
+    """
+
+    def __init__(self, items: Mapping[str, Any] | None = None, origin: Mapping[str, str] | None = None):
+        super().__init__(items or {})
+        self.origin: dict[str, str] = dict(origin or {})
+
+
+def _check_key(key: Any, label: Location) -> list[str | int]:
+    """The parts of an override's dotted key, or a SpecError saying what is wrong with it."""
+    if not isinstance(key, str):
+        raise SpecError.at(
+            f"an override key must be a string such as 'encoder.depth', got {type(key).__name__}",
+            hint="write dotted keys such as encoder.depth",
+            location=label,
+        )
+    parts = key.split(".")
+    for part in parts:
+        if not part.strip():
+            raise SpecError.at(
+                f"the override path {quote(key)} has an empty key"
+                + (" between dots" if 0 < parts.index(part) < len(parts) - 1 else ""),
+                hint="write dotted keys such as encoder.depth or encoder.block.layers.0",
+                location=label,
+            )
+        if part.isdigit() and not part.isascii():
+            raise SpecError.at(
+                f"the override path {quote(key)} writes the list index {quote(part)} with digits that are not "
+                f"ASCII ({', '.join(unicodedata.name(c, hex(ord(c))) for c in dict.fromkeys(part))})",
+                hint="write list indices with the digits 0-9, e.g. layers.2",
+                location=label,
+            )
+    return split_path(key)
+
+
+def parse_overrides(items: list[str]) -> Overrides:
     """``["encoder.depth=6", "head=none"]`` -> ``{"encoder.depth": 6, "head": "none"}``, values read as YAML.
 
+    Each override remembers its ``--set`` item, so that a problem it causes says it came from ``--set``.
+
+    Args:
+        items: ``KEY=VALUE`` strings, as given to ``--set``.
+
     Raises:
-        SpecError: for an item without ``=`` or with a value that is not plain YAML.
+        SpecError: for an item without ``=``, a key with an empty or non-ASCII-digit part, or a value that
+            is not plain YAML.
     """
-    out: dict[str, Any] = {}
+    out = Overrides()
     for item in items:
         key, sep, text = item.partition("=")
-        label = f"<--set {item}>"
+        label = Location(f"<--set {item}>")
         if not sep or not key.strip():
             raise SpecError.at(
-                f"'{item}' is not KEY=VALUE",
-                hint="write e.g. --set encoder.depth=6",
-                location=Location(label),
+                f"{quote(item)} is not KEY=VALUE", hint="write e.g. --set encoder.depth=6", location=label
             )
-        value, _ = read_yaml(text or "null", label)
+        _check_key(key.strip(), label)
+        value, _ = read_yaml(text or "null", label.file)
         out[key.strip()] = value
+        out.origin[key.strip()] = label.file
     return out
 
 
 def apply_overrides(data: Any, source: SourceMap, overrides: Mapping[str, Any]) -> Any:
+    """Set each dotted key of ``overrides`` in ``data`` (in place), pointing the source map at its origin.
+
+    Every key an override creates, at every level, is located at the override, so that an unknown key
+    from ``--set`` is reported as coming from ``--set``, not from a line of the file.
+
+    Args:
+        data: the parsed spec.
+        source: its source map, updated.
+        overrides: dotted key -> value; a :class:`Overrides` also names each key's origin.
+
+    Raises:
+        SpecError: for a key that does not lead to a place in the spec.
+    """
     if not isinstance(data, dict):
         return data
+    origin = getattr(overrides, "origin", {})
     for key, value in overrides.items():
-        parts = split_path(key)
-        label = Location(f"<override {key}>")
+        label = (
+            Location(origin.get(key, f"<override {key}>")) if isinstance(key, str) else Location("<override>")
+        )
+        parts = _check_key(key, label)
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
@@ -189,10 +277,13 @@ def apply_overrides(data: Any, source: SourceMap, overrides: Mapping[str, Any]) 
                 if last:
                     node[part] = value
                 else:
+                    if part not in node:
+                        source.keys[tuple(parts[: i + 1])] = label
+                        source.values[tuple(parts[: i + 1])] = label
                     node = node.setdefault(part, {})
             else:
                 raise SpecError.at(
-                    f"the override path '{key}' does not lead to a key of the spec",
+                    f"the override path {quote(key)} does not lead to a key of the spec",
                     path=dotted(tuple(parts[:i])),
                     hint="use dotted keys such as encoder.depth",
                     location=label,

@@ -4,6 +4,8 @@ its line (:mod:`~specvit.spec.messages`)."""
 
 from __future__ import annotations
 
+import numbers
+import operator
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,11 +14,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec.compose import apply_overrides, load_tree, parse_overrides, resolve
+from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve
 from specvit.spec.messages import problem, show
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
-from specvit.spec.yamlread import MAX_BYTES, SourceMap, dump_yaml, read_yaml
+from specvit.spec.yamlread import (
+    MAX_BYTES,
+    MAX_NESTING,
+    MAX_VALUES,
+    KeyPath,
+    SourceMap,
+    dotted,
+    dump_yaml,
+    read_yaml,
+)
 
 __all__ = ["MAX_BYTES", "SourceMap", "dump_yaml", "load_spec", "parse_overrides", "parse_spec", "read_yaml"]
 
@@ -82,7 +93,7 @@ def parse_spec(
     """
     label = source or "<string>"
     if isinstance(text_or_mapping, Mapping):
-        data: Any = _copy(text_or_mapping)
+        data: Any = _copy(text_or_mapping, label)
         src = SourceMap(values={(): Location(label)})
     elif isinstance(text_or_mapping, str | bytes):
         data, src = read_yaml(text_or_mapping, label)
@@ -97,7 +108,16 @@ def parse_spec(
             hint="use specvit.load_spec(path) for specs that extend others",
             location=src.locate(("extends",)),
         )
-    return _validate(apply_overrides(data, src, overrides or {}), src)
+    return _validate(apply_overrides(data, src, _plain(overrides)), src)
+
+
+def _plain(overrides: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The overrides with their values made plain data (NumPy integers -> int), origins kept."""
+    if not overrides:
+        return {}
+    out = Overrides({k: _copy(v, f"<override {k}>") for k, v in overrides.items()})
+    out.origin.update(getattr(overrides, "origin", {}))
+    return out
 
 
 def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Spec:
@@ -113,12 +133,58 @@ def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None 
     shown = os.fspath(path)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
-    return _validate(apply_overrides(data, source, overrides or {}), source)
+    return _validate(apply_overrides(data, source, _plain(overrides)), source)
 
 
-def _copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_copy(v) for v in value]
-    return value
+def _copy(value: Any, label: str) -> Any:
+    """A plain copy of a spec given as Python data: dicts, lists, str, int, float, bool and None only.
+
+    NumPy (or any other) integers become ``int`` and real numbers ``float``, as they would read from YAML;
+    a mapping or list that contains itself, nesting deeper than the YAML limit, more values than the YAML
+    limit, a key that is not a string, or a value of another type is a SpecError naming its key path.
+    """
+    budget = [MAX_VALUES]
+
+    def fail(message: str, path: KeyPath, hint: str) -> SpecError:
+        return SpecError.at(message, path=dotted(path), hint=hint, location=Location(label))
+
+    def copy(node: Any, path: KeyPath, inside: tuple[int, ...]) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise fail(f"the spec holds more than {MAX_VALUES} values", path, "a spec has about a hundred")
+        if isinstance(node, Mapping | list | tuple):
+            if id(node) in inside:
+                raise fail("the spec contains itself here", path, "a spec is a tree: give each value once")
+            if len(inside) >= MAX_NESTING:
+                raise fail(
+                    f"the spec nests deeper than {MAX_NESTING} levels", path, "a spec is a few levels deep"
+                )
+            deeper = (*inside, id(node))
+            if isinstance(node, Mapping):
+                out = {}
+                for k, v in node.items():
+                    if not isinstance(k, str):
+                        raise fail(
+                            f"keys must be strings, got {type(k).__name__} {k!r}",
+                            path,
+                            "write the key as a name",
+                        )
+                    out[k] = copy(v, (*path, k), deeper)
+                return out
+            return [copy(v, (*path, i), deeper) for i, v in enumerate(node)]
+        if node is None or isinstance(node, str | bool | int | float):
+            return node
+        if isinstance(node, numbers.Integral):  # numpy.int64, torch.SymInt-free plain integers
+            return operator.index(node)
+        if isinstance(node, numbers.Real):
+            return float(node)
+        item = getattr(node, "item", bool)
+        if type(node).__module__ == "numpy" and getattr(node, "ndim", 1) == 0 and isinstance(item(), bool):
+            return item()  # numpy.bool_
+        raise fail(
+            f"a {type(node).__module__}.{type(node).__qualname__} is not spec data",
+            path,
+            "give dicts, lists, strings, numbers, booleans and None only",
+        )
+
+    return copy(value, (), ())

@@ -10,6 +10,7 @@ from typing import Any
 from specvit.errors import Problem
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import KeyPath, SourceMap, dotted
+from specvit.text import quote, with_oddities
 
 __all__ = ["problem", "show"]
 
@@ -166,8 +167,9 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     if kind == "extra_forbidden":
         key = path[-1] if path else "?"
         options = _fields_of(path[:-1], data)
-        message = f"unknown key '{key}'"
+        message = f"unknown key {quote(str(key))}"
         hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        hint = "; ".join(h for h in (with_oddities(str(key)), hint) if h)
         location = source.locate(path, key=True)
     elif kind == "missing":
         key = path[-1] if path else "?"
@@ -180,8 +182,10 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         expected = ctx.get("expected_tags") or ctx.get("expected", "")
         options = re.findall(r"'([^']*)'", str(expected)) or re.findall(r"[\w.-]+", str(expected))
         shown = ctx.get("tag", value)
-        message = f"{shown!r} is not one of {', '.join(options)}"
+        message = f"{show(shown)} is not one of {', '.join(options)}"
         hint = _suggest(shown, options) or f"use one of {', '.join(options)}"
+        if isinstance(shown, str):
+            hint = "; ".join(h for h in (with_oddities(shown), hint) if h)
         if kind == "union_tag_invalid":
             path = (*path, "kind") if isinstance(value, dict) and "kind" in value else path
             location = source.locate(path)
@@ -197,8 +201,10 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
             "string_type": "a string",
         }[kind]
         message = f"expected {want}, got {show(value)}"
-        if isinstance(value, str) and kind in ("int_type", "float_type"):
+        if isinstance(value, str) and kind in ("int_type", "float_type") and _numeric(value):
             hint = f"write the number without quotes: {value.strip()}"
+        elif isinstance(value, str) and kind in ("int_type", "float_type"):
+            hint = "write a number"  # `2024-05-01` is a string (YAML 1.2), not a number to unquote
         elif isinstance(value, bool) and kind in ("int_type", "float_type"):
             hint = "booleans are not numbers here; write a number"
         elif kind == "bool_type" and isinstance(value, str):
@@ -234,13 +240,22 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     return Problem(key_path, message, hint, location)
 
 
+def _numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number (so that the fix is to drop its quotes)."""
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
 def show(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return repr(value)
+        return quote(value)
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):

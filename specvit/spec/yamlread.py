@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from specvit.errors import Location, Problem, SpecError
+from specvit.text import quote
 
 __all__ = [
     "MAX_BYTES",
@@ -44,6 +45,9 @@ _PLAIN_TAGS = {
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_NOT_IMPLICIT = {"tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value", "tag:yaml.org,2002:yaml"}
+_YAML12_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*|0o[0-7]+|0x[0-9a-fA-F]+)")
+_DECIMAL = re.compile(r"[-+]?[0-9]+")
 
 
 class _TooDeep(yaml.YAMLError):
@@ -68,12 +72,19 @@ class _Loader(yaml.SafeLoader):
         super().fetch_flow_collection_start(token_class)
 
 
-_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+# YAML 1.2 where it differs from PyYAML's YAML 1.1: `2024-05-01` and `=` are strings (1.1 makes a timestamp
+# and a "value" tag of them), `0o17` is an integer; the forms 1.1 and 1.2 read as different values (`012`,
+# `1_000`, `1:30`, `0b1`, `yes`, `off`) are refused by _yaml11_problem, with the fix.
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag not in _NOT_IMPLICIT]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"),
 )
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0o[0-7]+$"), list("-+0"))
 
 
 def _short_tag(tag: str) -> str:
@@ -101,6 +112,7 @@ class SourceMap:
     ):
         self.values: dict[KeyPath, Location] = values or {}
         self.keys: dict[KeyPath, Location] = keys or {}
+        self.files: list[str] = []  # the files read, the spec's own first (its extends chain after it)
 
     def locate(self, path: KeyPath | str, *, key: bool = False) -> Location | None:
         """The location of ``path``, or of its nearest ancestor that the source spells out."""
@@ -243,6 +255,11 @@ class _Converter:
             self.entered.discard(id(node))
 
     def _scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
+        ambiguous = _yaml11_problem(node, self.scalars)
+        if ambiguous is not None:
+            message, hint = ambiguous
+            self.problems.append(Problem(dotted(path), message, hint, _loc(self.file, node.start_mark)))
+            return None
         try:
             return self.scalars.construct_object(node)
         except (ArithmeticError, LookupError, TypeError, ValueError, yaml.YAMLError) as exc:
@@ -263,8 +280,20 @@ class _Converter:
     def _mapping(self, node: yaml.MappingNode, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
         merged: dict[str, Any] = {}
+        first_merge: Location | None = None
         for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG and first_merge is not None:
+                self.problems.append(
+                    Problem(
+                        dotted(path),
+                        f"a second merge key (<<) in one mapping (first at line {first_merge.line})",
+                        "a mapping has one merge key; merge several mappings with one: <<: [*a, *b]",
+                        _loc(self.file, key_node.start_mark),
+                    )
+                )
+                continue
             if key_node.tag == _MERGE_TAG:
+                first_merge = _loc(self.file, key_node.start_mark)
                 for source in value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]:
                     value = self.convert(source, path)
                     if isinstance(value, dict):
@@ -296,7 +325,7 @@ class _Converter:
                 self.problems.append(
                     Problem(
                         dotted(child),
-                        f"duplicate key '{key}' (first at line {self.source.keys[child].line})",
+                        f"duplicate key {quote(key)} (first at line {self.source.keys[child].line})",
                         "a key may appear once per mapping; delete one of them",
                         _loc(self.file, key_node.start_mark),
                     )
@@ -309,6 +338,67 @@ class _Converter:
         return out
 
 
+def _yaml11_problem(node: yaml.ScalarNode, scalars: Any) -> tuple[str, str] | None:
+    """The message and fix for a plain scalar that YAML 1.1 and YAML 1.2 read as different values.
+
+    ``012`` is 10 in YAML 1.1 (octal) and 12 in 1.2; ``1_000`` and ``1:30`` are numbers in 1.1 (1000,
+    90) and strings in 1.2; ``yes`` and ``off`` are booleans in 1.1 and strings in 1.2; ``089`` is a
+    string in 1.1 and 89 in 1.2. A spec must mean one thing to every reader, so these are refused.
+    """
+    text, tag = node.value, node.tag
+    if node.style is not None or tag not in _PLAIN_TAGS:
+        return None
+    quoted = f"quote the value for a string: '{_clip(text)}'"
+    if tag == "tag:yaml.org,2002:bool" and text.lower() not in ("true", "false"):
+        word = "true" if text.lower() in ("yes", "on", "y") else "false"
+        return (
+            f"{_clip(text)} is the boolean {word} in YAML 1.1 but a string in YAML 1.2",
+            f"write {word} for the boolean, or {quoted}",
+        )
+    if tag == "tag:yaml.org,2002:str" and _DECIMAL.fullmatch(text):
+        number = _clip(text.lstrip("+0") or "0")
+        return (
+            f"{_clip(text)} is a string in YAML 1.1 (a leading zero) but the number {number} in YAML 1.2",
+            f"write {number} for the number, or {quoted}",
+        )
+    numeric = tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    if not numeric or (tag.endswith("int") and _YAML12_INT.fullmatch(text)):
+        return None
+    if tag.endswith("float") and "_" not in text and ":" not in text:
+        return None
+    try:
+        old = scalars.construct_object(node)
+    except (ArithmeticError, LookupError, TypeError, ValueError, yaml.YAMLError):
+        return None  # reported by _scalar
+    if _DECIMAL.fullmatch(text.replace("_", "")) and not text.replace("_", "").lstrip("+-").startswith("0"):
+        return (
+            f"{_clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
+            f"write {old} without '_', or {quoted}",
+        )
+    if ":" in text:
+        return (
+            f"{_clip(text)} is the base-60 number {old} in YAML 1.1 but a string in YAML 1.2",
+            f"write {old}, or {quoted}",
+        )
+    if text.lstrip("+-").startswith(("0b", "0B")):
+        return (
+            f"{_clip(text)} is the binary number {old} in YAML 1.1 but a string in YAML 1.2",
+            f"write {old}, or {quoted}",
+        )
+    digits = text.replace("_", "")
+    if _DECIMAL.fullmatch(digits):
+        sign = "-" if digits.startswith("-") else ""
+        twelve = sign + (digits.lstrip("+-").lstrip("0") or "0")
+        return (
+            f"{_clip(text)} is the octal number {old} in YAML 1.1 (a leading zero) but {twelve} in YAML 1.2",
+            f"write {twelve} without the leading zero (or {sign}0o{twelve.lstrip('-')} for octal), or {quoted}",
+        )
+    return (
+        f"{_clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
+        f"write {old} without '_', or {quoted}",
+    )
+
+
 def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -318,7 +408,7 @@ def _show_node(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return repr(_clip(str(node.value)))
+    return quote(_clip(str(node.value)))
 
 
 def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap]:
@@ -388,4 +478,5 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def split_path(path: str) -> list[str | int]:
-    return [int(p) if p.isdigit() else p for p in path.split(".")] if path else []
+    """``"encoder.layers.0"`` -> ``["encoder", "layers", 0]``; only ASCII digits make a list index."""
+    return [int(p) if p.isascii() and p.isdigit() else p for p in path.split(".")] if path else []
