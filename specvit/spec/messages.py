@@ -153,6 +153,18 @@ def _suggest(word: Any, options: list[str]) -> str:
     return f"did you mean '{folded[close[0]]}'?" if close else ""
 
 
+def _mapping_hint(path: KeyPath, value: Any) -> str:
+    """The fix for a value where a mapping belongs; a list of blocks gets the schedule syntax."""
+    if isinstance(value, list) and path and path[-1] == "block":
+        role = dotted(path[:-1])
+        return (
+            f"a stack has one base block; for blocks that differ along the depth, name them under "
+            f"{role}.blocks (each the keys it changes) and order them with {role}.schedule, "
+            "e.g. schedule: [local, local, global]"
+        )
+    return "write the keys of this section indented below it"
+
+
 def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     kind = err["type"]
     path, _ = _walk(data, tuple(err["loc"]))
@@ -225,14 +237,7 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         hint = "use only letters, digits, '_', '.' and '-': the name becomes a file name"
     elif kind == "model_type" or kind == "model_attributes_type" or kind == "dict_type":
         message = f"expected a mapping of keys, got {show(value)}"
-        hint = "write the keys of this section indented below it"
-        if isinstance(value, list) and path and path[-1] == "block":
-            role = dotted(path[:-1])
-            hint = (
-                f"a stack has one base block; for blocks that differ along the depth, name them under "
-                f"{role}.blocks (each the keys it changes) and order them with {role}.schedule, "
-                "e.g. schedule: [local, local, global]"
-            )
+        hint = _mapping_hint(path, value)
     elif kind == "tuple_type" or kind == "list_type":
         message = f"expected a list, got {show(value)}"
     else:
