@@ -388,3 +388,36 @@ def test_what_does_not_exist_points_at_what_does(old: str, new: str, expected: s
         specvit.parse_spec(GPT2.replace(old, new, 1), source="g.yaml")
     first = str(info.value).splitlines()[0]
     assert expected in first and first.startswith("g.yaml:")
+
+
+def _beit(shared: bool) -> specvit.Spec:
+    return specvit.parse_spec(
+        "specvit: 1\nname: beit\nmodel: encoder\nencoder:\n  input: {kind: image, size: 32, patch: 8, channels: 3}\n"
+        f"  prefix: {{cls: true}}\n  position: {{kind: relative2d, shared: {str(shared).lower()}}}\n"
+        "  width: 24\n  depth: 2\n  block: {heads: 3, qkv_bias: [true, false, true], layer_scale: 0.1}\n"
+        "head: {kind: classifier, classes: 5, pool: mean, norm: true}\n"
+    )
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-layer", "shared"])
+def test_beit_relative_bias_matches_hf(shared: bool) -> None:
+    """BEiT's 2D relative bias with its class-token entries, as HF's BeitRelativePositionBias computes it."""
+    from transformers import BeitConfig
+    from transformers.models.beit.modeling_beit import BeitRelativePositionBias
+
+    spec = _beit(shared)
+    model = specvit.build_model(spec).eval()
+    graph = specvit.build_graph(spec)
+    tables = [n for n, _ in model.named_parameters() if n.endswith("relative_position_bias_table")]
+    if shared:
+        assert tables == ["encoder.rel_bias.relative_position_bias_table"]
+    else:
+        assert tables == [f"encoder.blocks.{i}.rel_bias.relative_position_bias_table" for i in range(2)]
+    assert sum(p.numel() for p in model.parameters()) == graph.total_params
+    ours = model.encoder.rel_bias if shared else model.encoder.blocks[0].rel_bias
+    ref = BeitRelativePositionBias(BeitConfig(image_size=32, patch_size=8, num_attention_heads=3))
+    with torch.no_grad():
+        ref.relative_position_bias_table.normal_()
+        ours.relative_position_bias_table.copy_(ref.relative_position_bias_table)
+        expected = ref((4, 4), dim_size=24)
+        torch.testing.assert_close(ours(torch.zeros(1, 17, 24)), expected, atol=0, rtol=0)

@@ -77,3 +77,56 @@ class RelativeBias(nn.Module):
 
     def extra_repr(self) -> str:
         return f"buckets={self.buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+
+
+def grid_relative_index(grid: tuple[int, int]) -> Tensor:
+    """BEiT's index into its bias table for a class token and a (gh, gw) patch grid: (1 + gh*gw, 1 + gh*gw).
+
+    Patch pairs index their (row, column) offset, ``(dr + gh - 1) * (2gw - 1) + dc + gw - 1``; the last three
+    entries of the table are class -> patch, patch -> class and class -> class.
+    """
+    gh, gw = grid
+    distances = (2 * gh - 1) * (2 * gw - 1)
+    rows = torch.arange(gh).repeat_interleave(gw)  # (gh*gw,)
+    cols = torch.arange(gw).repeat(gh)  # (gh*gw,)
+    dr = rows[:, None] - rows[None, :] + gh - 1  # (gh*gw, gh*gw)
+    dc = cols[:, None] - cols[None, :] + gw - 1  # (gh*gw, gh*gw)
+    index = torch.empty(gh * gw + 1, gh * gw + 1, dtype=torch.long)
+    index[1:, 1:] = dr * (2 * gw - 1) + dc
+    index[0, :] = distances  # class -> patch
+    index[:, 0] = distances + 1  # patch -> class
+    index[0, 0] = distances + 2  # class -> class
+    return index
+
+
+class GridRelativeBias(nn.Module):
+    """BEiT's learned relative position bias over a patch grid with a class token: (1, H, N, N).
+
+    Args:
+        heads: H.
+        grid: (gh, gw) patch grid; the tokens are the class token then the patches, row-major.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        heads: int,
+        grid: tuple[int, int],
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.grid = grid
+        rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
+        self.relative_position_bias_table = nn.Parameter(torch.zeros(rows, heads, device=device, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The bias of the N = 1 + gh*gw tokens of x: (B, N, D)."""
+        index = grid_relative_index(self.grid).to(x.device)  # (N, N)
+        n = index.shape[0]
+        bias = self.relative_position_bias_table[index.view(-1)].view(n, n, -1)  # (N, N, H)
+        return bias.permute(2, 0, 1).unsqueeze(0)  # (1, H, N, N)
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid}"

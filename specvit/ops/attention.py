@@ -229,7 +229,11 @@ class SelfAttentionLayer(Sublayer):
             source = f"{b.stack.role}.block.window"
             return b.add(name, "window_attention", window_params(b), {"x": x}, source=source)
         p = _attention_params(b, AttentionParams, causal=self.causal, window=b.spec.sliding_window)
-        return b.add(name, "self_attention", p, {"x": x, **_side(b, _SELF_SIDE)}, source=source)
+        side = _side(b, _SELF_SIDE)
+        for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
+            own = getattr(position, "lower_layer", lambda *_: None)(b, x, name.replace("attn", "rel_bias"))
+            side["bias"] = own or side.get("bias", "")
+        return b.add(name, "self_attention", p, {"x": x, **side}, source=source)
 
 
 @sublayer

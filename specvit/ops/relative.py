@@ -92,3 +92,93 @@ class RelativePosition(PositionFragment):
         ctx.side["bias"] = ctx.add(
             f"{ctx.role}.rel_bias", "relative_bias", p, srcs, source=f"{ctx.role}.position"
         )
+
+
+@dataclass(frozen=True)
+class GridRelativeParams(Params):
+    """BEiT's relative bias of a patch grid with a class token.
+
+    Args:
+        heads: heads, one table column each.
+        grid: the patch grid.
+    """
+
+    heads: int
+    grid: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        return (2 * self.grid[0] - 1) * (2 * self.grid[1] - 1) + 3
+
+
+@op
+class GridRelativeOp(Op):
+    kind = "grid_relative_bias"
+    params_type = GridRelativeParams
+    category = "position"
+    module = "specvit.nn.relative:GridRelativeBias"
+
+    def shape(self, p: GridRelativeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        n = inputs["x"][1]
+        return (1, p.heads, n, n)
+
+    def params(self, p: GridRelativeParams) -> int:
+        return p.rows * p.heads
+
+    def init(self, module: Any, p: GridRelativeParams, fill: Any) -> None:
+        fill.zeros(module.relative_position_bias_table)
+
+    def label(self, p: GridRelativeParams) -> tuple[str, ...]:
+        return (f"learned bias · {p.rows} offsets of a {p.grid[0]}x{p.grid[1]} grid + class token",)
+
+
+@fragment("position")
+class GridRelativePosition(PositionFragment):
+    """BEiT's learned relative position bias: every self-attention adds a per-head bias of the 2D offset
+    between patches (and three learned entries for the class token), from a table of its own or one
+    table shared by all layers."""
+
+    kind: Literal["relative2d"] = Field(description="Discriminator: BEiT's 2D relative position bias.")
+    shared: bool = Field(
+        False, description="One table for all layers (BEiT's use_shared_rel_pos_bias); false: one per layer."
+    )
+
+    def phase(self) -> Phase:
+        return "attention"
+
+    def writes(self) -> str:
+        return "bias"
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if (
+            stack.input.kind != "image"
+            or stack.hierarchical
+            or not stack.prefix.cls
+            or stack.prefix.registers
+        ):
+            return [
+                Problem(
+                    at,
+                    "relative2d biases the patch grid of a plain image stack with a class token and no registers",
+                    "use an image input, prefix: {cls: true}, and one number for depth",
+                )
+            ]
+        return []
+
+    def params(self, ctx: Any) -> GridRelativeParams:
+        assert ctx.grid is not None
+        return GridRelativeParams(ctx.stack.heads, ctx.grid)
+
+    def lower(self, ctx: StackCtx) -> None:
+        if self.shared:
+            p = self.params(ctx)
+            ctx.side["bias"] = ctx.add(
+                f"{ctx.role}.rel_bias", "grid_relative_bias", p, {"x": ctx.x}, source=f"{ctx.role}.position"
+            )
+
+    def lower_layer(self, b: Any, x: str, name: str) -> str | None:
+        """A table of the attention layer's own (not shared): its node, read as the layer's bias."""
+        if self.shared:
+            return None
+        p = self.params(b.stack)
+        return b.add(name, "grid_relative_bias", p, {"x": x}, source=f"{b.stack.role}.position")
