@@ -16,6 +16,8 @@ from torch import nn
 from transformers import (
     BloomConfig,
     BloomForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     LlamaConfig,
@@ -114,13 +116,14 @@ DECODERS: dict[str, tuple[type, type, dict[str, Any]]] = {
         BloomForCausalLM,
         dict(hidden_size=40, n_head=4, tie_word_embeddings=False),
     ),
+    "gpt2": (GPT2Config, GPT2LMHeadModel, dict(n_embd=48, n_head=4, n_positions=64)),
 }
 
 
 def _decoder(name: str) -> nn.Module:
     config_cls, model_cls, kw = DECODERS[name]
-    depth = {"n_layer": 2} if config_cls is BloomConfig else {"num_hidden_layers": 2}
-    sizes = {} if config_cls is BloomConfig else {"intermediate_size": 40}
+    depth = {"n_layer": 2} if config_cls in (BloomConfig, GPT2Config) else {"num_hidden_layers": 2}
+    sizes = {} if config_cls in (BloomConfig, GPT2Config) else {"intermediate_size": 40}
     config = config_cls(vocab_size=VOCAB, **depth, **sizes, **kw)
     return _reference(model_cls(config), seed=sum(map(ord, name)))
 
