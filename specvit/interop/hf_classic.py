@@ -71,7 +71,12 @@ def _gpt2(c: Config) -> dict[str, Any]:
 
 
 def _bert(c: Config) -> dict[str, Any]:
-    _common(c)
+    c.only(
+        "position_embedding_type",
+        "absolute",
+        ["absolute"],
+        "relative key/query positions are not BERT's default",
+    )
     return {
         "specvit": 1,
         "name": "bert_from_hf",

@@ -102,7 +102,10 @@ class GraphNodeSpec(Node):
         max_length=64,
         description="The node's name, also its module's name in the block (``attn``, ``norm1``).",
     )
-    op: GraphOp = Field(description="The op: a sublayer kind, norm, add, layer_scale or drop_path.")
+    op: GraphOp = Field(
+        description="The op: a sublayer kind, norm (the block's), add, layer_scale (initialised to the "
+        "block's layer_scale, 1 if unset) or drop_path (the stack's rate)."
+    )
     inputs: list[str] = Field(
         min_length=1,
         max_length=8,

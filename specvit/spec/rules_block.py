@@ -3,8 +3,6 @@ of its position kinds."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from specvit.errors import Problem
 from specvit.spec.block import BlockSpec
 from specvit.spec.schema import Spec, StackSpec
@@ -197,9 +195,11 @@ def check_positions(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         at = f"{role}.position.{k}" if many else f"{role}.position"
         out += p.check(at, s, spec)
         what = p.writes()
-        if many and p.kind == "none":
-            out.append(Problem(at, "none in a list of positions", "remove it"))
-        elif what in writes:
+        if not what:  # none
+            if many:
+                out.append(Problem(at, "none in a list of positions", "remove it"))
+            continue
+        if what in writes:
             out.append(
                 Problem(
                     at,
@@ -211,10 +211,9 @@ def check_positions(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     return out
 
 
-_WHAT: dict[str, Any] = {
+_WHAT = {
     "tokens": "positions added to the tokens",
     "rope": "rotary tables",
     "bias": "attention bias",
     "pos": "positions of the attention's queries and keys",
-    "": "",
 }
