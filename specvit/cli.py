@@ -53,9 +53,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from specvit.spec.schema import Spec
+    from specvit.spec.json_schema import json_schema
 
-    text = json.dumps(Spec.model_json_schema(), indent=2) + "\n"
+    text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
         from specvit.io import atomic_write
 
