@@ -467,8 +467,9 @@ def draw_dot(dot: str, path: str | Path) -> Path:
         source = path.with_suffix(".dot")
         atomic_write(source, dot)
         raise RenderError(
-            f"no Graphviz to draw {path}; wrote {source} instead. Install pygraphviz "
-            f"(`pip install pygraphviz`, its wheel bundles Graphviz) or Graphviz (`apt-get install graphviz`), "
+            f"no Graphviz to draw {path}; wrote {source} instead. specvit installs pygraphviz (its wheel "
+            f"bundles Graphviz) where that wheel exists; here, install Graphviz (`apt-get install graphviz`, "
+            f"`brew install graphviz`) or build pygraphviz (`pip install pygraphviz`), "
             f"then run: dot -T{fmt} {source} -o {path}"
         )
     with atomic_open(path) as f:
