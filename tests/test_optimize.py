@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specvit
-from specvit.optimize import optimize
+from specvit.inference import optimize
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,6 +13,9 @@ What it does, and why (measured on this project's 2-core x86 CPU, docs/performan
   is an explicit choice, never the default. Inputs are cast on the way in and outputs back to float32.
 
 The result is for inference only (eval mode, no gradients); train, save and convert the original.
+
+The module is ``specvit.inference`` (not ``specvit.optimize``) so that ``specvit.optimize`` stays the
+function: importing a submodule named like a package attribute would replace that attribute.
 """
 
 from __future__ import annotations
