@@ -1,4 +1,4 @@
-"""The ``specvit`` command line: validate, schema, summary, render, export, eject.
+"""The ``specvit`` command line: validate, summary, presets, schema, render, export, eject.
 
 Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
 exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch.
@@ -63,6 +63,43 @@ def cmd_schema(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from specvit.diagram.text import format_count
+    from specvit.graph import build_graph
+    from specvit.spec import load_spec
+    from specvit.spec.presets import preset_dir, preset_names
+
+    rows: list[dict[str, Any]] = []
+    names = preset_names()
+    for name in names:
+        spec = load_spec(name)
+        rows.append(
+            {
+                "name": name,
+                "model": spec.model,
+                "params": build_graph(spec).total_params,
+                "description": spec.description,
+            }
+        )
+    folder = preset_dir()
+    if args.json:
+        print(json.dumps({"folder": str(folder) if folder else None, "presets": rows}, indent=2))
+        return 0
+    if not rows:
+        print(
+            "specvit presets: no bundled presets found (this installation lacks specvit/presets)",
+            file=sys.stderr,
+        )
+        return EXIT_IO_ERROR
+    width = max((len(r["name"]) for r in rows), default=4)
+    print(f"{'name':<{width}}  {'model':<15}  {'params':>7}  description")
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['model']:<15}  {format_count(r['params']):>7}  {r['description']}")
+    example = "vit_base_patch16_224" if "vit_base_patch16_224" in names else rows[0]["name"]
+    print(f"\n{len(rows)} presets in {folder}; give a name where a spec file goes: specvit summary {example}")
     return 0
 
 
@@ -154,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_reading(sub: Any) -> None:
-    """The subcommands that read specs and print: validate, summary, schema."""
+    """The subcommands that read specs and print: validate, summary, presets, schema."""
     p = sub.add_parser(
         "validate",
         help="check specs; print one line per valid spec",
@@ -177,6 +214,16 @@ def _add_reading(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     _add_set(p)
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser(
+        "presets",
+        help="list the bundled presets with their parameter counts",
+        description="List the bundled presets: name, model kind, parameters and description. Every command "
+        "and specvit.load_spec take a preset's name where they take a spec file, and a spec may write "
+        "extends: NAME.yaml to start from one.",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser(
         "schema",

@@ -387,7 +387,7 @@ CASES: list[Case] = [
     Case(
         "extends_missing",
         "extends names a file that does not exist",
-        "2:10: spec 'missing.yaml' does not exist (check the path)",
+        "2:10: spec 'missing.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         text=_EXTENDS % b"missing.yaml",
     ),
     Case(
@@ -429,14 +429,14 @@ CASES: list[Case] = [
     Case(
         "path_missing",
         "a spec path that does not exist",
-        "spec 'missing.yaml' does not exist (check the path)",
+        "spec 'missing.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         spec="missing.yaml",
         error_file=None,
     ),
     Case(
         "path_dangling_symlink",
         "a spec path that is a symlink to nothing",
-        "spec 'path_dangling_symlink.yaml' does not exist (check the path)",
+        "spec 'path_dangling_symlink.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         setup=_symlink("path_dangling_symlink.yaml", "nowhere.yaml"),
         error_file=None,
     ),

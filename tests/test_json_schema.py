@@ -94,7 +94,7 @@ def test_documented_shorthands_are_valid_under_both(
 def test_extends_with_only_the_changed_keys(
     validator: jsonschema.Draft202012Validator, tmp_path: Path
 ) -> None:
-    for base in (str(VIT_SMALL),):
+    for base in (str(VIT_SMALL), "vit_small_patch16_224.yaml"):  # a file, and a bundled preset by name
         data = {"extends": base, "name": "vit_s_dp", "encoder": {"drop_path": 0.1, "input": {"size": 384}}}
         spec_file = tmp_path / "child.yaml"
         spec_file.write_text(yaml.safe_dump(data))

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from specvit.errors import Location, SpecError
+from specvit.spec.presets import preset_path, suggest
 from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
 
-__all__ = ["MAX_EXTENDS", "apply_overrides", "load_tree", "parse_overrides", "resolve"]
+__all__ = ["MAX_EXTENDS", "apply_overrides", "load_tree", "parse_overrides", "resolve", "shown_path"]
 
 MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
 
@@ -58,7 +59,7 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
                 raise too_big(info.st_size, shown)
             return f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError.at(f"{what} '{shown}' does not exist", hint="check the path", location=at) from None
+        raise SpecError.at(f"{what} '{shown}' does not exist", hint=suggest(shown), location=at) from None
     except PermissionError:
         raise SpecError.at(
             f"{what} '{shown}' cannot be read (permission denied)",
@@ -67,6 +68,22 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
         ) from None
     except OSError as exc:
         raise SpecError.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+
+
+def shown_path(path: Path, *, absolute: bool = False) -> str:
+    """How a file is named in messages: relative to the working directory where that is short, else whole.
+
+    Args:
+        path: the file.
+        absolute: name it whole (the spec that names it was named by its whole path).
+    """
+    if absolute:
+        return str(path)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return str(path) if rel.startswith(".." + os.sep + "..") else rel
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,7 +106,7 @@ def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | No
         raise SpecError.at(
             "extends must name a spec file",
             path="extends",
-            hint="write extends: vit_base_patch16_224.yaml (relative to this file)",
+            hint="write extends: vit_base_patch16_224.yaml (a file relative to this one, or a bundled preset)",
             location=ref_at,
         )
     if len(chain) >= MAX_EXTENDS:
@@ -100,6 +117,8 @@ def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | No
             location=ref_at,
         )
     base_path = resolve(path.parent / base_ref)
+    if not base_path.exists() and (preset := preset_path(base_ref)) is not None:
+        base_path = resolve(preset)  # a bundled preset, by name, from a spec anywhere
     if base_path in chain:
         cycle = " -> ".join(p.name for p in (*chain, base_path))
         raise SpecError.at(
@@ -108,7 +127,7 @@ def load_tree(path: Path, shown: str, chain: tuple[Path, ...], at: Location | No
             hint="a spec may not extend itself, directly or through others",
             location=ref_at,
         )
-    base_shown = os.path.relpath(base_path) if not Path(shown).is_absolute() else str(base_path)
+    base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
     base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at)
     if not isinstance(base_data, dict):
         raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)

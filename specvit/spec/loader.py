@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec.compose import apply_overrides, load_tree, parse_overrides, resolve
+from specvit.spec.compose import apply_overrides, load_tree, parse_overrides, resolve, shown_path
 from specvit.spec.messages import problem, show
+from specvit.spec.presets import preset_path
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import MAX_BYTES, SourceMap, dump_yaml, read_yaml
@@ -101,16 +102,18 @@ def parse_spec(
 
 
 def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Spec:
-    """Read, merge (``extends``) and validate a spec file.
+    """Read, merge (``extends``) and validate a spec file, or a bundled preset by name.
 
     Args:
-        path: the YAML file.
+        path: the YAML file, or a preset's name (``vit_base_patch16_224``; ``specvit presets`` lists them).
         overrides: dotted-key overrides applied last, e.g. ``{"encoder.depth": 6}``; validated like the file.
 
     Raises:
         SpecError: with every problem found, each at its file:line:col.
     """
     shown = os.fspath(path)
+    if not Path(shown).exists() and (preset := preset_path(shown)) is not None:
+        shown = shown_path(preset)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
     return _validate(apply_overrides(data, source, overrides or {}), source)
