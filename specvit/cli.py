@@ -10,15 +10,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from specvit.errors import SpecError
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
 
-EXIT_SPEC_ERROR = 2
-EXIT_IO_ERROR = 1
+EXIT_IO_ERROR = 1  # a file cannot be read or written
+EXIT_SPEC_ERROR = 2  # the spec is invalid
+EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -143,14 +144,19 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if not args.checkpoint and not args.spec:
-        print("specvit export: give a SPEC or --checkpoint DIR", file=sys.stderr)
-        return EXIT_SPEC_ERROR
+        _usage(args, "give a SPEC or --checkpoint DIR")
     from specvit.compile import build_model, load_pretrained
     from specvit.export import example_inputs, export_onnx
+    from specvit.inputs import dynamic_axes
 
     model = load_pretrained(args.checkpoint) if args.checkpoint else build_model(_load(args.spec, args.set))
-    written = export_onnx(model, args.output, example_inputs(model, batch=2))
-    print(f"wrote {written} (batch dimension dynamic)")
+    try:
+        inputs = example_inputs(model, batch=args.batch, seq_len=args.seq_len)
+    except ValueError as exc:
+        _usage(args, f"argument --seq-len: {exc}")
+    written = export_onnx(model, args.output, inputs, progress=False if args.quiet else None)
+    axes = sorted({name for named in dynamic_axes(model.graph).values() for name in named.values()})
+    print(f"wrote {written} (dynamic: {', '.join(axes)})")
     return 0
 
 
@@ -165,6 +171,36 @@ def cmd_eject(args: argparse.Namespace) -> int:
     eject(_load(args.spec, args.set), args.output)
     print(f"wrote {args.output} (standalone PyTorch: Model() builds it)")
     return 0
+
+
+def _at_least_2(text: str) -> int:
+    """An int >= 2: an export specialises a dimension whose example size is 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be 2 or more (a size of 1 would be fixed in the export), got {value}"
+        )
+    return value
+
+
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress display (none is shown off a terminal)"
+    )
+
+
+def _usage(args: argparse.Namespace, message: str) -> NoReturn:
+    """Exit with a usage error of the subcommand (its usage line, then ``specvit CMD: error: ...``; status 2).
+
+    Args:
+        args: the parsed arguments (they carry their subcommand's parser).
+        message: what is wrong.
+    """
+    parser: argparse.ArgumentParser = args.parser
+    parser.error(message)
 
 
 def _add_sizes(p: argparse.ArgumentParser) -> None:
@@ -187,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_reading(sub)
     _add_writing(sub)
+    for command in sub.choices.values():
+        command.set_defaults(parser=command)  # usage errors found after parsing name their subcommand
     return parser
 
 
@@ -260,13 +298,25 @@ def _add_writing(sub: Any) -> None:
 
     p = sub.add_parser(
         "export",
-        help="export the model to ONNX (batch dimension dynamic)",
+        help="export the model to ONNX (batch and sequence dimensions dynamic)",
         description="Build the model (random weights, or a checkpoint's) and export its forward to ONNX with "
-        "torch.onnx's dynamo exporter; the batch dimension stays dynamic.",
+        "torch.onnx's dynamo exporter. The batch and sequence dimensions stay dynamic (named batch, seq_len, "
+        "src_len, tgt_len in the file), each up to what the model takes; image sizes are fixed by the spec.",
     )
     p.add_argument("spec", metavar="SPEC", nargs="?", help="spec file (.yaml); not needed with --checkpoint")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
     p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
+    p.add_argument(
+        "--batch", type=_at_least_2, default=2, metavar="N", help="batch of the example input (default 2)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_at_least_2,
+        metavar="N",
+        help="sequence length of the example input for token/feature inputs (default 128, or the spec's "
+        "max_len if shorter); the exported model takes any length up to the spec's limit",
+    )
+    _add_quiet(p)
     _add_set(p)
     p.set_defaults(func=cmd_export)
 
