@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from specvit.checkpoint import SPEC_FILE, WEIGHTS_FILE, CheckpointError
 from specvit.cli import EXIT_IO_ERROR, EXIT_SPEC_ERROR
-from specvit.errors import SpecError
+from specvit.errors import SpecError, SpecFileError
 from specvit.model import SpecModel
 from specvit.spec.schema import ClassifierHead, FeaturesInput, ImageInput, LMHead, Spec, TokensInput
 
@@ -564,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (SpecError, TrainError) as exc:
         print(f"train.py: {exc}" if isinstance(exc, TrainError) else exc, file=sys.stderr)
-        return EXIT_SPEC_ERROR
+        return EXIT_IO_ERROR if isinstance(exc, SpecFileError) else EXIT_SPEC_ERROR
     except CheckpointError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR

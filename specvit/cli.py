@@ -12,7 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from specvit.errors import SpecError
+from specvit import __version__
+from specvit.errors import Problem, SpecError, SpecFileError
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
@@ -22,13 +23,36 @@ EXIT_SPEC_ERROR = 2  # the spec is invalid
 EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
 
 
+def _key_value(text: str) -> str:
+    """``KEY=VALUE`` as given to ``--set``; anything else is a usage error with an example."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write e.g. --set encoder.depth=6")
+    return text
+
+
 def _add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set",
         metavar="KEY=VALUE",
+        type=_key_value,
         action="append",
         default=[],
         help="override a key after loading, e.g. --set encoder.depth=6 (repeatable; VALUE is YAML)",
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_view(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--view",
+        choices=["collapsed", "expanded"],
+        default="collapsed",
+        help=f"collapsed (default): each run of identical blocks {what} once with its count; "
+        "expanded: every block",
     )
 
 
@@ -39,18 +63,33 @@ def _load(path: str, sets: list[str]) -> Spec:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    problems: list[str] = []
+    results: list[dict[str, Any]] = []
     for path in args.specs:
         try:
             spec = _load(path, args.set)
         except SpecError as exc:
-            problems.append(str(exc))
+            kind = "unreadable" if isinstance(exc, SpecFileError) else "invalid"
+            results.append({"spec": path, "status": kind, "problems": [_problem(p) for p in exc.problems]})
+            if not args.json:
+                print(exc, file=sys.stderr)
             continue
-        print(f"ok  {spec.summary_line()}")
-    if problems:
-        print("\n".join(problems), file=sys.stderr)
+        results.append({"spec": path, "status": "ok", "name": spec.name, "summary": spec.summary_line()})
+        if not args.json:
+            print(f"ok  {spec.summary_line()}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    statuses = {r["status"] for r in results}
+    if "invalid" in statuses:
         return EXIT_SPEC_ERROR
-    return 0
+    return EXIT_IO_ERROR if "unreadable" in statuses else 0
+
+
+def _problem(p: Problem) -> dict[str, Any]:
+    loc = p.location
+    where = (
+        {"file": loc.file, "line": loc.line, "col": loc.col} if loc else {"file": None, "line": 0, "col": 0}
+    )
+    return {**where, "path": p.path, "message": p.message, "hint": p.hint, "text": str(p)}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -115,8 +154,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from specvit.graph import build_graph
 
     graph = build_graph(_load(args.spec, args.set), **_sizes(args))
+    expand = args.view == "expanded"
     if args.json:
-        rows = [r.as_dict() for r in graph.summary(expand=args.expand)]
+        rows = [r.as_dict() for r in graph.summary(expand=expand)]
         data = {
             "name": graph.name,
             "dims": graph.dims,
@@ -126,7 +166,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
     else:
-        print(format_table(graph, expand=args.expand))
+        print(format_table(graph, expand=expand))
     return 0
 
 
@@ -218,8 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specvit",
         description="Compile YAML specs of attention models into diagrams and PyTorch modules.",
-        epilog="Spec reference: docs/spec.md. Exit status: 0 ok, 1 file error, 2 invalid spec.",
+        epilog="Spec reference: docs/spec.md. Exit status: 0 ok; 1 a file cannot be read or written; "
+        "2 an invalid spec, or a usage error (named for its subcommand).",
     )
+    parser.add_argument("--version", action="version", version=f"specvit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_reading(sub)
     _add_writing(sub)
@@ -236,7 +278,8 @@ def _add_reading(sub: Any) -> None:
         description="Validate spec files. Prints one line per valid spec; on any error prints "
         "every problem as file:line:col: key: message (hint) and exits 2.",
     )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml)")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml) or preset names")
+    _add_json(p)
     _add_set(p)
     p.set_defaults(func=cmd_validate)
 
@@ -246,10 +289,13 @@ def _add_reading(sub: Any) -> None:
         description="Print every module of the model with its output shape, parameter count and FLOPs "
         "(a multiply-add counts 2), with totals. Identical blocks fold into one row with a count.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     _add_sizes(p)
-    p.add_argument("--expand", action="store_true", help="one row per block instead of folding repeats")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_view(p, "folded into one row")
+    p.add_argument(  # the spelling before --view, kept working for scripts; not shown in --help
+        "--expand", dest="view", action="store_const", const="expanded", help=argparse.SUPPRESS
+    )
+    _add_json(p)
     _add_set(p)
     p.set_defaults(func=cmd_summary)
 
@@ -260,7 +306,7 @@ def _add_reading(sub: Any) -> None:
         "and specvit.load_spec take a preset's name where they take a spec file, and a spec may write "
         "extends: NAME.yaml to start from one.",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(p)
     p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser(
@@ -281,15 +327,9 @@ def _add_writing(sub: Any) -> None:
         "(Graphviz, through pygraphviz or the system dot), .dot (Graphviz source) or .mmd (Mermaid, for "
         "Markdown pages). The file is written whole or not at all.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
-    p.add_argument(
-        "--view",
-        choices=["collapsed", "expanded"],
-        default="collapsed",
-        help="collapsed (default): each run of identical blocks drawn once with its count; "
-        "expanded: every block",
-    )
+    _add_view(p, "drawn")
     p.add_argument(
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
@@ -303,7 +343,12 @@ def _add_writing(sub: Any) -> None:
         "torch.onnx's dynamo exporter. The batch and sequence dimensions stay dynamic (named batch, seq_len, "
         "src_len, tgt_len in the file), each up to what the model takes; image sizes are fixed by the spec.",
     )
-    p.add_argument("spec", metavar="SPEC", nargs="?", help="spec file (.yaml); not needed with --checkpoint")
+    p.add_argument(
+        "spec",
+        metavar="SPEC",
+        nargs="?",
+        help="spec file (.yaml) or preset name; not needed with --checkpoint",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
     p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
     p.add_argument(
@@ -327,7 +372,7 @@ def _add_writing(sub: Any) -> None:
         "readable .py file that imports only torch: Model() builds it, with the state_dict keys of "
         "specvit's model, so its weights load as they are.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .py file to write")
     _add_set(p)
     p.set_defaults(func=cmd_eject)
@@ -338,6 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except SpecFileError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_IO_ERROR
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return EXIT_SPEC_ERROR

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Location", "Problem", "SpecError"]
+__all__ = ["Location", "Problem", "SpecError", "SpecFileError"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,9 @@ class SpecError(ValueError):
     ) -> SpecError:
         """A SpecError holding a single problem."""
         return cls(Problem(path=path, message=message, hint=hint, location=location))
+
+
+class SpecFileError(SpecError):
+    """The spec file named (on the command line, or to ``load_spec``) cannot be read: missing, a
+    directory, not a regular file, or not readable. ``specvit`` exits 1 for it, as for any file error,
+    and 2 for a spec that is read but invalid (a missing ``extends`` base included: the spec names it)."""

@@ -2,7 +2,8 @@
 
 Each :class:`Case` is one input, created in a fresh directory (files from bytes, or a small setup
 function for symlinks, FIFOs, permissions and large files), given to specvit as a spec path. Every
-case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit status 2, no traceback,
+case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit status 2 (1 where the
+path itself cannot be read), no traceback,
 and a first error line that starts with ``expected``, after the file name (and line:col) it names.
 
 ``tests/test_robustness.py`` runs the table through the CLI and through :func:`specvit.load_spec`.
@@ -432,6 +433,7 @@ CASES: list[Case] = [
         "spec 'missing.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         spec="missing.yaml",
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_dangling_symlink",
@@ -439,6 +441,7 @@ CASES: list[Case] = [
         "spec 'path_dangling_symlink.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         setup=_symlink("path_dangling_symlink.yaml", "nowhere.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_directory",
@@ -447,6 +450,7 @@ CASES: list[Case] = [
         setup=_mkdir("specs"),
         spec="specs",
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_fifo",
@@ -454,6 +458,7 @@ CASES: list[Case] = [
         "spec 'path_fifo.yaml' is not a regular file (give the path of a .yaml file)",
         setup=_mkfifo("path_fifo.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_symlink_loop",
@@ -461,6 +466,7 @@ CASES: list[Case] = [
         "spec 'path_symlink_loop.yaml' cannot be read: Too many levels of symbolic links",
         setup=_symlink("path_symlink_loop.yaml", "path_symlink_loop.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_unreadable",
@@ -468,6 +474,7 @@ CASES: list[Case] = [
         "spec 'path_unreadable.yaml' cannot be read (permission denied) (check the file's permissions)",
         setup=_unreadable,
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
         unprivileged=True,
     ),
 ]
@@ -575,7 +582,7 @@ _INTRO = """\
 A spec is untrusted input. Whatever a spec file holds, specvit answers with a `SpecError` that lists every
 problem at once, each as `file:line:col: key.path: message (hint)`; `specvit validate` prints them and
 exits with status 2, never with a traceback. Where there is no line to point at (the path does not exist,
-is a directory, cannot be read), the message names the path. Every input below gets its answer within
+is a directory, cannot be read), the message names the path and the status is 1, as for any file error. Every input below gets its answer within
 1 second, and `specvit validate` only reads: the files it is given are left as they were.
 
 The policy:

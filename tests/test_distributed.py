@@ -304,7 +304,7 @@ def test_train_script_exits_cleanly_on_a_bad_spec(tmp_path: Path) -> None:
         timeout=120,
         cwd=ROOT,
     )
-    assert run.returncode == 2
+    assert run.returncode == 1  # a file error, as specvit's own commands exit
     assert "does not exist" in run.stderr and "Traceback" not in run.stderr
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specvit.errors import Location, SpecError
+from specvit.errors import Location, SpecError, SpecFileError
 from specvit.spec.presets import preset_path, suggest
 from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
 
@@ -35,22 +35,23 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
     Only regular files are read. The file is opened without blocking and checked before any read, so
     that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting forever for input.
     """
+    error = SpecFileError if at is None else SpecError  # the file named by the user, or by a spec
     try:
         if "\0" in str(path):
-            raise SpecError.at(
+            raise error.at(
                 f"{what} {shown!r} cannot be read: the path holds a NUL character",
                 hint="check the path",
                 location=at,
             )
         if path.is_dir():
-            raise SpecError.at(
+            raise error.at(
                 f"{what} '{shown}' is a directory", hint="give the path of a .yaml file", location=at
             )
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
         with open(fd, "rb") as f:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise SpecError.at(
+                raise error.at(
                     f"{what} '{shown}' is not a regular file",
                     hint="give the path of a .yaml file",
                     location=at,
@@ -59,15 +60,15 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
                 raise too_big(info.st_size, shown)
             return f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError.at(f"{what} '{shown}' does not exist", hint=suggest(shown), location=at) from None
+        raise error.at(f"{what} '{shown}' does not exist", hint=suggest(shown), location=at) from None
     except PermissionError:
-        raise SpecError.at(
+        raise error.at(
             f"{what} '{shown}' cannot be read (permission denied)",
             hint="check the file's permissions",
             location=at,
         ) from None
     except OSError as exc:
-        raise SpecError.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+        raise error.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
 
 
 def shown_path(path: Path, *, absolute: bool = False) -> str:
