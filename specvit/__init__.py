@@ -43,11 +43,11 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from specvit.checkpoint import CheckpointError, save_pretrained
-    from specvit.compile import build_model, eject, load_pretrained
+    from specvit.compile import build_graph, build_model, eject, load_pretrained
     from specvit.convert import convert_state_dict
     from specvit.diagram import render, to_dot, to_mermaid
     from specvit.export import example_inputs, export_onnx, export_program
-    from specvit.graph import ArchGraph, build_graph
+    from specvit.graph import ArchGraph
     from specvit.inference import optimize
     from specvit.model import SpecModel
     from specvit.spec import Spec, load_spec, parse_spec
@@ -57,7 +57,7 @@ _LAZY = {
     "load_spec": "specvit.spec",
     "parse_spec": "specvit.spec",
     "ArchGraph": "specvit.graph",
-    "build_graph": "specvit.graph",
+    "build_graph": "specvit.compile",  # takes mappings and preset names too; specvit.graph's takes a Spec
     "build_model": "specvit.compile",
     "eject": "specvit.compile",
     "load_pretrained": "specvit.compile",

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from specvit.checkpoint import SPEC_FILE, read_weights
 from specvit.codegen.build import compile_graph
 from specvit.codegen.eject import eject_source
 from specvit.errors import SpecError
@@ -20,8 +19,45 @@ from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import graph_of
 from specvit.io import atomic_write
 from specvit.model import MODEL_CLASSES, Block, SpecModel
+from specvit.spec.loader import load_spec
 
-__all__ = ["available_memory", "build_model", "eject", "load_pretrained"]
+__all__ = ["available_memory", "build_graph", "build_model", "eject", "load_pretrained"]
+
+Source = Any  # a Spec, a mapping of spec keys, a spec file's path or a preset's name, or an ArchGraph
+
+
+def _graph(source: Source, overrides: Mapping[str, Any] | None) -> ArchGraph:
+    """The graph of any source a user may hand the API: mappings are validated like files."""
+    if isinstance(source, Mapping):
+        return graph_of(load_spec(source, overrides))
+    return graph_of(source, overrides)
+
+
+def build_graph(
+    source: Source,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    tgt_len: int | None = None,
+) -> ArchGraph:
+    """Lower a spec into its architecture graph: shapes, parameters and FLOPs on every node.
+
+    Args:
+        source: a Spec, a mapping of spec keys, a spec file or a preset's name.
+        overrides: dotted-key overrides, e.g. ``{"encoder.depth": 2}``.
+        batch: the batch size ``B`` FLOPs are counted at.
+        seq_len: the sequence length ``S`` of a token or features input (default 128, or max_len if shorter).
+        src_len: the encoder's length ``S_src`` in an encoder-decoder.
+        tgt_len: the decoder's length ``S_tgt`` in an encoder-decoder.
+
+    Raises:
+        SpecError: for an invalid spec, each problem at its line (or key path, for a mapping).
+    """
+    from specvit.graph.lower import build_graph as lower
+
+    return lower(load_spec(source, overrides), batch=batch, seq_len=seq_len, src_len=src_len, tgt_len=tgt_len)
 
 
 def available_memory() -> int | None:
@@ -61,7 +97,7 @@ def _check_fits(
 
 
 def build_model(
-    source: Any | ArchGraph | str | os.PathLike[str],
+    source: Source,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -72,7 +108,7 @@ def build_model(
     """Compile a spec (or its graph, or a spec file) into a PyTorch model.
 
     Args:
-        source: a Spec, an ArchGraph, or the path of a spec file.
+        source: a Spec, a mapping of spec keys, a spec file, a preset's name, or an ArchGraph.
         device: where the weights live; ``"meta"`` builds without allocating (then ``to_empty()`` and
             ``init_weights()``). Default: CPU.
         dtype: parameter dtype (default: torch's default dtype).
@@ -89,7 +125,7 @@ def build_model(
         An :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`, in train mode like
         any fresh ``nn.Module``.
     """
-    graph = graph_of(source, overrides)
+    graph = _graph(source, overrides)
     target = torch.device(device or "cpu")
     _check_fits(graph, target, dtype, max_bytes)
     model = compile_graph(graph, MODEL_CLASSES[graph.kind], Block, dtype)
@@ -102,7 +138,7 @@ def build_model(
 
 
 def eject(
-    source: Any | ArchGraph | str | os.PathLike[str],
+    source: Source,
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> str:
@@ -119,7 +155,7 @@ def eject(
     Returns:
         The file's text.
     """
-    graph = graph_of(source, overrides)
+    graph = _graph(source, overrides)
     origin = os.fspath(source) if isinstance(source, str | os.PathLike) else ""
     text = eject_source(graph, origin)
     if path is not None:
@@ -144,10 +180,4 @@ def load_pretrained(
         CheckpointError: when the weight file is missing, truncated, corrupted, or its keys or shapes
             do not match the spec (every mismatch is named).
     """
-    model = build_model(os.path.join(directory, SPEC_FILE), device="meta", dtype=dtype)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    state = read_weights(directory, expected, str(torch.device(device or "cpu")))
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return SpecModel.from_pretrained(directory, device=device, dtype=dtype)

@@ -14,10 +14,20 @@ from specvit.spec.schema import LearnedPosition, Spec
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
-    from specvit.model import SpecModel
+    from specvit.ops.structure import InputParams
 
-__all__ = ["AXIS_NAMES", "MAX_BATCH", "dynamic_axes", "example_inputs", "input_names", "sequence_limits"]
+__all__ = [
+    "AXIS_NAMES",
+    "MAX_BATCH",
+    "InputError",
+    "check_inputs",
+    "dynamic_axes",
+    "example_inputs",
+    "input_names",
+    "sequence_limits",
+]
 
 MAX_BATCH = 4096  # the batch range an export is valid for
 AXIS_NAMES = {"B": "batch", "S": "seq_len", "S_src": "src_len", "S_tgt": "tgt_len"}
@@ -71,7 +81,7 @@ def dynamic_axes(graph: ArchGraph) -> dict[str, dict[int, str]]:
 
 
 def example_inputs(
-    source: SpecModel | ArchGraph,
+    source: nn.Module | ArchGraph,
     batch: int = 2,
     device: torch.device | str | None = None,
     *,
@@ -81,7 +91,7 @@ def example_inputs(
     inputs, else normal floats.
 
     Args:
-        source: a compiled model (its graph and device are used) or a graph.
+        source: a compiled model (a SpecModel: its graph and device are used) or a graph.
         batch: the batch size.
         device: where to make them; default the model's device, or the CPU for a graph.
         seq_len: the length of every sequence input (default: the graph's, 128 unless built otherwise).
@@ -91,10 +101,9 @@ def example_inputs(
     """
     import torch
 
-    from specvit.model import SpecModel
-
-    graph = source.graph if isinstance(source, SpecModel) else source
-    if device is None and isinstance(source, SpecModel):
+    graph = source if isinstance(source, ArchGraph) else getattr(source, "graph", None)
+    assert isinstance(graph, ArchGraph), "example_inputs takes a SpecModel or an ArchGraph"
+    if device is None and not isinstance(source, ArchGraph):
         device = next(source.parameters()).device
     sizes = dict(graph.dims, B=batch)
     if seq_len is not None:
@@ -113,3 +122,121 @@ def example_inputs(
         else:
             out.append(torch.randn(shape, device=device))
     return tuple(out)
+
+
+class InputError(ValueError):
+    """A model input that does not match the spec: the message says what was expected and how to fix it."""
+
+
+def _tracing() -> bool:
+    """Inside torch.compile, torch.export or torch.fx tracing: the inputs are symbolic, checks are skipped."""
+    import torch
+    from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+
+    compiler = torch.compiler
+    return bool(compiler.is_compiling() or compiler.is_exporting() or is_fx_symbolic_tracing())
+
+
+def _shown(shape: tuple[object, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def check_inputs(graph: ArchGraph, values: dict[str, object], offset: int = 0) -> None:
+    """Check a model's forward arguments against its graph before torch sees them.
+
+    Args:
+        graph: the model's graph.
+        values: the forward's arguments by name (tensors, None for absent optional ones).
+        offset: the decoding offset (positions already in a KV cache).
+
+    Raises:
+        InputError: naming the argument, what the spec expects and what was given.
+    """
+    import torch
+
+    if _tracing():
+        return
+    limits = sequence_limits(graph.spec)
+    sizes: dict[str, tuple[int, str]] = {}  # symbol -> (size, the argument that set it)
+    for n in graph.placeholders():
+        p = graph[n]["p"]
+        value = values.get(p.arg)
+        if p.dtype in ("cache", "int") or value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"{p.arg}: expected a tensor of {p.what or p.dtype}, got {type(value).__name__}")
+        if not all(isinstance(d, int) for d in value.shape):  # symbolic sizes: a tracer's, not a user's
+            continue
+        _check_shape(p, tuple(value.shape), sizes)
+        _check_dtype(p, value)
+    for symbol, (size, arg) in sizes.items():
+        limit = limits.get(symbol)
+        decoding = symbol in ("S", "S_tgt") and offset
+        if limit is not None and size + (offset if decoding else 0) > limit:
+            at = f" from offset {offset}" if decoding else ""
+            why = ", the learned position table's length" if limit < MAX_LEN else ""
+            raise InputError(
+                f"{arg}: {size} positions{at} are more than {graph.name} takes ({symbol} <= {limit}{why}); "
+                "shorten the sequence or raise max_len in the spec"
+            )
+
+
+def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[int, str]]) -> None:
+    want = p.shape
+    arg, what = p.arg, p.what or p.dtype
+    expected = _shown(tuple(AXIS_NAMES.get(d, d) if isinstance(d, str) else d for d in want))
+    if len(shape) == len(want) - 1 and all(isinstance(d, int) for d in want[1:]) and shape == tuple(want[1:]):
+        raise InputError(
+            f"{arg}: expected {expected} ({what}), got {_shown(shape)}: the batch dimension is missing; "
+            f"pass {arg}.unsqueeze(0) for a single example"
+        )
+    if len(shape) != len(want):
+        raise InputError(f"{arg}: expected {len(want)} dimensions {expected} ({what}), got {_shown(shape)}")
+    for i, (d, got) in enumerate(zip(want, shape, strict=True)):
+        if isinstance(d, int) and d != got:
+            raise InputError(
+                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(want, shape, i)}"
+            )
+        if isinstance(d, str):
+            if got < 1:
+                raise InputError(
+                    f"{arg}: expected {expected}, got {_shown(shape)}: {AXIS_NAMES.get(d, d)} is 0"
+                )
+            seen = sizes.setdefault(d, (got, arg))
+            if seen[0] != got:
+                raise InputError(
+                    f"{arg}: {AXIS_NAMES.get(d, d)} is {got} but {seen[1]} has {seen[0]}; they must agree"
+                )
+
+
+def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int) -> str:
+    """Which fixed dim differs, in words a user of the spec recognises."""
+    d, got = want[i], shape[i]
+    if len(want) == 4 and i == 1:
+        return f"the spec's images have {d} channel{'s' if d != 1 else ''}, not {got} (input.channels)"
+    if len(want) == 4 and i in (2, 3):
+        return (
+            f"the spec's images are {want[2]}x{want[3]} pixels, not {shape[2]}x{shape[3]} (input.size); "
+            "resize the images or change the spec"
+        )
+    if i == len(want) - 1:
+        return f"the spec's features are {d} wide, not {got} (input.dim)"
+    return f"dimension {i} must be {d}, not {got}"
+
+
+def _check_dtype(p: InputParams, value: torch.Tensor) -> None:
+    import torch
+
+    arg, dtype, vocab = p.arg, p.dtype, p.vocab
+    if dtype == "long":
+        if value.is_floating_point() or value.dtype == torch.bool:
+            raise InputError(f"{arg}: expected integer token ids, got {value.dtype}; pass {arg}.long()")
+        if vocab and value.numel() and value.device.type != "meta":
+            low, high = int(value.min()), int(value.max())
+            if low < 0 or high >= vocab:
+                bad = high if high >= vocab else low
+                raise InputError(
+                    f"{arg}: token id {bad} is outside the vocabulary of {vocab} (ids 0..{vocab - 1})"
+                )
+    elif dtype == "float" and not value.is_floating_point():
+        raise InputError(f"{arg}: expected floating-point values, got {value.dtype}; pass {arg}.float()")

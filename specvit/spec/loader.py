@@ -101,16 +101,28 @@ def parse_spec(
     return _validate(apply_overrides(data, src, overrides or {}), src)
 
 
-def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Spec:
-    """Read, merge (``extends``) and validate a spec file, or a bundled preset by name.
+def load_spec(
+    path: str | os.PathLike[str] | Mapping[str, Any] | Spec, overrides: Mapping[str, Any] | None = None
+) -> Spec:
+    """Read, merge (``extends``) and validate a spec file, or a bundled preset by name, or a mapping.
 
     Args:
-        path: the YAML file, or a preset's name (``vit_base_patch16_224``; ``specvit presets`` lists them).
+        path: the YAML file, a preset's name (``vit_base_patch16_224``; ``specvit presets`` lists them),
+            a mapping of the spec's keys (as ``yaml.safe_load`` gives), or a :class:`Spec`.
         overrides: dotted-key overrides applied last, e.g. ``{"encoder.depth": 6}``; validated like the file.
 
     Raises:
-        SpecError: with every problem found, each at its file:line:col.
+        SpecError: with every problem found, each at its file:line:col (at its key path for a mapping).
     """
+    if isinstance(path, Spec):
+        return parse_spec(path.model_dump(), source=path.name, overrides=overrides) if overrides else path
+    if isinstance(path, Mapping):
+        return parse_spec(path, source="<dict>", overrides=overrides)
+    if not isinstance(path, str | os.PathLike):
+        raise SpecError.at(
+            f"expected a spec file's path, a preset's name, a mapping or a Spec, got {type(path).__name__}",
+            location=Location("<load_spec>"),
+        )
     shown = os.fspath(path)
     if not Path(shown).exists() and (preset := preset_path(shown)) is not None:
         shown = shown_path(preset)
