@@ -246,6 +246,40 @@ CASES: list[Case] = [
         text=_valid_with("size: 32, patch: 8", "size: [32, patch: 8"),
     ),
     Case(
+        "indent_between_levels",
+        "a key indented between two levels (3 spaces, in a 2-space file)",
+        "12:4: this line is indented 3 spaces, which matches no mapping above it (keys of one mapping start "
+        "in the same column: indent it 4 spaces, as 'heads' at line 11 or 2 spaces, as 'block' at line 10 "
+        "or 0 spaces, as 'encoder' at line 4)",
+        text=_valid_with("    layers:", "   layers:"),
+    ),
+    Case(
+        "indent_under_a_value",
+        "a key indented under a key that already has a value",
+        "9:10: this key is indented deeper than 'width' above it, which already has a value (indent it as "
+        "'width' (2 spaces); to nest it under 'width', leave 'width:' without a value)",
+        text=_valid_with("  depth: 2", "    depth: 2"),
+    ),
+    Case(
+        "colon_in_value",
+        "an unquoted value holding ': '",
+        "2:8: a ': ' inside a value, which YAML reads as a new key (put the value in quotes, or end the line "
+        "after the key's colon)",
+        text=_valid_with("name: tiny", "name: a: b"),
+    ),
+    Case(
+        "key_at_the_wrong_level",
+        "a block key written on the stack (`encoder.heads`)",
+        "10:3: encoder.heads: unknown key 'heads' (heads belongs under encoder.block)",
+        text=_valid_with("  block:\n    heads: 12\n", "  heads: 12\n  block:\n"),
+    ),
+    Case(
+        "number_in_words",
+        "a number written in words",
+        "9:10: encoder.depth: expected an integer, got 'six' (write it in digits, e.g. 6)",
+        text=_valid_with("depth: 2", "depth: six"),
+    ),
+    Case(
         "duplicate_key",
         "a key given twice in one mapping",
         "10:3: encoder.depth: duplicate key 'depth' (first at line 9)",

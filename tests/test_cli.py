@@ -99,3 +99,15 @@ def test_the_same_flags_across_subcommands() -> None:
         assert "--expand" not in commands[name].format_help()  # one spelling shown
     for name in ("validate", "summary", "render", "export", "eject"):
         assert "--set" in flags[name]
+
+
+def test_set_values_get_the_right_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = _run(capsys, "validate", "tiny_seq2seq", "--set", "decoder.depth=six")
+    assert status == 2
+    assert err.strip() == (
+        "<override decoder.depth>: decoder.depth: expected an integer, got 'six' (write it in digits, e.g. 6)"
+    )
+    _, _, err = _run(capsys, "validate", "tiny_seq2seq", "--set", 'decoder.depth="6"')
+    assert err.strip().endswith("(write the number without quotes: 6)")
+    _, _, err = _run(capsys, "validate", "mnist_vit", "--set", "encoder.ratio=2")
+    assert err.strip().endswith("unknown key 'ratio' (ratio belongs under encoder.block.mlp)")

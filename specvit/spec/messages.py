@@ -106,6 +106,41 @@ def _model_in(annotation: Any, node: Any) -> Any:
     return None
 
 
+_NUMBER = re.compile(r"[-+]?(\d[\d_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+
+
+def _number_hint(value: str, kind: str) -> str:
+    """The fix for a string where a number goes: unquote it if it is one, else say what a number looks like."""
+    if _NUMBER.fullmatch(value.strip()):
+        return f"write the number without quotes: {value.strip()}"
+    return "write it in digits, e.g. 6" if kind == "int_type" else "write it in digits, e.g. 0.1"
+
+
+def _home(key: Any, parent: KeyPath, data: Any) -> str:
+    """``heads belongs under encoder.block``: where an unknown key is a real key, one or two levels down."""
+    from pydantic import BaseModel
+
+    cls = _fields_of(parent, data, model=True)
+    if cls is None:
+        return ""
+    homes: list[str] = []
+    frontier: list[tuple[str, Any]] = [(dotted(parent), cls)]
+    for _ in range(2):
+        below: list[tuple[str, Any]] = []
+        for prefix, model in frontier:
+            for name, field in model.model_fields.items():
+                sub = _model_in(field.annotation, None)
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    where = f"{prefix}.{name}" if prefix else name
+                    if key in sub.model_fields:
+                        homes.append(where)
+                    below.append((where, sub))
+        if homes:
+            return f"{key} belongs under {' or '.join(homes)}"
+        frontier = below
+    return ""
+
+
 def _suggest(word: Any, options: list[str]) -> str:
     close = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'?" if close else ""
@@ -126,7 +161,11 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         key = path[-1] if path else "?"
         options = _fields_of(path[:-1], data)
         message = f"unknown key '{key}'"
-        hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        hint = (
+            _home(key, path[:-1], data)
+            or _suggest(key, options)
+            or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        )
         location = source.locate(path, key=True)
     elif kind == "missing":
         key = path[-1] if path else "?"
@@ -157,7 +196,7 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         }[kind]
         message = f"expected {want}, got {show(value)}"
         if isinstance(value, str) and kind in ("int_type", "float_type"):
-            hint = f"write the number without quotes: {value.strip()}"
+            hint = _number_hint(value, kind)
         elif isinstance(value, bool) and kind in ("int_type", "float_type"):
             hint = "booleans are not numbers here; write a number"
         elif kind == "bool_type" and isinstance(value, str):
