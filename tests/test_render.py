@@ -314,3 +314,21 @@ def test_every_preset_renders_to_svg(preset: Path, tmp_path: Path) -> None:
     pytest.importorskip("pygraphviz")
     out = render(specvit.load_spec(preset), tmp_path / "model.svg")
     assert out.read_text().lstrip().startswith("<?xml")
+
+
+def test_render_without_a_path_displays_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    diagram = specvit.render("mnist_vit")
+    assert isinstance(diagram, specvit.diagram.Diagram) and "mnist_vit" in repr(diagram)
+    svg = diagram._repr_svg_()
+    assert svg is not None and ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
+    assert diagram.dot == to_dot(_graph("mnist_vit"))
+    assert diagram.save(tmp_path / "m.mmd").read_text() == to_mermaid(_graph("mnist_vit"))
+    assert diagram.save(tmp_path / "m.svg").read_text() == svg
+    with pytest.raises(RenderError, match="extension must be one of"):
+        diagram.save(tmp_path / "m.gif")
+    bare = specvit.render("mnist_vit", view="expanded")
+    monkeypatch.setitem(sys.modules, "pygraphviz", None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert bare._repr_svg_() is None  # Jupyter then shows the text repr, not a traceback
+    with pytest.raises(RenderError, match="no Graphviz to lay out the diagram"):
+        _ = bare.svg

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, View, draw_dot, to_dot
+from specvit.diagram.inline import Diagram
 from specvit.diagram.mermaid import to_mermaid
 from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import build_graph
@@ -13,48 +15,72 @@ from specvit.io import atomic_write
 from specvit.spec.loader import load_spec
 from specvit.spec.schema import Spec
 
-__all__ = ["FORMATS", "RenderError", "render", "to_dot", "to_mermaid"]
+__all__ = ["FORMATS", "Diagram", "RenderError", "render", "to_dot", "to_mermaid"]
 
 FORMATS = (*ENGINE_FORMATS, ".dot", ".mmd")
 """The file extensions :func:`render` writes."""
 
 
+@overload
+def render(
+    spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
+    path: None = None,
+    *,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+) -> Diagram: ...
+
+
+@overload
 def render(
     spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     view: View = "collapsed",
     direction: Direction = "TB",
-) -> Path:
-    """Draw a model into a file whose extension picks the format.
+) -> Path: ...
+
+
+def render(
+    spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+) -> Path | Diagram:
+    """Draw a model into a file whose extension picks the format, or, without a path, into a
+    :class:`Diagram` that notebooks display inline.
 
     ``.svg``, ``.png`` and ``.pdf`` are laid out by Graphviz (pygraphviz, else the system ``dot``);
     ``.dot`` is the Graphviz source and ``.mmd`` a Mermaid flowchart for Markdown pages. The file is
     written whole or not at all.
 
     Args:
-        spec_or_graph: a lowered graph, a spec, or the path of a spec file.
-        path: the file to write.
+        spec_or_graph: a lowered graph, a spec, the path of a spec file or a preset's name.
+        path: the file to write; None returns a :class:`Diagram` (shown as SVG in Jupyter).
         view: ``collapsed`` draws each run of identical blocks once with its repeat count;
             ``expanded`` draws every block.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
 
     Returns:
-        The path written.
+        The path written, or the Diagram.
 
     Raises:
         RenderError: an unknown extension, a failing engine, or no engine (the ``.dot`` file is then
             written beside ``path``, and the message says how to render it).
         SpecError: the spec file is invalid.
     """
-    target = Path(path)
-    suffix = target.suffix.lower()
-    if suffix not in FORMATS:
-        raise RenderError(f"cannot write {target}: the extension must be one of {', '.join(FORMATS)}")
+    if path is not None:
+        target = Path(path)
+        suffix = target.suffix.lower()
+        if suffix not in FORMATS:
+            raise RenderError(f"cannot write {target}: the extension must be one of {', '.join(FORMATS)}")
     if isinstance(spec_or_graph, ArchGraph):
         graph = spec_or_graph
     else:
         graph = build_graph(spec_or_graph if isinstance(spec_or_graph, Spec) else load_spec(spec_or_graph))
+    if path is None:
+        return Diagram(graph, to_dot(graph, view, direction), view, direction)
     if suffix == ".mmd":
         atomic_write(target, to_mermaid(graph, view, direction))
     elif suffix == ".dot":
