@@ -1,4 +1,4 @@
-"""The ``specvit`` command line: validate, summary, presets, schema, render, export, eject.
+"""The ``specvit`` command line: validate, summary, diff, presets, schema, render, export, eject.
 
 Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
 exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch.
@@ -143,6 +143,40 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from specvit.diagram.diff import diff_graphs, format_diff, highlight
+    from specvit.diagram.graphviz import ENGINE_FORMATS, RenderError, draw_dot, to_dot
+    from specvit.graph import build_graph
+    from specvit.io import atomic_write
+
+    a = build_graph(_load(args.a, []), **_sizes(args))
+    b = build_graph(_load(args.b, args.set), **_sizes(args))
+    rows = diff_graphs(a, b)
+    if args.json:
+        side = {
+            g: {"name": x.name, "params": x.total_params, "flops": x.total_flops}
+            for g, x in (("a", a), ("b", b))
+        }
+        print(json.dumps({**side, "rows": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        print(format_diff(a, b, rows))
+    if args.output:
+        dot = highlight(to_dot(b, args.view, "TB"), rows)
+        suffix = args.output.rsplit(".", 1)[-1].lower()
+        try:
+            if suffix == "dot":
+                atomic_write(args.output, dot)
+            elif f".{suffix}" in ENGINE_FORMATS:
+                draw_dot(dot, args.output)
+            else:
+                _usage(args, f"-o {args.output}: the diagram is written as .svg, .png, .pdf or .dot")
+        except RenderError as exc:
+            print(f"specvit diff: {exc}", file=sys.stderr)
+            return EXIT_IO_ERROR
+        print(f"wrote {args.output} (B, with what differs from A outlined in red)", file=sys.stderr)
+    return 0
+
+
 def _sizes(args: argparse.Namespace) -> dict[str, int]:
     return {
         k: v for k in ("batch", "seq_len", "src_len", "tgt_len") if (v := getattr(args, k, None)) is not None
@@ -271,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_reading(sub: Any) -> None:
-    """The subcommands that read specs and print: validate, summary, presets, schema."""
+    """The subcommands that read specs and print: validate, summary, diff, presets, schema."""
     p = sub.add_parser(
         "validate",
         help="check specs; print one line per valid spec",
@@ -298,6 +332,25 @@ def _add_reading(sub: Any) -> None:
     _add_json(p)
     _add_set(p)
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser(
+        "diff",
+        help="what changes between two specs, node by node, with params and FLOPs deltas",
+        description="Compare two specs (files or preset names) node by node: the nodes changed, added and "
+        "removed, with output shapes, parameters and FLOPs, folded over runs of blocks; totals and deltas "
+        "first. --set changes B, so 'specvit diff X X --set encoder.depth=6' shows what an override does. "
+        "-o draws B's diagram with the differences outlined.",
+    )
+    p.add_argument("a", metavar="A", help="the spec before")
+    p.add_argument("b", metavar="B", help="the spec after")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="also draw B with the differences (.svg .png .pdf .dot)"
+    )
+    _add_view(p, "drawn")
+    _add_json(p)
+    _add_sizes(p)
+    _add_set(p)
+    p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser(
         "presets",
