@@ -57,7 +57,7 @@ def test_dot_of_mnist_vit_labels_every_node() -> None:
     assert "patch 7x7 · grid 4x4 · conv" in nodes["encoder.patch_embed"]
     assert "B x 16 x 512 · 25.6K params" in nodes["encoder.patch_embed"]
     assert "B x 1 x 28 x 28" in nodes["encoder.input"]
-    assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5130 params" in nodes["head.fc"]
+    assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5.1K params" in nodes["head.fc"]
     assert "shape=circle" in nodes["encoder.blocks.0.add1"]
     # title: name, total params and FLOPs
     assert "<b>mnist_vit</b>" in dot and "2.1M params · 72.7M FLOPs at B=1" in dot
