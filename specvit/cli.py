@@ -208,7 +208,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from specvit.diagram import RenderError, render
 
     try:
-        written = render(_load(args.spec, args.set), args.output, view=args.view, direction=args.direction)
+        spec = _load(args.spec, args.set)
+        written = render(spec, args.output, view=args.view, direction=args.direction, dpi=args.dpi)
     except RenderError as exc:
         print(f"specvit render: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR
@@ -386,6 +387,7 @@ def _add_writing(sub: Any) -> None:
     p.add_argument(
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
+    p.add_argument("--dpi", type=int, metavar="N", help="resolution of a .png (default 96)")
     _add_set(p)
     p.set_defaults(func=cmd_render)
 

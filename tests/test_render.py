@@ -332,3 +332,18 @@ def test_render_without_a_path_displays_inline(tmp_path: Path, monkeypatch: pyte
     assert bare._repr_svg_() is None  # Jupyter then shows the text repr, not a traceback
     with pytest.raises(RenderError, match="no Graphviz to lay out the diagram"):
         _ = bare.svg
+
+
+def test_dpi_scales_a_png_and_is_refused_elsewhere(tmp_path: Path) -> None:
+    import struct
+
+    def size(path: Path) -> tuple[int, int]:
+        return struct.unpack(">II", path.read_bytes()[16:24])  # the PNG's IHDR width and height
+
+    graph = _graph("mnist_vit")
+    w96, h96 = size(render(graph, tmp_path / "a.png", dpi=96))
+    w192, h192 = size(render(graph, tmp_path / "b.png", dpi=192))
+    assert abs(w192 / w96 - 2) < 0.02 and abs(h192 / h96 - 2) < 0.02
+    with pytest.raises(RenderError, match=r"dpi 192 is for \.png files"):
+        render(graph, tmp_path / "c.svg", dpi=192)
+    assert not (tmp_path / "c.svg").exists()

@@ -15,10 +15,23 @@ from specvit.io import atomic_write
 from specvit.spec.loader import load_spec
 from specvit.spec.schema import Spec
 
-__all__ = ["FORMATS", "Diagram", "RenderError", "render", "to_dot", "to_mermaid"]
+__all__ = ["FORMATS", "Diagram", "RenderError", "render", "to_dot", "to_mermaid", "with_dpi"]
 
 FORMATS = (*ENGINE_FORMATS, ".dot", ".mmd")
 """The file extensions :func:`render` writes."""
+
+
+def with_dpi(dot: str, dpi: int | None) -> str:
+    """``dot`` with a graph-level ``dpi`` attribute (the resolution of raster output), if one is given.
+
+    Args:
+        dot: DOT text starting with ``digraph NAME {``.
+        dpi: dots per inch, or None to leave Graphviz's default (96).
+    """
+    if dpi is None:
+        return dot
+    head, brace, rest = dot.partition("{")
+    return f"{head}{brace}\n\tdpi={int(dpi)}{rest}"
 
 
 @overload
@@ -38,6 +51,7 @@ def render(
     *,
     view: View = "collapsed",
     direction: Direction = "TB",
+    dpi: int | None = None,
 ) -> Path: ...
 
 
@@ -47,6 +61,7 @@ def render(
     *,
     view: View = "collapsed",
     direction: Direction = "TB",
+    dpi: int | None = None,
 ) -> Path | Diagram:
     """Draw a model into a file whose extension picks the format, or, without a path, into a
     :class:`Diagram` that notebooks display inline.
@@ -61,6 +76,7 @@ def render(
         view: ``collapsed`` draws each run of identical blocks once with its repeat count;
             ``expanded`` draws every block.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
+        dpi: resolution of a ``.png`` (Graphviz's default is 96); only for PNG files.
 
     Returns:
         The path written, or the Diagram.
@@ -75,6 +91,8 @@ def render(
         suffix = target.suffix.lower()
         if suffix not in FORMATS:
             raise RenderError(f"cannot write {target}: the extension must be one of {', '.join(FORMATS)}")
+        if dpi is not None and (suffix != ".png" or not 1 <= dpi <= 2400):
+            raise RenderError(f"dpi {dpi} is for .png files, from 1 to 2400; {target} is {suffix}")
     if isinstance(spec_or_graph, ArchGraph):
         graph = spec_or_graph
     else:
@@ -86,5 +104,5 @@ def render(
     elif suffix == ".dot":
         atomic_write(target, to_dot(graph, view, direction))
     else:
-        draw_dot(to_dot(graph, view, direction), target)
+        draw_dot(with_dpi(to_dot(graph, view, direction), dpi), target)
     return target
