@@ -209,7 +209,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     try:
         spec = _load(args.spec, args.set)
-        written = render(spec, args.output, view=args.view, direction=args.direction, dpi=args.dpi)
+        written = render(
+            spec, args.output, view=args.view, direction=args.direction, dpi=args.dpi, flops=args.flops
+        )
     except RenderError as exc:
         print(f"specvit render: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR
@@ -388,6 +390,7 @@ def _add_writing(sub: Any) -> None:
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
     p.add_argument("--dpi", type=int, metavar="N", help="resolution of a .png (default 96)")
+    p.add_argument("--flops", action="store_true", help="write each node's FLOPs beside its parameters")
     _add_set(p)
     p.set_defaults(func=cmd_render)
 

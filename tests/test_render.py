@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import specvit
+from specvit.cli import main as main_cli
 from specvit.diagram import RenderError, gallery, render, to_dot, to_mermaid
 from specvit.diagram.graphviz import View
+from specvit.diagram.text import format_count
 from specvit.graph import build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,3 +349,16 @@ def test_dpi_scales_a_png_and_is_refused_elsewhere(tmp_path: Path) -> None:
     with pytest.raises(RenderError, match=r"dpi 192 is for \.png files"):
         render(graph, tmp_path / "c.svg", dpi=192)
     assert not (tmp_path / "c.svg").exists()
+
+
+def test_flops_on_the_nodes_on_request(tmp_path: Path) -> None:
+    graph = _graph("mnist_vit")
+    plain, with_flops = _nodes(to_dot(graph)), _nodes(to_dot(graph, flops=True))
+    assert "FLOPs" not in plain["encoder.blocks.0.mlp"]
+    mlp = graph["encoder.blocks.0.mlp"]["flops"]  # 35.7M at B=1
+    assert f"1.1M params · {format_count(mlp)} FLOPs" in with_flops["encoder.blocks.0.mlp"]
+    assert "FLOPs" not in with_flops["encoder.blocks.0.add1"]  # an add counts none: nothing to write
+    assert set(plain) == set(with_flops)
+    written = tmp_path / "m.dot"
+    assert main_cli(["render", "mnist_vit", "--flops", "-o", str(written)]) == 0
+    assert written.read_text() == to_dot(graph, flops=True)

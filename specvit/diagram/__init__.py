@@ -41,6 +41,7 @@ def render(
     *,
     view: View = "collapsed",
     direction: Direction = "TB",
+    flops: bool = False,
 ) -> Diagram: ...
 
 
@@ -52,6 +53,7 @@ def render(
     view: View = "collapsed",
     direction: Direction = "TB",
     dpi: int | None = None,
+    flops: bool = False,
 ) -> Path: ...
 
 
@@ -62,6 +64,7 @@ def render(
     view: View = "collapsed",
     direction: Direction = "TB",
     dpi: int | None = None,
+    flops: bool = False,
 ) -> Path | Diagram:
     """Draw a model into a file whose extension picks the format, or, without a path, into a
     :class:`Diagram` that notebooks display inline.
@@ -77,6 +80,7 @@ def render(
             ``expanded`` draws every block.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
         dpi: resolution of a ``.png`` (Graphviz's default is 96); only for PNG files.
+        flops: write each node's FLOPs beside its parameters (Graphviz formats).
 
     Returns:
         The path written, or the Diagram.
@@ -98,11 +102,11 @@ def render(
     else:
         graph = build_graph(spec_or_graph if isinstance(spec_or_graph, Spec) else load_spec(spec_or_graph))
     if path is None:
-        return Diagram(graph, to_dot(graph, view, direction), view, direction)
+        return Diagram(graph, to_dot(graph, view, direction, flops=flops), view, direction)
     if suffix == ".mmd":
         atomic_write(target, to_mermaid(graph, view, direction))
     elif suffix == ".dot":
-        atomic_write(target, to_dot(graph, view, direction))
+        atomic_write(target, to_dot(graph, view, direction, flops=flops))
     else:
-        draw_dot(with_dpi(to_dot(graph, view, direction), dpi), target)
+        draw_dot(with_dpi(to_dot(graph, view, direction, flops=flops), dpi), target)
     return target
