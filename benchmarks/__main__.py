@@ -93,7 +93,7 @@ def vit_rows(repeat: int) -> list[Row]:
     from transformers import ViTConfig, ViTModel
 
     import specvit
-    from specvit.optimize import optimize
+    from specvit.inference import optimize
 
     spec = specvit.load_spec(SPECS / "vit_base_patch16_224.yaml", overrides={"head": "none"})
     ours = specvit.build_model(spec).eval()

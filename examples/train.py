@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from specvit.checkpoint import SPEC_FILE, WEIGHTS_FILE, CheckpointError
 from specvit.cli import EXIT_IO_ERROR, EXIT_SPEC_ERROR
-from specvit.errors import SpecError
+from specvit.errors import SpecError, SpecFileError
 from specvit.model import SpecModel
 from specvit.spec.schema import ClassifierHead, FeaturesInput, ImageInput, LMHead, Spec, TokensInput
 
@@ -243,12 +243,13 @@ class Progress:
         total: the last step.
         every: report every this many steps (and the last).
         stream: where to write.
+        quiet: no redrawn bar even on a terminal (``--quiet``).
         log: a JSON-lines file that gets ``{"step": ..., "loss": ...}`` per report, or None.
     """
 
-    def __init__(self, total: int, every: int, stream: TextIO, log: TextIO | None):
+    def __init__(self, total: int, every: int, stream: TextIO, log: TextIO | None, quiet: bool = False):
         self.total, self.every, self.stream, self.log = total, every, stream, log
-        self.tty = stream.isatty()
+        self.tty = stream.isatty() and not quiet  # the redrawn bar; report lines are printed either way
         self.start = time.perf_counter()
         self.done = 0
 
@@ -256,7 +257,9 @@ class Progress:
         """Report the loss of step ``step`` (1-based)."""
         self.done += 1
         rate = self.done / max(time.perf_counter() - self.start, 1e-9)
-        text = f"step {step}/{self.total}  loss {loss:.6f}  {rate:.2f} steps/s"
+        left = round((self.total - step) / rate) if rate > 0 else 0
+        eta = f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}" if step < self.total else "done"
+        text = f"step {step}/{self.total}  loss {loss:.6f}  {rate:.2f} steps/s  {eta}"
         if step % self.every == 0 or step == self.total:
             self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
             if self.log is not None:
@@ -416,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
         "torchrun reads --log as an abbreviation of its own --log-dir)",
     )
     p.add_argument("--every", type=int, default=10, metavar="K", help="report every K steps (default 10)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar between reports on a terminal")
     return p
 
 
@@ -531,7 +535,7 @@ def _train(
         )
         if args.log:
             log = open(args.log, "a" if args.resume else "w")  # noqa: SIM115 (closed below)
-    progress = Progress(args.steps, args.every, sys.stdout, log) if rank == 0 else None
+    progress = Progress(args.steps, args.every, sys.stdout, log, args.quiet) if rank == 0 else None
     try:
         for step in range(start, args.steps):
             torch.manual_seed(mix(args.seed, 1, step, rank))  # dropout, the same after a resume
@@ -564,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except (SpecError, TrainError) as exc:
         print(f"train.py: {exc}" if isinstance(exc, TrainError) else exc, file=sys.stderr)
-        return EXIT_SPEC_ERROR
+        return EXIT_IO_ERROR if isinstance(exc, SpecFileError) else EXIT_SPEC_ERROR
     except CheckpointError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR

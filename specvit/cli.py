@@ -1,4 +1,4 @@
-"""The ``specvit`` command line: validate, schema, summary, render, export, eject.
+"""The ``specvit`` command line: validate, summary, diff, presets, schema, render, export, eject.
 
 Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
 exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch. Everything
@@ -12,16 +12,27 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from specvit.errors import CheckpointError, MissingDependencyError, SpecError
+from specvit import __version__
+from specvit.commands import add_import, cmd_presets
+from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
 from specvit.text import escape
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
 
-EXIT_SPEC_ERROR = 2
-EXIT_IO_ERROR = 1
+EXIT_IO_ERROR = 1  # a file cannot be read or written
+EXIT_SPEC_ERROR = 2  # the spec is invalid
+EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
+
+
+def _key_value(text: str) -> str:
+    """``KEY=VALUE`` as given to ``--set``; anything else is a usage error with an example."""
+    _, sep, _ = text.partition("=")
+    if not sep:  # an empty key (`=1`) is reported like every other --set problem, at <--set =1>
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write e.g. --set encoder.depth=6")
+    return text
 
 
 def _say(text: object, *, err: bool = False) -> None:
@@ -44,9 +55,24 @@ def _add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set",
         metavar="KEY=VALUE",
+        type=_key_value,
         action="append",
         default=[],
         help="override a key after loading, e.g. --set encoder.depth=6 (repeatable; VALUE is YAML)",
+    )
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _add_view(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--view",
+        choices=["collapsed", "expanded"],
+        default="collapsed",
+        help=f"collapsed (default): each run of identical blocks {what} once with its count; "
+        "expanded: every block",
     )
 
 
@@ -57,24 +83,39 @@ def _load(path: str, sets: list[str]) -> Spec:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    problems: list[str] = []
+    results: list[dict[str, Any]] = []
     for path in args.specs:
         try:
             spec = _load(path, args.set)
         except SpecError as exc:
-            problems.append(str(exc))
+            kind = "unreadable" if isinstance(exc, SpecFileError) else "invalid"
+            results.append({"spec": path, "status": kind, "problems": [_problem(p) for p in exc.problems]})
+            if not args.json:
+                _say(str(exc), err=True)
             continue
-        _say(f"ok  {spec.summary_line()}")
-    if problems:
-        _say("\n".join(problems), err=True)
+        results.append({"spec": path, "status": "ok", "name": spec.name, "summary": spec.summary_line()})
+        if not args.json:
+            _say(f"ok  {spec.summary_line()}")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    statuses = {r["status"] for r in results}
+    if "invalid" in statuses:
         return EXIT_SPEC_ERROR
-    return 0
+    return EXIT_IO_ERROR if "unreadable" in statuses else 0
+
+
+def _problem(p: Problem) -> dict[str, Any]:
+    loc = p.location
+    where = (
+        {"file": loc.file, "line": loc.line, "col": loc.col} if loc else {"file": None, "line": 0, "col": 0}
+    )
+    return {**where, "path": p.path, "message": p.message, "hint": p.hint, "text": str(p)}
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from specvit.spec.schema import Spec
+    from specvit.spec.json_schema import json_schema
 
-    text = json.dumps(Spec.model_json_schema(), indent=2) + "\n"
+    text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
         from specvit.io import atomic_write
 
@@ -82,6 +123,40 @@ def cmd_schema(args: argparse.Namespace) -> int:
         _say(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from specvit.diagram.diff import diff_graphs, format_diff, highlight
+    from specvit.diagram.graphviz import ENGINE_FORMATS, RenderError, draw_dot, to_dot
+    from specvit.graph import build_graph
+    from specvit.io import atomic_write
+
+    a = build_graph(_load(args.a, []), **_sizes(args))
+    b = build_graph(_load(args.b, args.set), **_sizes(args))
+    rows = diff_graphs(a, b)
+    if args.json:
+        side = {
+            g: {"name": x.name, "params": x.total_params, "flops": x.total_flops}
+            for g, x in (("a", a), ("b", b))
+        }
+        print(json.dumps({**side, "rows": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        print(format_diff(a, b, rows))
+    if args.output:
+        dot = highlight(to_dot(b, args.view, "TB"), rows)
+        suffix = args.output.rsplit(".", 1)[-1].lower()
+        try:
+            if suffix == "dot":
+                atomic_write(args.output, dot)
+            elif f".{suffix}" in ENGINE_FORMATS:
+                draw_dot(dot, args.output)
+            else:
+                _usage(args, f"-o {args.output}: the diagram is written as .svg, .png, .pdf or .dot")
+        except RenderError as exc:
+            print(f"specvit diff: {exc}", file=sys.stderr)
+            return EXIT_IO_ERROR
+        print(f"wrote {args.output} (B, with what differs from A outlined in red)", file=sys.stderr)
     return 0
 
 
@@ -96,8 +171,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from specvit.graph import build_graph
 
     graph = build_graph(_load(args.spec, args.set), **_sizes(args))
+    expand = args.view == "expanded"
     if args.json:
-        rows = [r.as_dict() for r in graph.summary(expand=args.expand)]
+        rows = [r.as_dict() for r in graph.summary(expand=expand)]
         data = {
             "name": graph.name,
             "dims": graph.dims,
@@ -107,7 +183,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         }
         print(json.dumps(data, indent=2))
     else:
-        _say(format_table(graph, expand=args.expand))
+        _say(format_table(graph, expand=expand))
     return 0
 
 
@@ -115,7 +191,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     from specvit.diagram import RenderError, render
 
     try:
-        written = render(_load(args.spec, args.set), args.output, view=args.view, direction=args.direction)
+        spec = _load(args.spec, args.set)
+        written = render(
+            spec, args.output, view=args.view, direction=args.direction, dpi=args.dpi, flops=args.flops
+        )
     except RenderError as exc:
         _say(f"specvit render: {exc}", err=True)
         return EXIT_IO_ERROR
@@ -125,16 +204,15 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     if not args.checkpoint and not args.spec:
-        print("specvit export: give a SPEC or --checkpoint DIR", file=sys.stderr)
-        return EXIT_SPEC_ERROR
+        _usage(args, "give a SPEC or --checkpoint DIR")
     if args.checkpoint and args.spec:
-        print("specvit export: give a SPEC or --checkpoint DIR, not both", file=sys.stderr)
-        return EXIT_SPEC_ERROR
+        _usage(args, "give a SPEC or --checkpoint DIR, not both")
     import os
 
     from specvit.checkpoint import MANIFEST_FILE, SPEC_FILE, WEIGHTS_FILE
     from specvit.compile import build_model, load_pretrained
     from specvit.export import example_inputs, export_onnx
+    from specvit.inputs import dynamic_axes
     from specvit.io import refuse_inputs, spec_inputs
 
     if args.checkpoint:
@@ -146,10 +224,20 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         spec = _load(args.spec, args.set)
         refuse_inputs(args.output, spec_inputs(spec))
-        example_inputs(build_graph(spec), batch=2, device="meta")  # refuses huge inputs before the build
+        try:  # refuses huge inputs before the build
+            example_inputs(build_graph(spec), batch=args.batch, device="meta", seq_len=args.seq_len)
+        except SpecError:
+            raise
+        except ValueError as exc:
+            _usage(args, f"argument --seq-len: {exc}")
         model = build_model(spec)
-    written = export_onnx(model, args.output, example_inputs(model, batch=2))
-    _say(f"wrote {written} (batch dimension dynamic)")
+    try:
+        inputs = example_inputs(model, batch=args.batch, seq_len=args.seq_len)
+    except ValueError as exc:
+        _usage(args, f"argument --seq-len: {exc}")
+    written = export_onnx(model, args.output, inputs, progress=False if args.quiet else None)
+    axes = sorted({name for named in dynamic_axes(model.graph).values() for name in named.values()})
+    _say(f"wrote {written} (dynamic: {', '.join(axes)})")
     return 0
 
 
@@ -164,25 +252,34 @@ def cmd_eject(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    import os
+def _at_least_2(text: str) -> int:
+    """An int >= 2: an export specialises a dimension whose example size is 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be 2 or more (a size of 1 would be fixed in the export), got {value}"
+        )
+    return value
 
-    from specvit.interop.hf import spec_dict
-    from specvit.io import atomic_write
-    from specvit.spec.loader import parse_spec
-    from specvit.spec.yamlread import dump_yaml
 
-    if os.path.exists(args.output) and os.path.samefile(args.output, args.config):
-        print(f"specvit import: -o {args.output} is the config itself; name another file", file=sys.stderr)
-        return EXIT_IO_ERROR
-    data = spec_dict(args.config)
-    if args.name:
-        data["name"] = args.name
-    data["description"] += f" Source: {os.path.basename(args.config)}."
-    parse_spec(data, source=args.output)  # what is written is a valid spec
-    atomic_write(args.output, dump_yaml(data))
-    print(f"wrote {args.output} ({data['name']}: {data['model']})")
-    return 0
+def _add_quiet(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress display (none is shown off a terminal)"
+    )
+
+
+def _usage(args: argparse.Namespace, message: str) -> NoReturn:
+    """Exit with a usage error of the subcommand (its usage line, then ``specvit CMD: error: ...``; status 2).
+
+    Args:
+        args: the parsed arguments (they carry their subcommand's parser).
+        message: what is wrong.
+    """
+    parser: argparse.ArgumentParser = args.parser
+    parser.error(message)
 
 
 def _add_sizes(p: argparse.ArgumentParser) -> None:
@@ -207,23 +304,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specvit",
         description="Compile YAML specs of attention models into diagrams and PyTorch modules.",
-        epilog="Spec reference: docs/spec.md. Exit status: 0 ok, 1 file error, 2 invalid spec.",
+        epilog="Spec reference: docs/spec.md. Exit status: 0 ok; 1 a file cannot be read or written; "
+        "2 an invalid spec, or a usage error (named for its subcommand).",
     )
+    parser.add_argument("--version", action="version", version=f"specvit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_reading(sub)
     _add_writing(sub)
+    for command in sub.choices.values():
+        command.set_defaults(parser=command)  # usage errors found after parsing name their subcommand
     return parser
 
 
 def _add_reading(sub: Any) -> None:
-    """The subcommands that read specs and print: validate, summary, schema."""
+    """The subcommands that read specs and print: validate, summary, diff, presets, schema."""
     p = sub.add_parser(
         "validate",
         help="check specs; print one line per valid spec",
         description="Validate spec files. Prints one line per valid spec; on any error prints "
         "every problem as file:line:col: key: message (hint) and exits 2.",
     )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml)")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml) or preset names")
+    _add_json(p)
     _add_set(p)
     p.set_defaults(func=cmd_validate)
 
@@ -233,12 +335,44 @@ def _add_reading(sub: Any) -> None:
         description="Print every module of the model with its output shape, parameter count and FLOPs "
         "(a multiply-add counts 2), with totals. Identical blocks fold into one row with a count.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     _add_sizes(p)
-    p.add_argument("--expand", action="store_true", help="one row per block instead of folding repeats")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_view(p, "folded into one row")
+    p.add_argument(  # the spelling before --view, kept working for scripts; not shown in --help
+        "--expand", dest="view", action="store_const", const="expanded", help=argparse.SUPPRESS
+    )
+    _add_json(p)
     _add_set(p)
     p.set_defaults(func=cmd_summary)
+
+    p = sub.add_parser(
+        "diff",
+        help="what changes between two specs, node by node, with params and FLOPs deltas",
+        description="Compare two specs (files or preset names) node by node: the nodes changed, added and "
+        "removed, with output shapes, parameters and FLOPs, folded over runs of blocks; totals and deltas "
+        "first. --set changes B, so 'specvit diff X X --set encoder.depth=6' shows what an override does. "
+        "-o draws B's diagram with the differences outlined.",
+    )
+    p.add_argument("a", metavar="A", help="the spec before")
+    p.add_argument("b", metavar="B", help="the spec after")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", help="also draw B with the differences (.svg .png .pdf .dot)"
+    )
+    _add_view(p, "drawn")
+    _add_json(p)
+    _add_sizes(p)
+    _add_set(p)
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser(
+        "presets",
+        help="list the bundled presets with their parameter counts",
+        description="List the bundled presets: name, model kind, parameters and description. Every command "
+        "and specvit.load_spec take a preset's name where they take a spec file, and a spec may write "
+        "extends: NAME.yaml to start from one.",
+    )
+    _add_json(p)
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser(
         "schema",
@@ -258,45 +392,47 @@ def _add_writing(sub: Any) -> None:
         "(Graphviz, through pygraphviz or the system dot), .dot (Graphviz source) or .mmd (Mermaid, for "
         "Markdown pages). The file is written whole or not at all.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
-    p.add_argument(
-        "--view",
-        choices=["collapsed", "expanded"],
-        default="collapsed",
-        help="collapsed (default): each run of identical blocks drawn once with its count; "
-        "expanded: every block",
-    )
+    _add_view(p, "drawn")
     p.add_argument(
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
+    p.add_argument("--dpi", type=int, metavar="N", help="resolution of a .png (default 96)")
+    p.add_argument("--flops", action="store_true", help="write each node's FLOPs beside its parameters")
     _add_set(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser(
         "export",
-        help="export the model to ONNX (batch dimension dynamic)",
+        help="export the model to ONNX (batch and sequence dimensions dynamic)",
         description="Build the model (random weights, or a checkpoint's) and export its forward to ONNX with "
-        "torch.onnx's dynamo exporter; the batch dimension stays dynamic.",
+        "torch.onnx's dynamo exporter. The batch and sequence dimensions stay dynamic (named batch, seq_len, "
+        "src_len, tgt_len in the file), each up to what the model takes; image sizes are fixed by the spec.",
     )
-    p.add_argument("spec", metavar="SPEC", nargs="?", help="spec file (.yaml); not needed with --checkpoint")
+    p.add_argument(
+        "spec",
+        metavar="SPEC",
+        nargs="?",
+        help="spec file (.yaml) or preset name; not needed with --checkpoint",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
     p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
+    p.add_argument(
+        "--batch", type=_at_least_2, default=2, metavar="N", help="batch of the example input (default 2)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_at_least_2,
+        metavar="N",
+        help="sequence length of the example input for token/feature inputs (default 128, or the spec's "
+        "max_len if shorter); the exported model takes any length up to the spec's limit",
+    )
+    _add_quiet(p)
     _add_set(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser(
-        "import",
-        help="write the spec of a model from another library's config (HF transformers)",
-        description="Read a transformers config.json and write the spec of exactly that architecture as a "
-        "readable YAML file (defaults left out). Architectures specvit cannot state exactly are refused, "
-        "naming the config field. Weights convert with specvit.convert_state_dict(sd, 'hf', spec).",
-    )
-    p.add_argument("source", choices=["hf"], help="the library the config comes from")
-    p.add_argument("config", metavar="CONFIG", help="the config.json")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .yaml spec to write")
-    p.add_argument("--name", help="the spec's name (default: <model_type>_from_hf)")
-    p.set_defaults(func=cmd_import)
+    add_import(sub)
 
     p = sub.add_parser(
         "eject",
@@ -305,7 +441,7 @@ def _add_writing(sub: Any) -> None:
         "readable .py file that imports only torch: Model() builds it, with the state_dict keys of "
         "specvit's model, so its weights load as they are.",
     )
-    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml)")
+    p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .py file to write")
     _add_set(p)
     p.set_defaults(func=cmd_eject)
@@ -316,6 +452,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except SpecFileError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_IO_ERROR
     except SpecError as exc:
         _say(exc, err=True)
         return EXIT_SPEC_ERROR

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from specvit.checkpoint import SPEC_FILE, read_checkpoint, read_weights
 from specvit.codegen.build import compile_graph
 from specvit.codegen.eject import eject_source
 from specvit.errors import SpecError
@@ -21,8 +20,45 @@ from specvit.graph.lower import graph_of
 from specvit.io import atomic_write
 from specvit.model import MODEL_CLASSES, Block, SpecModel
 from specvit.resources import available_memory, memory_budget
+from specvit.spec.loader import load_spec
 
-__all__ = ["available_memory", "build_model", "eject", "load_pretrained"]
+__all__ = ["available_memory", "build_graph", "build_model", "eject", "load_pretrained"]
+
+Source = Any  # a Spec, a mapping of spec keys, a spec file's path or a preset's name, or an ArchGraph
+
+
+def _graph(source: Source, overrides: Mapping[str, Any] | None) -> ArchGraph:
+    """The graph of any source a user may hand the API: mappings are validated like files."""
+    if isinstance(source, Mapping):
+        return graph_of(load_spec(source, overrides))
+    return graph_of(source, overrides)
+
+
+def build_graph(
+    source: Source,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    batch: int = 1,
+    seq_len: int | None = None,
+    src_len: int | None = None,
+    tgt_len: int | None = None,
+) -> ArchGraph:
+    """Lower a spec into its architecture graph: shapes, parameters and FLOPs on every node.
+
+    Args:
+        source: a Spec, a mapping of spec keys, a spec file or a preset's name.
+        overrides: dotted-key overrides, e.g. ``{"encoder.depth": 2}``.
+        batch: the batch size ``B`` FLOPs are counted at.
+        seq_len: the sequence length ``S`` of a token or features input (default 128, or max_len if shorter).
+        src_len: the encoder's length ``S_src`` in an encoder-decoder.
+        tgt_len: the decoder's length ``S_tgt`` in an encoder-decoder.
+
+    Raises:
+        SpecError: for an invalid spec, each problem at its line (or key path, for a mapping).
+    """
+    from specvit.graph.lower import build_graph as lower
+
+    return lower(load_spec(source, overrides), batch=batch, seq_len=seq_len, src_len=src_len, tgt_len=tgt_len)
 
 
 def _check_fits(
@@ -47,7 +83,7 @@ def _check_fits(
 
 
 def build_model(
-    source: Any | ArchGraph | str | os.PathLike[str],
+    source: Source,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -58,7 +94,7 @@ def build_model(
     """Compile a spec (or its graph, or a spec file) into a PyTorch model.
 
     Args:
-        source: a Spec, an ArchGraph, or the path of a spec file.
+        source: a Spec, a mapping of spec keys, a spec file, a preset's name, or an ArchGraph.
         device: where the weights live; ``"meta"`` builds without allocating (then ``to_empty()`` and
             ``init_weights()``). Default: CPU.
         dtype: parameter dtype (default: torch's default dtype).
@@ -75,7 +111,7 @@ def build_model(
         An :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`, in train mode like
         any fresh ``nn.Module``.
     """
-    graph = graph_of(source, overrides)
+    graph = _graph(source, overrides)
     target = torch.device(device or "cpu")
     _check_fits(graph, target, dtype, max_bytes)
     model = compile_graph(graph, MODEL_CLASSES[graph.kind], Block, dtype)
@@ -88,7 +124,7 @@ def build_model(
 
 
 def eject(
-    source: Any | ArchGraph | str | os.PathLike[str],
+    source: Source,
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> str:
@@ -105,7 +141,7 @@ def eject(
     Returns:
         The file's text.
     """
-    graph = graph_of(source, overrides)
+    graph = _graph(source, overrides)
     origin = os.fspath(source) if isinstance(source, str | os.PathLike) else ""
     text = eject_source(graph, origin)
     if path is not None:
@@ -131,16 +167,4 @@ def load_pretrained(
             written for (an interrupted or concurrent save), the weight file is truncated or corrupted, or
             its keys, shapes or dtypes do not match the spec (every mismatch is named).
     """
-    from specvit.spec.loader import parse_spec
-
-    contents = read_checkpoint(directory)
-    spec = parse_spec(contents.spec_text, source=os.path.join(directory, SPEC_FILE))
-    model = build_model(spec, device="meta", dtype=dtype)
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
-    target = str(torch.device(device or "cpu"))
-    state = read_weights(directory, expected, target, data=contents.weights, cast=dtype is not None)
-    contents.verify()  # after the checks above, which name what differs when the spec was edited by hand
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return SpecModel.from_pretrained(directory, device=device, dtype=dtype)

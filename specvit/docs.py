@@ -51,7 +51,8 @@ Generated from the schema and the registered op fragments (`specvit/spec/schema.
 Every spec is strict: unknown keys are errors (with a did-you-mean), numbers are numbers (`12`, never
 `"12"`, never `true`), and alternatives are chosen by a `kind` key. `position: learned` and `head: none`
 are short for `{kind: learned}` and `{kind: none}`. A spec may start with `extends: other.yaml` (a path
-relative to the spec) to deep-merge itself over another spec. See `docs/guide.md` for a walk-through.
+relative to the spec, or a bundled preset's name) to deep-merge itself over another spec. See
+`docs/guide.md` for a walk-through.
 """
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specvit.text import escape, visible
 
-__all__ = ["CheckpointError", "Location", "MissingDependencyError", "Problem", "SpecError"]
+__all__ = ["CheckpointError", "Location", "MissingDependencyError", "Problem", "SpecError", "SpecFileError"]
 
 
 @dataclass(frozen=True)
@@ -107,3 +107,9 @@ class MissingDependencyError(ImportError):
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written, is incomplete or mixed, or does not match its spec."""
+
+
+class SpecFileError(SpecError):
+    """The spec file named (on the command line, or to ``load_spec``) cannot be read: missing, a
+    directory, not a regular file, or not readable. ``specvit`` exits 1 for it, as for any file error,
+    and 2 for a spec that is read but invalid (a missing ``extends`` base included: the spec names it)."""

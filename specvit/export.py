@@ -1,174 +1,144 @@
-"""Deployment: ``torch.export`` and ONNX export of compiled models, with a dynamic batch dimension.
+"""Deployment: ``torch.export`` and ONNX export of compiled models, batch and sequence dimensions dynamic.
 
-``specvit export SPEC -o model.onnx`` does the same from the command line.
+``specvit export SPEC -o model.onnx`` does the same from the command line. The free dims of the inputs
+(``B``, and ``S`` / ``S_src`` / ``S_tgt`` for token and feature sequences) stay dynamic, each bounded by
+what the model takes (a learned position table's length); image sizes are fixed by the spec.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-import math
-import operator
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from specvit.errors import MissingDependencyError, SpecError
-from specvit.graph.ir import ArchGraph
-from specvit.io import atomic_path
+from specvit.errors import MissingDependencyError
+from specvit.inputs import (
+    AXIS_NAMES,
+    MAX_BATCH,
+    MAX_EXAMPLE_BYTES,
+    dynamic_axes,
+    example_inputs,
+    input_names,
+    sequence_limits,
+)
+from specvit.io import atomic_save
 from specvit.model import SpecModel
 
-__all__ = ["MAX_EXAMPLE_BYTES", "example_inputs", "export_onnx", "export_program", "input_names"]
+__all__ = [
+    "MAX_EXAMPLE_BYTES",
+    "dynamic_shapes",
+    "example_inputs",
+    "export_onnx",
+    "export_program",
+    "input_names",
+]
 
-MAX_EXAMPLE_BYTES = 1 << 28
-"""256 MiB: the most the example inputs of an export may take (a 224 x 224 image batch takes 1.2 MB)."""
+# Loggers of the exporters, which warn about every op they cannot register and every guard they add.
+_NOISY = ("torch.onnx", "torch.export", "torch._export", "torch._dynamo", "torch.fx", "onnxscript")
 
 
-def input_names(graph: ArchGraph) -> list[str]:
-    """The model's required forward arguments, in order (``x``; ``src``, ``tgt``): what an export takes."""
-    return [graph[n]["p"].arg for n in graph.placeholders() if graph[n]["p"].required]
-
-
-def example_inputs(
-    source: SpecModel | ArchGraph,
-    batch: int = 2,
-    device: torch.device | str | None = None,
-    *,
-    max_bytes: int | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """Random values of the model's required forward arguments at the graph's sizes: ids below the
-    vocabulary for token inputs, else normal floats.
+def dynamic_shapes(model: SpecModel) -> tuple[dict[int, torch.export.Dim], ...]:
+    """``torch.export`` dims for each required input: batch and sequence lengths dynamic, each bounded.
 
     Args:
-        source: a compiled model (its graph and device are used) or a graph.
-        batch: the batch size.
-        device: where to make them; default the model's device, or the CPU for a graph.
-        max_bytes: refuse inputs larger than this; default :data:`MAX_EXAMPLE_BYTES`, or half the memory
-            available (under the cgroup limit too) if that is less.
-
-    Raises:
-        SpecError: when the inputs would take more than ``max_bytes``, before anything is allocated.
-        ValueError: when ``batch`` is not a positive integer.
+        model: a compiled model.
     """
-    graph = source.graph if isinstance(source, SpecModel) else source
-    if device is None and isinstance(source, SpecModel):
-        device = next(source.parameters()).device
-    batch = _count(batch, "batch")
-    specs = []
-    for n in graph.placeholders():
-        p = graph[n]["p"]
-        if p.required:
-            specs.append((p, (batch, *graph.concrete(p.shape)[1:])))
-    _check_size(graph, specs, max_bytes)
-    out = []
-    for p, shape in specs:
-        if p.dtype == "long":
-            out.append(torch.randint(0, p.vocab, shape, device=device))
-        else:
-            out.append(torch.randn(shape, device=device))
-    return tuple(out)
+    limits = sequence_limits(model.spec)
+    dims: dict[str, torch.export.Dim] = {}
+    for symbol, name in AXIS_NAMES.items():
+        top = MAX_BATCH if symbol == "B" else limits.get(symbol)
+        if top is not None:
+            dims[name] = torch.export.Dim(name, min=1, max=top)
+    return tuple({i: dims[name] for i, name in axes.items()} for axes in dynamic_axes(model.graph).values())
 
 
-def _count(value: object, name: str) -> int:
-    """``value`` as a positive int (NumPy integers too), or a TypeError / ValueError naming ``name``."""
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Keep the exporters' warnings and log lines out of the terminal; errors still raise."""
+    levels = {name: logging.getLogger(name).level for name in _NOISY}
     try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if isinstance(value, bool) or n < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return n
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name in _NOISY:
+                logging.getLogger(name).setLevel(logging.ERROR)
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
-def _check_size(graph: ArchGraph, specs: list[tuple[object, tuple[int, ...]]], max_bytes: int | None) -> None:
-    """Refuse example inputs larger than ``max_bytes`` (default: MAX_EXAMPLE_BYTES, or less if the memory
-    available is less) before anything is allocated."""
-    from specvit.diagram.text import format_count
-    from specvit.resources import memory_budget
-
-    need = sum(
-        math.prod(shape) * (8 if getattr(p, "dtype", "") == "long" else torch.get_default_dtype().itemsize)
-        for p, shape in specs
-    )
-    limit, what = (
-        (max_bytes, "the limit given") if max_bytes is not None else (MAX_EXAMPLE_BYTES, "the limit")
-    )
-    if max_bytes is None:
-        free, free_what = memory_budget()
-        if free is not None and free // 2 < limit:
-            limit, what = free // 2, f"half of {free_what}"
-    if need > limit:
-        shapes = ", ".join(" x ".join(map(str, shape)) for _, shape in specs)
-        raise SpecError.at(
-            f"{graph.name}: its example inputs ({shapes}) need {format_count(need)}B, more than {what} for an "
-            f"export ({format_count(limit)}B)",
-            hint="export a model with smaller inputs (fewer tokens or a smaller image); the exported model "
-            "keeps a dynamic batch dimension only",
-        )
-
-
-def _dynamic_batch(inputs: tuple[torch.Tensor, ...]) -> tuple[dict[int, torch.export.Dim], ...]:
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    return tuple({0: batch} for _ in inputs)
+def _inputs(model: SpecModel, inputs: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...]:
+    # example sizes of 2 or more: torch.export specialises a dim whose example is 1
+    return inputs if inputs is not None else example_inputs(model, batch=2)
 
 
 def export_program(
     model: SpecModel, inputs: tuple[torch.Tensor, ...] | None = None
 ) -> torch.export.ExportedProgram:
-    """``torch.export`` the model's forward with a dynamic batch dimension (eval mode).
+    """``torch.export`` the model's forward (eval mode), batch and sequence dimensions dynamic.
 
     Args:
         model: a compiled model.
-        inputs: example inputs; default :func:`example_inputs` (batch 2).
+        inputs: example inputs; default :func:`example_inputs` (batch 2, the graph's sequence length).
     """
     model = model.eval()
-    args = inputs if inputs is not None else example_inputs(model)
-    return torch.export.export(model, args, dynamic_shapes=_dynamic_batch(args))
+    args = _inputs(model, inputs)
+    with _quiet():
+        return torch.export.export(model, args, dynamic_shapes=dynamic_shapes(model))
 
 
 def export_onnx(
-    model: SpecModel, path: str | os.PathLike[str], inputs: tuple[torch.Tensor, ...] | None = None
+    model: SpecModel,
+    path: str | os.PathLike[str],
+    inputs: tuple[torch.Tensor, ...] | None = None,
+    *,
+    progress: bool | None = None,
 ) -> Path:
-    """Write an ONNX file of the model's forward (dynamo exporter), batch dimension dynamic.
+    """Write an ONNX file of the model's forward (dynamo exporter), batch and sequence dimensions dynamic.
 
-    The file is written whole or not at all. Inputs are named as the forward's arguments (``x``, ``src``,
-    ``tgt``), the output ``output``.
+    The file (and its external weights file, for models over 2 GB) is written whole or not at all, with
+    the mode any new file gets (0644 under the usual umask). Inputs are named as the forward's arguments
+    (``x``, ``src``, ``tgt``), their free axes ``batch``, ``seq_len``, ``src_len``, ``tgt_len``; the output
+    is ``output``. The exporters' warnings are kept out of the terminal.
 
     Args:
         model: a compiled model.
         path: the ``.onnx`` file to write.
-        inputs: example inputs; default :func:`example_inputs` (batch 2).
+        inputs: example inputs; default :func:`example_inputs` (batch 2, the graph's sequence length).
+        progress: show progress on standard error (default: when it is a terminal).
 
     Raises:
         MissingDependencyError: when ``onnx`` or ``onnxscript`` is not installed (``specvit[export]``).
         SpecError: when the default example inputs would not fit (see :func:`example_inputs`).
     """
+    from specvit.progress import stages
+
     for package in ("onnx", "onnxscript"):  # what torch.onnx's dynamo exporter needs
         try:
             importlib.import_module(package)
         except ImportError:
             raise MissingDependencyError(package, "export", "ONNX export") from None
     model = model.eval()
-    args = inputs if inputs is not None else example_inputs(model)
-    names = input_names(model.graph)
-    exporter_log = logging.getLogger("torch.onnx")
-    level = exporter_log.level
-    exporter_log.setLevel(logging.ERROR)  # it warns about every torchvision op it cannot register
-    try:
-        program = torch.onnx.export(
-            model,
-            args,
-            dynamo=True,
-            dynamic_shapes=_dynamic_batch(args),
-            input_names=names,
-            output_names=["output"],
-            verbose=False,
-        )
-    finally:
-        exporter_log.setLevel(level)
-    assert program is not None
-    target = Path(path)
-    with atomic_path(target) as tmp:
-        program.save(tmp)
-    return target
+    args = _inputs(model, inputs)
+    with stages(f"export {model.graph.name}", 2, show=progress) as step:
+        step("tracing and translating to ONNX")
+        with _quiet():
+            onnx_program = torch.onnx.export(
+                model,
+                args,
+                dynamo=True,
+                dynamic_shapes=dynamic_shapes(model),
+                input_names=input_names(model.graph),
+                output_names=["output"],
+                verbose=False,
+            )
+        assert onnx_program is not None
+        step(f"writing {path}")
+        with _quiet():
+            return atomic_save(path, lambda staged: onnx_program.save(staged))

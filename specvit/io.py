@@ -9,11 +9,19 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_create", "atomic_open", "atomic_path", "atomic_write", "refuse_inputs", "spec_inputs"]
+__all__ = [
+    "atomic_create",
+    "atomic_open",
+    "atomic_path",
+    "atomic_save",
+    "atomic_write",
+    "refuse_inputs",
+    "spec_inputs",
+]
 
 
 def _parent(target: Path) -> None:
@@ -181,3 +189,31 @@ def refuse_inputs(output: str | os.PathLike[str], inputs: Mapping[str, str]) -> 
             raise FileExistsError(
                 errno.EEXIST, f"is {what}; writing it would replace it: name another file", str(out)
             )
+
+
+def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], object]) -> Path:
+    """Let ``save`` write ``path`` (and any side files it adds, such as ONNX external weights), then put
+    them in place whole: each written in a temporary directory beside ``path``, then renamed over.
+
+    Side files land before ``path`` itself, so a reader never sees ``path`` without them. Every file gets
+    the mode a plain ``open`` would give it (0644 under the usual umask). If ``save`` raises, nothing in
+    place changes.
+
+    Args:
+        path: the main file to write.
+        save: writes the main file at the path it is given (same name, another directory).
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
+        staged = Path(tmp) / target.name
+        save(staged)
+        if not staged.is_file():
+            raise FileNotFoundError(f"nothing was written to {target}")
+        for written in sorted(Path(tmp).iterdir(), key=lambda p: p == staged):  # the main file last
+            final = target.parent / written.name
+            with open(written, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(written, _mode_for(final))
+            os.replace(written, final)
+    return target

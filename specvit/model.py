@@ -11,6 +11,8 @@ Dim legend: B batch, S tokens, V vocab.
 
 from __future__ import annotations
 
+import inspect
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,11 @@ class SpecModel(nn.Module):
 
     spec: Any
     graph: ArchGraph
+    checks_inputs = True
+    """Check every call's inputs against the spec (shapes, dtypes, token ids below the vocabulary,
+    lengths within the position table) and raise :class:`~specvit.inputs.InputError` saying what was
+    expected. Skipped under torch.compile, torch.export and fx tracing. The token-id check reads the ids'
+    minimum and maximum (a device sync on GPUs): set ``model.checks_inputs = False`` in hot loops."""
 
     def __init__(self, graph: ArchGraph):
         super().__init__()
@@ -77,6 +84,63 @@ class SpecModel(nn.Module):
             raise ValueError(
                 f"{what} holds the id {low if low < 0 else high}, outside the vocabulary 0..{vocab - 1}"
             )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.checks_inputs:
+            self._check(args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        from specvit.inputs import check_inputs
+
+        try:
+            bound = inspect.signature(self.forward).bind(*args, **kwargs)
+        except TypeError:
+            return  # a wrong call: Python's own message names the arguments
+        offset = bound.arguments.get("offset", 0)
+        check_inputs(self.graph, dict(bound.arguments), offset=offset if isinstance(offset, int) else 0)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | os.PathLike[str],
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> SpecModel:
+        """Rebuild a model saved by :meth:`save_pretrained`, in eval mode (as :func:`specvit.load_pretrained`).
+
+        Args:
+            directory: the checkpoint directory (``spec.yaml`` and ``model.safetensors``).
+            device: where the weights go (default CPU).
+            dtype: cast the weights to this dtype (default: as stored).
+
+        Raises:
+            CheckpointError: the weights are missing or do not match the spec, or the checkpoint holds
+                another kind of model than ``cls`` (``DecoderModel.from_pretrained`` of a ViT).
+        """
+        from specvit.checkpoint import SPEC_FILE, CheckpointError, read_checkpoint, read_weights
+        from specvit.codegen.build import compile_graph
+        from specvit.graph.lower import graph_of
+        from specvit.spec.loader import parse_spec
+
+        contents = read_checkpoint(directory)  # both files read once, under the checkpoint's lock
+        graph = graph_of(parse_spec(contents.spec_text, source=os.path.join(directory, SPEC_FILE)))
+        base = MODEL_CLASSES[graph.kind]
+        if not issubclass(base, cls):
+            raise CheckpointError(
+                f"{directory} holds a spec with model: {graph.kind} ({base.__name__}); "
+                f"{cls.__name__}.from_pretrained cannot load it, SpecModel.from_pretrained can"
+            )
+        model = compile_graph(graph, base, Block, dtype)  # on the meta device: nothing allocated yet
+        assert isinstance(model, SpecModel)
+        expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+        target = str(torch.device(device or "cpu"))
+        state = read_weights(directory, expected, target, data=contents.weights, cast=dtype is not None)
+        contents.verify()  # after the checks above, which name what differs when the spec was edited by hand
+        if dtype is not None:
+            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        model.load_state_dict(state, strict=True, assign=True)
+        return model.eval()
 
     def blocks(self) -> list[Block]:
         """Every block of every stack, in order."""
@@ -153,6 +217,9 @@ class DecoderModel(SpecModel):
         _check_prompt(tokens)
         self._check_ids(tokens, "tokens", "the prompt")
 
+        self._check((tokens,), {})
+        _fits(self, "S", tokens.shape[-1], max_new_tokens)
+
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
             return self(seq, cache=cache, offset=offset)[:, -1]  # (B, V)
 
@@ -215,6 +282,7 @@ class EncoderDecoderModel(SpecModel):
         bos_id = _integer(bos_id, "bos_id", low=0)
         self._check_ids(torch.tensor([bos_id]), "tgt", "bos_id")
         masks = {"src_key_padding_mask": src_key_padding_mask} if src_key_padding_mask is not None else {}
+        _fits(self, "S_tgt", 1, max_new_tokens)
         memory = self.encode(src, **masks)
 
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
@@ -231,6 +299,18 @@ class EncoderDecoderModel(SpecModel):
             top_k=top_k,
             use_cache=use_cache,
             generator=generator,
+        )
+
+
+def _fits(model: SpecModel, symbol: str, start: int, new: int) -> None:
+    """Refuse, before decoding, a generation that would run past the learned position table."""
+    from specvit.inputs import InputError, sequence_limits
+
+    limit = sequence_limits(model.spec)[symbol]
+    if start + new > limit:
+        raise InputError(
+            f"generate: {start} + max_new_tokens {new} = {start + new} positions, more than {model.graph.name} "
+            f"takes ({symbol} <= {limit}); ask for at most {max(limit - start, 0)} new tokens"
         )
 
 

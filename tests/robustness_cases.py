@@ -2,7 +2,8 @@
 
 Each :class:`Case` is one input, created in a fresh directory (files from bytes, or a small setup
 function for symlinks, FIFOs, permissions and large files), given to specvit as a spec path. Every
-case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit status 2, no traceback,
+case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit status 2 (1 where the
+path itself cannot be read), no traceback,
 and a first error line that starts with ``expected``, after the file name (and line:col) it names.
 
 ``tests/test_robustness.py`` runs the table through the CLI and through :func:`specvit.load_spec`.
@@ -252,6 +253,40 @@ CASES: list[Case] = [
         text=_valid_with("size: 32, patch: 8", "size: [32, patch: 8"),
     ),
     Case(
+        "indent_between_levels",
+        "a key indented between two levels (3 spaces, in a 2-space file)",
+        "12:4: this line is indented 3 spaces, which matches no mapping above it (keys of one mapping start "
+        "in the same column: indent it 4 spaces, as 'heads' at line 11 or 2 spaces, as 'block' at line 10 "
+        "or 0 spaces, as 'encoder' at line 4)",
+        text=_valid_with("    layers:", "   layers:"),
+    ),
+    Case(
+        "indent_under_a_value",
+        "a key indented under a key that already has a value",
+        "9:10: this key is indented deeper than 'width' above it, which already has a value (indent it as "
+        "'width' (2 spaces); to nest it under 'width', leave 'width:' without a value)",
+        text=_valid_with("  depth: 2", "    depth: 2"),
+    ),
+    Case(
+        "colon_in_value",
+        "an unquoted value holding ': '",
+        "2:8: a ': ' inside a value, which YAML reads as a new key (put the value in quotes, or end the line "
+        "after the key's colon)",
+        text=_valid_with("name: tiny", "name: a: b"),
+    ),
+    Case(
+        "key_at_the_wrong_level",
+        "a block key written on the stack (`encoder.heads`)",
+        "10:3: encoder.heads: unknown key 'heads' (heads belongs under encoder.block)",
+        text=_valid_with("  block:\n    heads: 12\n", "  heads: 12\n  block:\n"),
+    ),
+    Case(
+        "number_in_words",
+        "a number written in words",
+        "9:10: encoder.depth: expected an integer, got 'six' (write it in digits, e.g. 6)",
+        text=_valid_with("depth: 2", "depth: six"),
+    ),
+    Case(
         "duplicate_key",
         "a key given twice in one mapping",
         "10:3: encoder.depth: duplicate key 'depth' (first at line 9)",
@@ -394,7 +429,7 @@ CASES: list[Case] = [
     Case(
         "extends_missing",
         "extends names a file that does not exist",
-        "2:10: spec 'missing.yaml' does not exist (check the path)",
+        "2:10: spec 'missing.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         text=_EXTENDS % b"missing.yaml",
     ),
     Case(
@@ -518,16 +553,18 @@ CASES: list[Case] = [
     Case(
         "path_missing",
         "a spec path that does not exist",
-        "spec 'missing.yaml' does not exist (check the path)",
+        "spec 'missing.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         spec="missing.yaml",
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_dangling_symlink",
         "a spec path that is a symlink to nothing",
-        "spec 'path_dangling_symlink.yaml' does not exist (check the path)",
+        "spec 'path_dangling_symlink.yaml' does not exist (check the path; bundled presets load by name, e.g. vit_base_patch16_224; specvit presets lists them)",
         setup=_symlink("path_dangling_symlink.yaml", "nowhere.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_directory",
@@ -536,6 +573,7 @@ CASES: list[Case] = [
         setup=_mkdir("specs"),
         spec="specs",
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_fifo",
@@ -543,6 +581,7 @@ CASES: list[Case] = [
         "spec 'path_fifo.yaml' is not a regular file (give the path of a .yaml file)",
         setup=_mkfifo("path_fifo.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_symlink_loop",
@@ -550,6 +589,7 @@ CASES: list[Case] = [
         "spec 'path_symlink_loop.yaml' cannot be read: Too many levels of symbolic links",
         setup=_symlink("path_symlink_loop.yaml", "path_symlink_loop.yaml"),
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
     ),
     Case(
         "path_unreadable",
@@ -557,6 +597,7 @@ CASES: list[Case] = [
         "spec 'path_unreadable.yaml' cannot be read (permission denied) (check the file's permissions)",
         setup=_unreadable,
         error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
         unprivileged=True,
     ),
 ]
@@ -664,7 +705,7 @@ _INTRO = """\
 A spec is untrusted input. Whatever a spec file holds, specvit answers with a `SpecError` that lists every
 problem at once, each as `file:line:col: key.path: message (hint)`; `specvit validate` prints them and
 exits with status 2, never with a traceback. Where there is no line to point at (the path does not exist,
-is a directory, cannot be read), the message names the path. Every input below gets its answer within
+is a directory, cannot be read), the message names the path and the status is 1, as for any file error. Every input below gets its answer within
 1 second, and `specvit validate` only reads: the files it is given are left as they were.
 
 The policy:

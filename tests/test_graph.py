@@ -236,8 +236,42 @@ def test_summary_cli_json_and_table() -> None:
         text=True,
         cwd=ROOT,
     )
-    assert "encoder.blocks.0-11.attn   self_attention  (B, 197, 768)     2,362,368    1.0G  x12" in run.stdout
-    assert run.stdout.rstrip().endswith("total FLOPs:  35,127,656,448 (35.1G) at B=1")
+    table = run.stdout.splitlines()
+    assert table[0].split() == [
+        "path",
+        "op",
+        "output",
+        "shape",
+        "params",
+        "param",
+        "%",
+        "FLOPs",
+        "output",
+        "x",
+    ]
+    # 2,362,368 params, 2.7% of 86.6M, per block; 197 x 768 float32 outputs = 605,184 bytes
+    assert (
+        "encoder.blocks.0-11.attn   self_attention  (B, 197, 768)       2.4M     2.7%    1.0G  605.2KB  x12"
+        in table
+    )
+    assert table[-4:] == [
+        "xN rows: a run of N identical blocks shown once; their numbers are per block, totals count all",
+        "total params: 86,567,656 (86.6M; trainable 86,567,656, non-trainable 0)",
+        "total FLOPs:  35,127,656,448 (35.1G) at B=1",
+        "memory (float32): params 346.3MB, outputs of every node 46.6MB at B=1",
+    ]
+
+
+def test_summary_param_shares_add_up_and_counts_have_one_format() -> None:
+    from specvit.diagram.text import format_count, format_table
+
+    graph = _graph("vit_tiny_patch16_224")
+    rows = format_table(graph, expand=True).splitlines()[2:-4]
+    shares = [float(c.rstrip("%")) for r in rows for c in r.split() if c.endswith("%")]
+    assert abs(sum(shares) - 100.0) < 0.05 * len(shares)  # each rounded to 0.1%
+    assert [format_count(n) for n in (950, 1936, 148_352, 2_362_368, 999_960, 35_127_656_448)] == [
+        "950", "1.9K", "148.4K", "2.4M", "1.0M", "35.1G"
+    ]  # fmt: skip
 
 
 def test_seq_len_beyond_learned_table_is_an_error() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specvit
-from specvit.optimize import optimize
+from specvit.inference import optimize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,3 +60,25 @@ def test_bad_arguments() -> None:
         optimize(_vit(), for_="training")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="precision must be"):
         optimize(_vit(), precision="fp8")  # type: ignore[arg-type]
+
+
+def test_warm_up_progress_once_per_input_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import specvit.progress
+    from specvit.inference import _WarmUp
+
+    shown: list[tuple[str, bool | None]] = []
+
+    @contextlib.contextmanager
+    def stages(title: str, total: int, show: bool | None = None):  # type: ignore[no-untyped-def]
+        shown.append((title, show))
+        yield lambda text: None
+
+    monkeypatch.setattr(specvit.progress, "stages", stages)
+    wrapped = _WarmUp(torch.nn.Identity(), show=False)
+    for shape in [(2, 3), (2, 3), (4, 3), (2, 3)]:
+        assert wrapped(torch.ones(shape)).shape == shape
+    assert shown == [("optimize: first call at 2x3", False), ("optimize: first call at 4x3", False)]
+    model = specvit.build_model("mnist_vit").eval()
+    assert isinstance(specvit.optimize(model, progress=False), _WarmUp)  # compiled lazily, on first call

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import specvit
+from specvit.cli import main as main_cli
 from specvit.diagram import RenderError, gallery, render, to_dot, to_mermaid
 from specvit.diagram.graphviz import View
+from specvit.diagram.text import format_count
 from specvit.graph import build_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +59,7 @@ def test_dot_of_mnist_vit_labels_every_node() -> None:
     assert "patch 7x7 · grid 4x4 · conv" in nodes["encoder.patch_embed"]
     assert "B x 16 x 512 · 25.6K params" in nodes["encoder.patch_embed"]
     assert "B x 1 x 28 x 28" in nodes["encoder.input"]
-    assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5130 params" in nodes["head.fc"]
+    assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5.1K params" in nodes["head.fc"]
     assert "shape=circle" in nodes["encoder.blocks.0.add1"]
     # title: name, total params and FLOPs
     assert "<b>mnist_vit</b>" in dot and "2.1M params · 72.7M FLOPs at B=1" in dot
@@ -314,3 +316,49 @@ def test_every_preset_renders_to_svg(preset: Path, tmp_path: Path) -> None:
     pytest.importorskip("pygraphviz")
     out = render(specvit.load_spec(preset), tmp_path / "model.svg")
     assert out.read_text().lstrip().startswith("<?xml")
+
+
+def test_render_without_a_path_displays_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    diagram = specvit.render("mnist_vit")
+    assert isinstance(diagram, specvit.diagram.Diagram) and "mnist_vit" in repr(diagram)
+    svg = diagram._repr_svg_()
+    assert svg is not None and ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
+    assert diagram.dot == to_dot(_graph("mnist_vit"))
+    assert diagram.save(tmp_path / "m.mmd").read_text() == to_mermaid(_graph("mnist_vit"))
+    assert diagram.save(tmp_path / "m.svg").read_text() == svg
+    with pytest.raises(RenderError, match="extension must be one of"):
+        diagram.save(tmp_path / "m.gif")
+    bare = specvit.render("mnist_vit", view="expanded")
+    monkeypatch.setitem(sys.modules, "pygraphviz", None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert bare._repr_svg_() is None  # Jupyter then shows the text repr, not a traceback
+    with pytest.raises(RenderError, match="no Graphviz to lay out the diagram"):
+        _ = bare.svg
+
+
+def test_dpi_scales_a_png_and_is_refused_elsewhere(tmp_path: Path) -> None:
+    import struct
+
+    def size(path: Path) -> tuple[int, int]:
+        return struct.unpack(">II", path.read_bytes()[16:24])  # the PNG's IHDR width and height
+
+    graph = _graph("mnist_vit")
+    w96, h96 = size(render(graph, tmp_path / "a.png", dpi=96))
+    w192, h192 = size(render(graph, tmp_path / "b.png", dpi=192))
+    assert abs(w192 / w96 - 2) < 0.02 and abs(h192 / h96 - 2) < 0.02
+    with pytest.raises(RenderError, match=r"dpi 192 is for \.png files"):
+        render(graph, tmp_path / "c.svg", dpi=192)
+    assert not (tmp_path / "c.svg").exists()
+
+
+def test_flops_on_the_nodes_on_request(tmp_path: Path) -> None:
+    graph = _graph("mnist_vit")
+    plain, with_flops = _nodes(to_dot(graph)), _nodes(to_dot(graph, flops=True))
+    assert "FLOPs" not in plain["encoder.blocks.0.mlp"]
+    mlp = graph["encoder.blocks.0.mlp"]["flops"]  # 35.7M at B=1
+    assert f"1.1M params · {format_count(mlp)} FLOPs" in with_flops["encoder.blocks.0.mlp"]
+    assert "FLOPs" not in with_flops["encoder.blocks.0.add1"]  # an add counts none: nothing to write
+    assert set(plain) == set(with_flops)
+    written = tmp_path / "m.dot"
+    assert main_cli(["render", "mnist_vit", "--flops", "-o", str(written)]) == 0
+    assert written.read_text() == to_dot(graph, flops=True)

@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
-from specvit.diagram.graphviz import (
-    ENGINE_FORMATS,
-    Direction,
-    RenderError,
-    View,
-    draw_dot,
-    plan,
-    scene_to_dot,
-    to_dot,
-)
-from specvit.diagram.mermaid import scene_to_mermaid, to_mermaid
+from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, View, draw_dot, plan, to_dot
+from specvit.diagram.inline import Diagram
+from specvit.diagram.mermaid import to_mermaid
 from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import build_graph
 from specvit.io import atomic_write, refuse_inputs, spec_inputs
 from specvit.spec.loader import load_spec
 from specvit.spec.schema import Spec
 
-__all__ = ["FORMATS", "MAX_BOXES", "RenderError", "render", "to_dot", "to_mermaid"]
+__all__ = ["FORMATS", "MAX_BOXES", "Diagram", "RenderError", "render", "to_dot", "to_mermaid", "with_dpi"]
 
 FORMATS = (*ENGINE_FORMATS, ".dot", ".mmd")
 """The file extensions :func:`render` writes."""
@@ -32,28 +25,69 @@ MAX_BOXES = 1000
 nobody reads a diagram of that many. The collapsed view of any preset draws under 200."""
 
 
+def with_dpi(dot: str, dpi: int | None) -> str:
+    """``dot`` with a graph-level ``dpi`` attribute (the resolution of raster output), if one is given.
+
+    Args:
+        dot: DOT text starting with ``digraph NAME {``.
+        dpi: dots per inch, or None to leave Graphviz's default (96).
+    """
+    if dpi is None:
+        return dot
+    head, brace, rest = dot.partition("{")
+    return f"{head}{brace}\n\tdpi={int(dpi)}{rest}"
+
+
+@overload
+def render(
+    spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
+    path: None = None,
+    *,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+    flops: bool = False,
+) -> Diagram: ...
+
+
+@overload
 def render(
     spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
     path: str | os.PathLike[str],
     *,
     view: View = "collapsed",
     direction: Direction = "TB",
-) -> Path:
-    """Draw a model into a file whose extension picks the format.
+    dpi: int | None = None,
+    flops: bool = False,
+) -> Path: ...
+
+
+def render(
+    spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+    dpi: int | None = None,
+    flops: bool = False,
+) -> Path | Diagram:
+    """Draw a model into a file whose extension picks the format, or, without a path, into a
+    :class:`Diagram` that notebooks display inline.
 
     ``.svg``, ``.png`` and ``.pdf`` are laid out by Graphviz (pygraphviz, else the system ``dot``);
     ``.dot`` is the Graphviz source and ``.mmd`` a Mermaid flowchart for Markdown pages. The file is
     written whole or not at all.
 
     Args:
-        spec_or_graph: a lowered graph, a spec, or the path of a spec file.
-        path: the file to write.
+        spec_or_graph: a lowered graph, a spec, the path of a spec file or a preset's name.
+        path: the file to write; None returns a :class:`Diagram` (shown as SVG in Jupyter).
         view: ``collapsed`` draws each run of identical blocks once with its repeat count;
             ``expanded`` draws every block.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
+        dpi: resolution of a ``.png`` (Graphviz's default is 96); only for PNG files.
+        flops: write each node's FLOPs beside its parameters (Graphviz formats).
 
     Returns:
-        The path written.
+        The path written, or the Diagram.
 
     Raises:
         RenderError: an unknown extension, more than :data:`MAX_BOXES` boxes to draw, a failing engine,
@@ -62,31 +96,38 @@ def render(
         FileExistsError: ``path`` is the spec or a file of its extends chain.
         SpecError: the spec file is invalid.
     """
-    target = Path(path)
-    suffix = target.suffix.lower()
-    if suffix not in FORMATS:
-        raise RenderError(f"cannot write {target}: the extension must be one of {', '.join(FORMATS)}")
+    if path is not None:
+        target = Path(path)
+        suffix = target.suffix.lower()
+        if suffix not in FORMATS:
+            raise RenderError(f"cannot write {target}: the extension must be one of {', '.join(FORMATS)}")
+        if dpi is not None and (suffix != ".png" or not 1 <= dpi <= 2400):
+            raise RenderError(f"dpi {dpi} is for .png files, from 1 to 2400; {target} is {suffix}")
     if isinstance(spec_or_graph, ArchGraph):
         graph = spec_or_graph
     else:
         graph = build_graph(spec_or_graph if isinstance(spec_or_graph, Spec) else load_spec(spec_or_graph))
-    refuse_inputs(target, spec_inputs(graph.spec))
+    if path is not None:
+        refuse_inputs(target, spec_inputs(graph.spec))
+    shown = str(path) if path is not None else "the diagram"
     nodes = len(graph.nx)
     if view == "expanded" and nodes > MAX_BOXES:  # before planning: the plan of a huge graph is slow too
-        raise RenderError(_too_many(target, nodes, view))
-    scene = plan(graph, view)
-    if len(scene.boxes) > MAX_BOXES:
-        raise RenderError(_too_many(target, len(scene.boxes), view))
+        raise RenderError(_too_many(shown, nodes, view))
+    boxes = len(plan(graph, view).boxes)
+    if boxes > MAX_BOXES:
+        raise RenderError(_too_many(shown, boxes, view))
+    if path is None:
+        return Diagram(graph, to_dot(graph, view, direction, flops=flops), view, direction)
     if suffix == ".mmd":
-        atomic_write(target, scene_to_mermaid(scene, direction))
+        atomic_write(target, to_mermaid(graph, view, direction))
     elif suffix == ".dot":
-        atomic_write(target, scene_to_dot(scene, direction))
+        atomic_write(target, to_dot(graph, view, direction, flops=flops))
     else:
-        draw_dot(scene_to_dot(scene, direction), target)
+        draw_dot(with_dpi(to_dot(graph, view, direction, flops=flops), dpi), target)
     return target
 
 
-def _too_many(target: Path, boxes: int, view: str) -> str:
+def _too_many(target: str, boxes: int, view: str) -> str:
     fix = (
         "draw the collapsed view (--view collapsed), where each run of identical blocks is one box"
         if view == "expanded"

@@ -14,7 +14,7 @@ import html
 import itertools
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -417,15 +417,27 @@ def scene_to_dot(scene: Scene, direction: Direction = "TB") -> str:
     return dot.source
 
 
-def to_dot(graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB") -> str:
+def to_dot(
+    graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB", *, flops: bool = False
+) -> str:
     """The diagram of ``graph`` as Graphviz DOT text.
 
     Args:
         graph: the lowered spec.
         view: ``collapsed`` (each run of identical blocks drawn once) or ``expanded`` (every block).
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
+        flops: also write each node's FLOPs beside its parameters (per block in a folded run).
     """
-    return scene_to_dot(plan(graph, view), direction)
+    scene = plan(graph, view)
+    if flops:
+        boxes = {k: replace(b, params=" · ".join(p for p in (b.params, _flops(graph[k]["flops"])) if p))
+                 for k, b in scene.boxes.items()}  # fmt: skip
+        scene = replace(scene, boxes=boxes)
+    return scene_to_dot(scene, direction)
+
+
+def _flops(n: int) -> str:
+    return f"{format_count(n)} FLOPs" if n else ""
 
 
 # -- engines ------------------------------------------------------------------------------------
@@ -466,8 +478,9 @@ def draw_dot(dot: str, path: str | Path) -> Path:
     if engine is None:
         source = path.with_suffix(".dot")
         install = (
-            "Install pygraphviz (`pip install pygraphviz`, its wheel bundles Graphviz) or Graphviz "
-            "(`apt-get install graphviz`)"
+            "specvit installs pygraphviz (its wheel bundles Graphviz) where that wheel exists; here, install "
+            "Graphviz (`apt-get install graphviz`, `brew install graphviz`) or build pygraphviz "
+            "(`pip install pygraphviz`)"
         )
         if not atomic_create(source, dot):  # a file the user did not name is never replaced
             raise RenderError(

@@ -10,11 +10,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specvit.errors import Location, SpecError
+from specvit.errors import Location, SpecError, SpecFileError
+from specvit.spec.presets import preset_path, suggest
 from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
 from specvit.text import quote
 
-__all__ = ["MAX_EXTENDS", "Overrides", "apply_overrides", "load_tree", "parse_overrides", "resolve"]
+__all__ = [
+    "MAX_EXTENDS",
+    "Overrides",
+    "apply_overrides",
+    "load_tree",
+    "parse_overrides",
+    "resolve",
+    "shown_path",
+]
 
 MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
 
@@ -36,22 +45,23 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
     Only regular files are read. The file is opened without blocking and checked before any read, so
     that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting forever for input.
     """
+    error = SpecFileError if at is None else SpecError  # the file named by the user, or by a spec
     try:
         if "\0" in str(path):
-            raise SpecError.at(
+            raise error.at(
                 f"{what} {shown!r} cannot be read: the path holds a NUL character",
                 hint="check the path",
                 location=at,
             )
         if path.is_dir():
-            raise SpecError.at(
+            raise error.at(
                 f"{what} '{shown}' is a directory", hint="give the path of a .yaml file", location=at
             )
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
         with open(fd, "rb") as f:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise SpecError.at(
+                raise error.at(
                     f"{what} '{shown}' is not a regular file",
                     hint="give the path of a .yaml file",
                     location=at,
@@ -60,15 +70,31 @@ def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | Non
                 raise too_big(info.st_size, shown)
             return f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError.at(f"{what} '{shown}' does not exist", hint="check the path", location=at) from None
+        raise error.at(f"{what} '{shown}' does not exist", hint=suggest(shown), location=at) from None
     except PermissionError:
-        raise SpecError.at(
+        raise error.at(
             f"{what} '{shown}' cannot be read (permission denied)",
             hint="check the file's permissions",
             location=at,
         ) from None
     except OSError as exc:
-        raise SpecError.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+        raise error.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+
+
+def shown_path(path: Path, *, absolute: bool = False) -> str:
+    """How a file is named in messages: relative to the working directory where that is short, else whole.
+
+    Args:
+        path: the file.
+        absolute: name it whole (the spec that names it was named by its whole path).
+    """
+    if absolute:
+        return str(path)
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return str(path) if rel.startswith(".." + os.sep + "..") else rel
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,7 +141,7 @@ def load_tree(
         raise SpecError.at(
             "extends must name a spec file",
             path="extends",
-            hint="write extends: vit_base_patch16_224.yaml (relative to this file)",
+            hint="write extends: vit_base_patch16_224.yaml (a file relative to this one, or a bundled preset)",
             location=ref_at,
         )
     if len(chain) >= MAX_EXTENDS:
@@ -126,6 +152,8 @@ def load_tree(
             location=ref_at,
         )
     base_path = resolve(path.parent / base_ref)
+    if not base_path.exists() and (preset := preset_path(base_ref)) is not None:
+        base_path = resolve(preset)  # a bundled preset, by name, from a spec anywhere
     if base_path in chain:
         cycle = " -> ".join(p.name for p in (*chain, base_path))
         raise SpecError.at(
@@ -134,7 +162,7 @@ def load_tree(
             hint="a spec may not extend itself, directly or through others",
             location=ref_at,
         )
-    base_shown = os.path.relpath(base_path) if not Path(shown).is_absolute() else str(base_path)
+    base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
     base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at, total + len(raw))
     if not isinstance(base_data, dict):
         raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)

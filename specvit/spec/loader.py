@@ -14,8 +14,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve
+from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve, shown_path
 from specvit.spec.messages import problem, show
+from specvit.spec.presets import preset_path
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import (
@@ -120,17 +121,31 @@ def _plain(overrides: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return out
 
 
-def load_spec(path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> Spec:
-    """Read, merge (``extends``) and validate a spec file.
+def load_spec(
+    path: str | os.PathLike[str] | Mapping[str, Any] | Spec, overrides: Mapping[str, Any] | None = None
+) -> Spec:
+    """Read, merge (``extends``) and validate a spec file, or a bundled preset by name, or a mapping.
 
     Args:
-        path: the YAML file.
+        path: the YAML file, a preset's name (``vit_base_patch16_224``; ``specvit presets`` lists them),
+            a mapping of the spec's keys (as ``yaml.safe_load`` gives), or a :class:`Spec`.
         overrides: dotted-key overrides applied last, e.g. ``{"encoder.depth": 6}``; validated like the file.
 
     Raises:
-        SpecError: with every problem found, each at its file:line:col.
+        SpecError: with every problem found, each at its file:line:col (at its key path for a mapping).
     """
+    if isinstance(path, Spec):
+        return parse_spec(path.model_dump(), source=path.name, overrides=overrides) if overrides else path
+    if isinstance(path, Mapping):
+        return parse_spec(path, source="<dict>", overrides=overrides)
+    if not isinstance(path, str | os.PathLike):
+        raise SpecError.at(
+            f"expected a spec file's path, a preset's name, a mapping or a Spec, got {type(path).__name__}",
+            location=Location("<load_spec>"),
+        )
     shown = os.fspath(path)
+    if not Path(shown).exists() and (preset := preset_path(shown)) is not None:
+        shown = shown_path(preset)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
     return _validate(apply_overrides(data, source, _plain(overrides)), source)

@@ -142,6 +142,44 @@ _ALIASES = {
 }
 
 
+def _number_hint(value: str, kind: str) -> str:
+    """The fix for a string where a number goes: unquote it if it is one, else say what a number looks like."""
+    if _numeric(value):
+        return f"write the number without quotes: {value.strip()}"
+    if any(c.isdigit() for c in value):  # `2024-05-01` is a string (YAML 1.2), not a number to unquote
+        return "write a number"
+    return "write it in digits, e.g. 6" if kind == "int_type" else "write it in digits, e.g. 0.1"
+
+
+def _home(key: Any, parent: KeyPath, data: Any) -> str:
+    """``heads belongs under encoder.block``: where an unknown key is a real key, one or two levels down."""
+    from typing import get_origin
+
+    from pydantic import BaseModel
+
+    cls = _fields_of(parent, data, model=True)
+    if cls is None:
+        return ""
+    homes: list[str] = []
+    frontier: list[tuple[str, Any]] = [(dotted(parent), cls)]
+    for _ in range(2):
+        below: list[tuple[str, Any]] = []
+        for prefix, model in frontier:
+            for name, field in model.model_fields.items():
+                if get_origin(field.annotation) in (dict, list):  # named or listed blocks: not one home
+                    continue
+                sub = _model_in(field.annotation, None)
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    where = f"{prefix}.{name}" if prefix else name
+                    if key in sub.model_fields:
+                        homes.append(where)
+                    below.append((where, sub))
+        if homes:
+            return f"{key} belongs under {' or '.join(homes)}"
+        frontier = below
+    return ""
+
+
 def _suggest(word: Any, options: list[str]) -> str:
     text = str(word)
     if text.lower() in _ALIASES and text.lower() not in options:
@@ -180,7 +218,11 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         key = path[-1] if path else "?"
         options = _fields_of(path[:-1], data)
         message = f"unknown key {quote(str(key))}"
-        hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        hint = (
+            _home(key, path[:-1], data)
+            or _suggest(key, options)
+            or (f"valid keys: {', '.join(options)}" if options else "remove it")
+        )
         hint = "; ".join(h for h in (with_oddities(str(key)), hint) if h)
         location = source.locate(path, key=True)
     elif kind == "missing":
@@ -213,10 +255,8 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
             "string_type": "a string",
         }[kind]
         message = f"expected {want}, got {show(value)}"
-        if isinstance(value, str) and kind in ("int_type", "float_type") and _numeric(value):
-            hint = f"write the number without quotes: {value.strip()}"
-        elif isinstance(value, str) and kind in ("int_type", "float_type"):
-            hint = "write a number"  # `2024-05-01` is a string (YAML 1.2), not a number to unquote
+        if isinstance(value, str) and kind in ("int_type", "float_type"):
+            hint = _number_hint(value, kind)
         elif isinstance(value, bool) and kind in ("int_type", "float_type"):
             hint = "booleans are not numbers here; write a number"
         elif kind == "bool_type" and isinstance(value, str):

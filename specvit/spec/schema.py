@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Discriminator, Field, PrivateAttr, Tag, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from specvit.errors import Location
 from specvit.ops import SUBLAYERS, fragments
 from specvit.ops.base import MAX_DEPTH, MAX_LEN, MAX_WIDTH, Fragment
-from specvit.ops.fields import Probability, kind_shortcut, per_stage
+from specvit.ops.fields import Probability, per_stage, shortcut_union
 from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
 from specvit.ops.inputs import (
     FeaturesInput,
@@ -94,7 +94,7 @@ def _kinds(slot: str) -> str:
 def _union(slot: str, shortcut: bool = False) -> Any:
     """The discriminated union of a slot's registered fragments (``position: learned`` too, if ``shortcut``)."""
     union = Annotated[Union[fragments(slot)], Field(discriminator="kind")]  # type: ignore[valid-type]  # noqa: UP007
-    return Annotated[union, BeforeValidator(kind_shortcut)] if shortcut else union
+    return shortcut_union(union, fragments(slot)) if shortcut else union
 
 
 if TYPE_CHECKING:  # the unions are assembled at import; type checkers see their bases

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from specvit.errors import Location, Problem, SpecError
+from specvit.spec.yamlhints import layout_problem
 from specvit.text import quote
 
 __all__ = [
@@ -146,6 +147,9 @@ def _yaml_problem(exc: yaml.YAMLError, file: str, text: str) -> Problem:
     mark = getattr(exc, "problem_mark", None)
     location = _loc(file, mark) if mark is not None else Location(file)
     problem = getattr(exc, "problem", None) or str(exc)
+    plain = layout_problem(problem, mark, getattr(exc, "context_mark", None), text)
+    if plain is not None:
+        return Problem("", plain[0], plain[1], location)
     context = getattr(exc, "context", None)
     message = f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
     hint = "fix the YAML at this position"

@@ -13,6 +13,9 @@ What it does, and why (measured on this project's 2-core x86 CPU, docs/performan
   is an explicit choice, never the default. Inputs are cast on the way in and outputs back to float32.
 
 The result is for inference only (eval mode, no gradients); train, save and convert the original.
+
+The module is ``specvit.inference`` (not ``specvit.optimize``) so that ``specvit.optimize`` stays the
+function: importing a submodule named like a package attribute would replace that attribute.
 """
 
 from __future__ import annotations
@@ -47,12 +50,41 @@ class _Cast(nn.Module):
         return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
 
+class _WarmUp(nn.Module):
+    """Shows progress on a terminal while a compiled model's first call of each input shape compiles.
+
+    Args:
+        model: the compiled model.
+        show: force the display on or off; default: when standard error is a terminal.
+    """
+
+    def __init__(self, model: nn.Module, show: bool | None):
+        super().__init__()
+        self.model = model
+        self.show = show
+        self.seen: set[tuple[tuple[int, ...], ...]] = set()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from specvit.progress import stages
+
+        key = tuple(tuple(a.shape) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+        if key in self.seen:
+            return self.model(*args, **kwargs)
+        shapes = ", ".join("x".join(map(str, k)) for k in key)
+        with stages(f"optimize: first call at {shapes}", 1, show=self.show) as step:
+            step("torch.compile warm-up, once per input shape")
+            out = self.model(*args, **kwargs)
+        self.seen.add(key)
+        return out
+
+
 def optimize(
     model: nn.Module,
     for_: Literal["inference"] = "inference",
     *,
     precision: Literal["fp32", "bf16"] = "fp32",
     compile: bool = True,
+    progress: bool | None = None,
 ) -> nn.Module:
     """A faster copy of ``model`` for inference; the original is left unchanged.
 
@@ -62,6 +94,7 @@ def optimize(
         precision: ``fp32`` (outputs equal eager within float rounding) or ``bf16`` (about 1% relative
             error, several times faster where the hardware has bf16 units).
         compile: fuse with ``torch.compile`` (a warm-up on the first call of each input shape).
+        progress: show the warm-up's progress on standard error (default: when it is a terminal).
 
     Returns:
         A module in eval mode to call under ``torch.inference_mode()`` or ``torch.no_grad()``.
@@ -75,4 +108,6 @@ def optimize(
         p.requires_grad_(False)
     if precision == "bf16":
         fast = _Cast(fast.to(torch.bfloat16), torch.bfloat16)
-    return torch.compile(fast) if compile else fast  # type: ignore[return-value]
+    if not compile:
+        return fast
+    return _WarmUp(torch.compile(fast), progress)  # type: ignore[arg-type]

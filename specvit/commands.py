@@ -1,0 +1,88 @@
+"""Subcommands kept beside :mod:`specvit.cli`: ``presets`` (the bundled presets with their sizes) and
+``import`` (the spec of another library's model, as a readable file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_import", "cmd_import", "cmd_presets"]
+
+EXIT_IO_ERROR = 1
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Write the spec of the config ``args.config`` to ``args.output``; nothing is written if it is refused."""
+    from specvit.interop.hf import spec_dict
+    from specvit.io import atomic_write
+    from specvit.spec.loader import parse_spec
+    from specvit.spec.yamlread import dump_yaml
+
+    if os.path.exists(args.output) and os.path.samefile(args.output, args.config):
+        print(f"specvit import: -o {args.output} is the config itself; name another file", file=sys.stderr)
+        return EXIT_IO_ERROR
+    data = spec_dict(args.config)
+    if args.name:
+        data["name"] = args.name
+    data["description"] += f" Source: {os.path.basename(args.config)}."
+    parse_spec(data, source=args.output)  # what is written is a valid spec
+    atomic_write(args.output, dump_yaml(data))
+    print(f"wrote {args.output} ({data['name']}: {data['model']})")
+    return 0
+
+
+def add_import(sub: Any) -> None:
+    """Add the ``import`` subcommand to the CLI's subparsers."""
+    p = sub.add_parser(
+        "import",
+        help="write the spec of a model from another library's config (HF transformers)",
+        description="Read a transformers config.json and write the spec of exactly that architecture as a "
+        "readable YAML file (defaults left out). Architectures specvit cannot state exactly are refused, "
+        "naming the config field. Weights convert with specvit.convert_state_dict(sd, 'hf', spec).",
+    )
+    p.add_argument("source", choices=["hf"], help="the library the config comes from")
+    p.add_argument("config", metavar="CONFIG", help="the config.json")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .yaml spec to write")
+    p.add_argument("--name", help="the spec's name (default: <model_type>_from_hf)")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """List the bundled presets: name, model kind, parameters and description (or JSON)."""
+    from specvit.diagram.text import format_count
+    from specvit.graph import build_graph
+    from specvit.spec import load_spec
+    from specvit.spec.presets import preset_dir, preset_names
+
+    rows: list[dict[str, Any]] = []
+    names = preset_names()
+    for name in names:
+        spec = load_spec(name)
+        rows.append(
+            {
+                "name": name,
+                "model": spec.model,
+                "params": build_graph(spec).total_params,
+                "description": spec.description,
+            }
+        )
+    folder = preset_dir()
+    if args.json:
+        print(json.dumps({"folder": str(folder) if folder else None, "presets": rows}, indent=2))
+        return 0
+    if not rows:
+        print(
+            "specvit presets: no bundled presets found (this installation lacks specvit/presets)",
+            file=sys.stderr,
+        )
+        return EXIT_IO_ERROR
+    width = max((len(r["name"]) for r in rows), default=4)
+    print(f"{'name':<{width}}  {'model':<15}  {'params':>7}  description")
+    for r in rows:
+        print(f"{r['name']:<{width}}  {r['model']:<15}  {format_count(r['params']):>7}  {r['description']}")
+    example = "vit_base_patch16_224" if "vit_base_patch16_224" in names else rows[0]["name"]
+    print(f"\n{len(rows)} presets in {folder}; give a name where a spec file goes: specvit summary {example}")
+    return 0

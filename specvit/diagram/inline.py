@@ -1,0 +1,83 @@
+"""A diagram held in memory, for notebooks: ``specvit.render(spec)`` without a path displays inline."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, View, _engine, draw_dot
+from specvit.diagram.mermaid import to_mermaid
+from specvit.graph.ir import ArchGraph
+from specvit.io import atomic_write
+
+__all__ = ["Diagram"]
+
+
+class Diagram:
+    """A model's diagram: Jupyter and IPython show it as SVG (``_repr_svg_``); ``save`` writes a file.
+
+    Args:
+        graph: the lowered model.
+        dot: the Graphviz source of the diagram.
+        view: the view it was drawn in (``collapsed`` or ``expanded``), for :meth:`save`.
+        direction: ``TB`` or ``LR``, for :meth:`save`.
+    """
+
+    def __init__(self, graph: ArchGraph, dot: str, view: View, direction: Direction):
+        self.graph = graph
+        self.dot = dot
+        self.view = view
+        self.direction = direction
+        self._svg: str | None = None
+
+    @property
+    def svg(self) -> str:
+        """The diagram as SVG text, laid out by Graphviz on first use.
+
+        Raises:
+            RenderError: when neither pygraphviz nor the system ``dot`` is available.
+        """
+        if self._svg is None:
+            engine = _engine()
+            if engine is None:
+                raise RenderError(
+                    "no Graphviz to lay out the diagram: install pygraphviz (its wheel bundles Graphviz) "
+                    "or Graphviz; Diagram.dot and Diagram.mermaid hold the sources meanwhile"
+                )
+            self._svg = engine(self.dot, "svg").decode("utf-8")
+        return self._svg
+
+    @property
+    def mermaid(self) -> str:
+        """The diagram as a Mermaid flowchart (for Markdown pages)."""
+        return to_mermaid(self.graph, self.view, self.direction)
+
+    def _repr_svg_(self) -> str | None:
+        """What Jupyter displays; None (so the text repr is shown) where Graphviz is missing."""
+        try:
+            return self.svg
+        except RenderError:
+            return None
+
+    def __repr__(self) -> str:
+        g = self.graph
+        return f"<specvit Diagram of {g.name}: {len(g)} nodes, {self.view} view; .save(path) writes it>"
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the diagram, as :func:`specvit.render` with a path does (svg, png, pdf, dot, mmd).
+
+        Args:
+            path: the file; its extension picks the format.
+        """
+        target = Path(path)
+        suffix = target.suffix.lower()
+        if suffix == ".mmd":
+            atomic_write(target, self.mermaid)
+        elif suffix == ".dot":
+            atomic_write(target, self.dot)
+        elif suffix in ENGINE_FORMATS:
+            draw_dot(self.dot, target)
+        else:
+            formats = ", ".join([*ENGINE_FORMATS, ".dot", ".mmd"])
+            raise RenderError(f"cannot write {target}: the extension must be one of {formats}")
+        return target

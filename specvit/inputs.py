@@ -1,0 +1,292 @@
+"""What a compiled model takes: its forward arguments, their sizes and limits, example values.
+
+Read from the graph's placeholder nodes, whose shapes name their free dims: ``B`` (batch) and the
+sequence lengths ``S``, ``S_src``, ``S_tgt``. An export keeps exactly those dims dynamic.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import TYPE_CHECKING, Any
+
+from specvit.errors import SpecError
+from specvit.graph.ir import ArchGraph
+from specvit.ops.base import MAX_LEN
+from specvit.spec.schema import LearnedPosition, Spec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from specvit.ops.structure import InputParams
+
+__all__ = [
+    "AXIS_NAMES",
+    "MAX_BATCH",
+    "InputError",
+    "check_inputs",
+    "dynamic_axes",
+    "example_inputs",
+    "input_names",
+    "sequence_limits",
+]
+
+MAX_BATCH = 4096  # the batch range an export is valid for
+AXIS_NAMES = {"B": "batch", "S": "seq_len", "S_src": "src_len", "S_tgt": "tgt_len"}
+"""The graph's free dims, by the names exported files and messages give them."""
+
+_STACK_OF = {"S_src": "encoder", "S_tgt": "decoder"}
+
+
+def input_names(graph: ArchGraph) -> list[str]:
+    """The model's required forward arguments, in order (``x``; ``src``, ``tgt``): what an export takes.
+
+    Args:
+        graph: the model's graph.
+    """
+    return [graph[n]["p"].arg for n in graph.placeholders() if graph[n]["p"].required]
+
+
+def sequence_limits(spec: Spec) -> dict[str, int]:
+    """The longest length each sequence dim may take: a learned table's rows less the prefix it covers.
+
+    Args:
+        spec: the model's spec.
+
+    Returns:
+        ``{"S": 1024}`` for GPT-2; ``{"S_src": ..., "S_tgt": ...}`` for an encoder-decoder.
+    """
+    symbols = ("S_src", "S_tgt") if spec.model == "encoder_decoder" else ("S",)
+    out = {}
+    for symbol in symbols:
+        stack = spec.stacks.get(_STACK_OF.get(symbol, spec.output_stack))
+        limit = MAX_LEN
+        if stack is not None and isinstance(stack.position, LearnedPosition) and stack.position.max_len:
+            covered = stack.num_prefix if stack.position.include_prefix else 0
+            limit = stack.position.max_len - covered
+        out[symbol] = limit
+    return out
+
+
+def dynamic_axes(graph: ArchGraph) -> dict[str, dict[int, str]]:
+    """The free dims of each required input: ``{"x": {0: "batch", 1: "seq_len"}}``.
+
+    Args:
+        graph: the model's graph.
+    """
+    out = {}
+    for n in graph.placeholders():
+        p = graph[n]["p"]
+        if p.required:
+            out[p.arg] = {i: AXIS_NAMES.get(d, d) for i, d in enumerate(p.shape) if isinstance(d, str)}
+    return out
+
+
+def example_inputs(
+    source: nn.Module | ArchGraph,
+    batch: int = 2,
+    device: torch.device | str | None = None,
+    *,
+    seq_len: int | None = None,
+    max_bytes: int | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Random values of the model's required forward arguments: ids below the vocabulary for token
+    inputs, else normal floats.
+
+    Args:
+        source: a compiled model (a SpecModel: its graph and device are used) or a graph.
+        batch: the batch size.
+        device: where to make them; default the model's device, or the CPU for a graph.
+        seq_len: the length of every sequence input (default: the graph's, 128 unless built otherwise).
+        max_bytes: refuse inputs larger than this; default :data:`MAX_EXAMPLE_BYTES`, or half the memory
+            available (under the cgroup limit too) if that is less.
+
+    Raises:
+        ValueError: for a sequence longer than the model takes, or a batch that is not an integer >= 1.
+        SpecError: when the inputs would take more than ``max_bytes``, before anything is allocated.
+    """
+    import torch
+
+    graph = source if isinstance(source, ArchGraph) else getattr(source, "graph", None)
+    assert isinstance(graph, ArchGraph), "example_inputs takes a SpecModel or an ArchGraph"
+    if device is None and not isinstance(source, ArchGraph):
+        device = next(source.parameters()).device
+    sizes = dict(graph.dims, B=_count(batch, "batch"))
+    if seq_len is not None:
+        for symbol, limit in sequence_limits(graph.spec).items():
+            if seq_len > limit:
+                raise ValueError(f"seq_len {seq_len} is longer than {graph.name} takes ({symbol} <= {limit})")
+            sizes[symbol] = seq_len
+    specs = []
+    for n in graph.placeholders():
+        p = graph[n]["p"]
+        if p.required:
+            specs.append((p, tuple(d if isinstance(d, int) else sizes[d] for d in p.shape)))
+    _check_size(graph, specs, max_bytes, torch.get_default_dtype().itemsize)
+    out = []
+    for p, shape in specs:
+        if p.dtype == "long":
+            out.append(torch.randint(0, p.vocab, shape, device=device))
+        else:
+            out.append(torch.randn(shape, device=device))
+    return tuple(out)
+
+
+MAX_EXAMPLE_BYTES = 1 << 28
+"""256 MiB: the most the example inputs of an export may take (a 224 x 224 image batch takes 1.2 MB)."""
+
+
+def _count(value: object, name: str) -> int:
+    """``value`` as a positive int (NumPy integers too), or a TypeError / ValueError naming ``name``."""
+    try:
+        n = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if isinstance(value, bool) or n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return n
+
+
+def _check_size(
+    graph: ArchGraph, specs: list[tuple[Any, tuple[int, ...]]], max_bytes: int | None, item: int
+) -> None:
+    """Refuse example inputs larger than ``max_bytes`` (default: MAX_EXAMPLE_BYTES, or less if the memory
+    available is less) before anything is allocated."""
+    from specvit.diagram.text import format_count
+    from specvit.resources import memory_budget
+
+    need = sum(math.prod(shape) * (8 if p.dtype == "long" else item) for p, shape in specs)
+    limit, what = (
+        (max_bytes, "the limit given") if max_bytes is not None else (MAX_EXAMPLE_BYTES, "the limit")
+    )
+    if max_bytes is None:
+        free, free_what = memory_budget()
+        if free is not None and free // 2 < limit:
+            limit, what = free // 2, f"half of {free_what}"
+    if need > limit:
+        shapes = ", ".join(" x ".join(map(str, shape)) for _, shape in specs)
+        raise SpecError.at(
+            f"{graph.name}: its example inputs ({shapes}) need {format_count(need)}B, more than {what} for an "
+            f"export ({format_count(limit)}B)",
+            hint="export a model with smaller inputs (fewer tokens or a smaller image); the exported model "
+            "keeps its batch and sequence dimensions dynamic",
+        )
+
+
+class InputError(ValueError):
+    """A model input that does not match the spec: the message says what was expected and how to fix it."""
+
+
+def _tracing() -> bool:
+    """Inside torch.compile, torch.export or torch.fx tracing: the inputs are symbolic, checks are skipped."""
+    import torch
+    from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+
+    compiler = torch.compiler
+    return bool(compiler.is_compiling() or compiler.is_exporting() or is_fx_symbolic_tracing())
+
+
+def _shown(shape: tuple[object, ...]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def check_inputs(graph: ArchGraph, values: dict[str, object], offset: int = 0) -> None:
+    """Check a model's forward arguments against its graph before torch sees them.
+
+    Args:
+        graph: the model's graph.
+        values: the forward's arguments by name (tensors, None for absent optional ones).
+        offset: the decoding offset (positions already in a KV cache).
+
+    Raises:
+        InputError: naming the argument, what the spec expects and what was given.
+    """
+    import torch
+
+    if _tracing():
+        return
+    limits = sequence_limits(graph.spec)
+    sizes: dict[str, tuple[int, str]] = {}  # symbol -> (size, the argument that set it)
+    for n in graph.placeholders():
+        p = graph[n]["p"]
+        value = values.get(p.arg)
+        if p.dtype in ("cache", "int") or value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"{p.arg}: expected a tensor of {p.what or p.dtype}, got {type(value).__name__}")
+        if not all(isinstance(d, int) for d in value.shape):  # symbolic sizes: a tracer's, not a user's
+            continue
+        _check_shape(p, tuple(value.shape), sizes)
+        _check_dtype(p, value)
+    for symbol, (size, arg) in sizes.items():
+        limit = limits.get(symbol)
+        decoding = symbol in ("S", "S_tgt") and offset
+        if limit is not None and size + (offset if decoding else 0) > limit:
+            at = f" from offset {offset}" if decoding else ""
+            why = ", the learned position table's length" if limit < MAX_LEN else ""
+            raise InputError(
+                f"{arg}: {size} positions{at} are more than {graph.name} takes ({symbol} <= {limit}{why}); "
+                "shorten the sequence or raise max_len in the spec"
+            )
+
+
+def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[int, str]]) -> None:
+    want = p.shape
+    arg, what = p.arg, p.what or p.dtype
+    expected = _shown(tuple(AXIS_NAMES.get(d, d) if isinstance(d, str) else d for d in want))
+    if len(shape) == len(want) - 1 and all(isinstance(d, int) for d in want[1:]) and shape == tuple(want[1:]):
+        raise InputError(
+            f"{arg}: expected {expected} ({what}), got {_shown(shape)}: the batch dimension is missing; "
+            f"pass {arg}.unsqueeze(0) for a single example"
+        )
+    if len(shape) != len(want):
+        raise InputError(f"{arg}: expected {len(want)} dimensions {expected} ({what}), got {_shown(shape)}")
+    for i, (d, got) in enumerate(zip(want, shape, strict=True)):
+        if isinstance(d, int) and d != got:
+            raise InputError(
+                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(want, shape, i)}"
+            )
+        if isinstance(d, str):
+            if got < 1:
+                raise InputError(
+                    f"{arg}: expected {expected}, got {_shown(shape)}: {AXIS_NAMES.get(d, d)} is 0"
+                )
+            seen = sizes.setdefault(d, (got, arg))
+            if seen[0] != got:
+                raise InputError(
+                    f"{arg}: {AXIS_NAMES.get(d, d)} is {got} but {seen[1]} has {seen[0]}; they must agree"
+                )
+
+
+def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int) -> str:
+    """Which fixed dim differs, in words a user of the spec recognises."""
+    d, got = want[i], shape[i]
+    if len(want) == 4 and i == 1:
+        return f"the spec's images have {d} channel{'s' if d != 1 else ''}, not {got} (input.channels)"
+    if len(want) == 4 and i in (2, 3):
+        return (
+            f"the spec's images are {want[2]}x{want[3]} pixels, not {shape[2]}x{shape[3]} (input.size); "
+            "resize the images or change the spec"
+        )
+    if i == len(want) - 1:
+        return f"the spec's features are {d} wide, not {got} (input.dim)"
+    return f"dimension {i} must be {d}, not {got}"
+
+
+def _check_dtype(p: InputParams, value: torch.Tensor) -> None:
+    import torch
+
+    arg, dtype, vocab = p.arg, p.dtype, p.vocab
+    if dtype == "long":
+        if value.is_floating_point() or value.dtype == torch.bool:
+            raise InputError(f"{arg}: expected integer token ids, got {value.dtype}; pass {arg}.long()")
+        if vocab and value.numel() and value.device.type != "meta":
+            low, high = int(value.min()), int(value.max())
+            if low < 0 or high >= vocab:
+                bad = high if high >= vocab else low
+                raise InputError(
+                    f"{arg}: token id {bad} is outside the vocabulary of {vocab} (ids 0..{vocab - 1})"
+                )
+    elif dtype == "float" and not value.is_floating_point():
+        raise InputError(f"{arg}: expected floating-point values, got {value.dtype}; pass {arg}.float()")
