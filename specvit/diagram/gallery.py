@@ -27,6 +27,8 @@ PRESETS = (
     "bert_base",
     "mnist_vit",
     "croco_vit_base",
+    "pythia_160m",
+    "t5_small",
 )
 """The presets drawn, in page order."""
 

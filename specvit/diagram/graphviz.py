@@ -52,7 +52,7 @@ ENGINE_FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
 CATEGORIES: dict[str, tuple[str, str, str]] = {
     "attention": ("#fbd9bd", "#d9742b", "attention"),
     "mlp": ("#d3ecd1", "#3f8f3f", "MLP"),
-    "norm": ("#fff1a8", "#b89b00", "norm"),
+    "norm": ("#fff1a8", "#b89b00", "norm / layer scale"),
     "embedding": ("#d6e2f5", "#3d66ad", "embedding / position"),
     "structural": ("#ececec", "#808080", "input / output / add / dropout"),
     "head": ("#e8d5f0", "#8346a0", "head"),

@@ -169,6 +169,7 @@ class LayerScaleParams(Params):
 class LayerScale(Op):
     kind = "layer_scale"
     params_type = LayerScaleParams
+    category = "norm"  # a learned per-channel gain, as a norm's weight: drawn in the norms' colour
     module = "specvit.nn.layers:LayerScale"
 
     def params(self, p: LayerScaleParams) -> int:
