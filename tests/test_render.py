@@ -68,7 +68,8 @@ def test_dot_of_mnist_vit_labels_every_node() -> None:
     fills = {re.findall(r'fillcolor="(#\w+)"', nodes[f"encoder.{n}"])[0] for n in kinds}
     fills.add(re.findall(r'fillcolor="(#\w+)"', nodes["head.fc"])[0])
     assert len(fills) == 6
-    assert "cluster_legend" in dot and "legend.attention" in nodes and "legend.residual" in nodes
+    legend = nodes["legend"]  # one compact table: a swatch per colour in use, then the edge styles
+    assert "cluster_legend" in dot and ">attention</TD>" in legend and "residual (skip) into +" in legend
     assert _clusters(dot) == ["encoder", "encoder.blocks.0", "head", "legend"]
 
 

@@ -11,7 +11,6 @@ wheel bundles the Graphviz libraries), else the system ``dot`` through the ``gra
 from __future__ import annotations
 
 import html
-import itertools
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -354,26 +353,26 @@ _EDGE_LEGEND = {"residual": "—— residual (skip) into +", "memory": "- - - me
 
 
 def _legend(dot: graphviz.Digraph, scene: Scene) -> None:
-    """The legend cluster: a small box per colour category in use, then the edge styles in use.
+    """The legend: one compact table node, a swatch per colour category in use, then the edge styles in use.
 
-    Its entries are chained by invisible edges, one rank each, so that they neither deepen a rank
-    of the model nor pile up beside it.
+    One node takes one rank, so the legend neither deepens a rank of the model nor stretches beside it.
     """
-    entries: list[str] = []
+    rows = ['<TR><TD BORDER="0"><B>legend</B></TD></TR>']
+    for category in scene.categories:
+        fill, border, text = CATEGORIES[category]
+        rows.append(
+            f'<TR><TD BGCOLOR="{fill}" COLOR="{border}" STYLE="rounded">{html.escape(text)}</TD></TR>'
+        )
+    kinds = {link.kind for link in scene.links}
+    for kind, text in _EDGE_LEGEND.items():
+        if kind in kinds:
+            rows.append(
+                f'<TR><TD BORDER="0"><FONT COLOR="{LINK_COLORS[kind]}">{html.escape(text)}</FONT></TD></TR>'
+            )
+    table = '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="3" CELLPADDING="2">' + "".join(rows) + "</TABLE>>"
     with dot.subgraph(name="cluster_legend") as sub:
-        sub.attr(label="<<b>legend</b>>", labelloc="t", style="rounded", color="#c8c8c8", fontsize="11")
-        sub.attr("node", fontsize="9", height="0.2", margin="0.08,0.02")
-        for category in scene.categories:
-            fill, border, text = CATEGORIES[category]
-            entries.append(f"legend.{category}")
-            sub.node(entries[-1], text, fillcolor=fill, color=border)
-        kinds = {link.kind for link in scene.links}
-        for kind, text in _EDGE_LEGEND.items():
-            if kind in kinds:
-                entries.append(f"legend.{kind}")
-                sub.node(entries[-1], text, shape="plaintext", style="", fontcolor=LINK_COLORS[kind])
-        for a, b in itertools.pairwise(entries):
-            sub.edge(a, b, style="invis")
+        sub.attr(label="", style="rounded", color="#c8c8c8")
+        sub.node("legend", table, shape="plaintext", style="", fontsize="9", margin="0")
 
 
 _LINK_STYLE: dict[str, dict[str, str]] = {
