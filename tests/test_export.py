@@ -129,7 +129,10 @@ def _on_a_terminal(*args: str) -> str:
     """What ``specvit ARGS`` shows on a terminal's standard error (a pseudo-terminal)."""
     leader, follower = pty.openpty()
     try:
-        run = _cli(*args, stderr=follower)
+        # read while it runs: a terminal holds a few KB, and a spinner that filled it would block the export
+        run = subprocess.Popen(
+            [sys.executable, "-m", "specvit.cli", *args], stdout=subprocess.DEVNULL, stderr=follower, cwd=ROOT
+        )
         os.close(follower)
         shown = b""
         while True:
@@ -140,9 +143,10 @@ def _on_a_terminal(*args: str) -> str:
             if not chunk:
                 break
             shown += chunk
+        status = run.wait(timeout=600)
     finally:
         os.close(leader)
-    assert run.returncode == 0
+    assert status == 0
     return shown.decode(errors="replace")
 
 
