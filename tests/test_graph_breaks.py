@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from presets import PRESETS, small_spec
 
 import specvit
 from specvit.export import example_inputs
 from specvit.nn.attention import KVCache
-from tests.presets import PRESETS, small_spec
 
 
 def _breaks(fn: object, *args: object, **kwargs: object) -> list[str]:

@@ -125,6 +125,7 @@ def _decoder(name: str) -> nn.Module:
     depth = {"n_layer": 2} if config_cls in (BloomConfig, GPT2Config) else {"num_hidden_layers": 2}
     sizes = {} if config_cls in (BloomConfig, GPT2Config) else {"intermediate_size": 40}
     config = config_cls(vocab_size=VOCAB, **depth, **sizes, **kw)
+    torch.manual_seed(sum(map(ord, name)))  # HF initialises from the global generator
     return _reference(model_cls(config), seed=sum(map(ord, name)))
 
 
@@ -160,6 +161,7 @@ def test_greedy_generation_matches_hf(name: str) -> None:
 
 def _t5(kw: dict[str, Any], seed: int) -> nn.Module:
     config = T5Config(vocab_size=VOCAB, d_ff=40, num_layers=2, dropout_rate=0.0, **kw)
+    torch.manual_seed(seed)  # HF initialises from the global generator
     return _reference(T5ForConditionalGeneration(config), seed)
 
 
