@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor, nn
+from reference import converted, perturbed
+from torch import Tensor
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -24,29 +25,12 @@ from transformers import (
     CLIPTextModelWithProjection,
 )
 
-from specvit.compile import build_model
 from specvit.convert import convert_state_dict
 from specvit.errors import SpecError
 from specvit.interop.hf import from_hf, spec_dict
-from specvit.model import SpecModel
 from specvit.spec.loader import parse_spec
-from specvit.spec.schema import Spec
 
 TOL = 1e-5
-
-
-def _perturb(model: nn.Module, seed: int) -> nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model.eval()
-
-
-def _load(ref: nn.Module, spec: Spec) -> SpecModel:
-    model = build_model(spec).eval()
-    model.load_state_dict(convert_state_dict(ref.state_dict(), "hf", spec), strict=True)
-    return model
 
 
 # -- BART ---------------------------------------------------------------------------------------------
@@ -93,7 +77,7 @@ BART_SIZES: dict[str, dict[str, Any]] = {
 def _bart(size: str, seed: int = 0) -> BartForConditionalGeneration:
     torch.manual_seed(seed)
     config = BartConfig(vocab_size=97, max_position_embeddings=24, **BART_SIZES[size])
-    return _perturb(BartForConditionalGeneration(config), seed)
+    return perturbed(BartForConditionalGeneration(config), seed)
 
 
 def _bart_inputs() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -112,7 +96,7 @@ def _bart_inputs() -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def test_bart_parity(size: str) -> None:
     ref = _bart(size)
     spec = from_hf(ref.config)
-    model = _load(ref, spec)
+    model = converted(ref, spec)
     src, tgt, src_mask, tgt_mask = _bart_inputs()
     with torch.no_grad():
         plain = ref(input_ids=src, decoder_input_ids=tgt).logits
@@ -148,7 +132,7 @@ def test_bart_nonzero_final_logits_bias_is_refused_or_carried() -> None:
         convert_state_dict(ref.state_dict(), "hf", spec)
     data = spec_dict(ref.config)
     data["head"]["bias"] = True  # the spec carries it: the LM head's bias
-    model = _load(ref, parse_spec(data, source="bart with a logits bias"))
+    model = converted(ref, parse_spec(data, source="bart with a logits bias"))
     src, tgt, src_mask, _ = _bart_inputs()
     with torch.no_grad():
         want = ref(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits
@@ -202,9 +186,9 @@ def _clip_tokens(eos: int) -> Tensor:
 def test_clip_text_parity(size: str) -> None:
     config = _clip_config(size)
     torch.manual_seed(0)
-    ref = _perturb(CLIPTextModelWithProjection(config), 0)
+    ref = perturbed(CLIPTextModelWithProjection(config), 0)
     spec = from_hf(config)
-    model = _load(ref, spec)
+    model = converted(ref, spec)
     ids = _clip_tokens(config.eos_token_id)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0  # padding after the pooled token changes nothing (causal); before it, it does
@@ -235,8 +219,8 @@ def test_clip_full_config_and_model() -> None:
     spec = from_hf(config)
     assert spec.head.classes == 13 and spec.encoder.width == 24
     torch.manual_seed(0)
-    ref = _perturb(CLIPModel(config), 0)
-    model = _load(ref, spec)  # the image tower and logit scale are left out
+    ref = perturbed(CLIPModel(config), 0)
+    model = converted(ref, spec)  # the image tower and logit scale are left out
     ids = _clip_tokens(50)
     with torch.no_grad():
         want = ref.get_text_features(input_ids=ids)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from reference import converted, perturbed
 from torch import nn
 from transformers import (
     BloomConfig,
@@ -29,7 +30,6 @@ from transformers import (
 )
 
 import specvit
-from specvit.compile import build_model
 from specvit.convert import convert_state_dict
 from specvit.errors import SpecError
 from specvit.model import SpecModel
@@ -41,20 +41,8 @@ VOCAB = 97
 ATOL = 1e-5
 
 
-def _reference(model: nn.Module, seed: int) -> nn.Module:
-    """The HF model in eval mode with every parameter moved off its init by N(0, 0.1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    return model.eval()
-
-
 def _ours(ref: nn.Module) -> SpecModel:
-    spec = specvit.from_hf(ref.config)
-    model = build_model(spec).eval()
-    model.load_state_dict(convert_state_dict(ref.state_dict(), "hf", spec), strict=True)
-    return model
+    return converted(ref, specvit.from_hf(ref.config))
 
 
 DECODERS: dict[str, tuple[type, type, dict[str, Any]]] = {
@@ -126,7 +114,7 @@ def _decoder(name: str) -> nn.Module:
     sizes = {} if config_cls in (BloomConfig, GPT2Config) else {"intermediate_size": 40}
     config = config_cls(vocab_size=VOCAB, **depth, **sizes, **kw)
     torch.manual_seed(sum(map(ord, name)))  # HF initialises from the global generator
-    return _reference(model_cls(config), seed=sum(map(ord, name)))
+    return perturbed(model_cls(config), seed=sum(map(ord, name)))
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -162,7 +150,7 @@ def test_greedy_generation_matches_hf(name: str) -> None:
 def _t5(kw: dict[str, Any], seed: int) -> nn.Module:
     config = T5Config(vocab_size=VOCAB, d_ff=40, num_layers=2, dropout_rate=0.0, **kw)
     torch.manual_seed(seed)  # HF initialises from the global generator
-    return _reference(T5ForConditionalGeneration(config), seed)
+    return perturbed(T5ForConditionalGeneration(config), seed)
 
 
 T5S = {

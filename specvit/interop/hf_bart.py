@@ -13,22 +13,11 @@ from typing import Any
 
 from torch import Tensor
 
-from specvit.interop.hf_llama import activation
 from specvit.interop.layout import Entry, Layout, batched, cat, check_blocks, one, prefix
-from specvit.interop.registry import Config, Family, family
+from specvit.interop.registry import Config, Family, activation, family
 
 __all__: list[str] = []
 
-_ACT = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 
 # Fields of older (fairseq-converted) BART configs that transformers no longer reads; any value but BART's
 # own would describe another model (mBART's pre-norm, a final norm, a logits bias, sinusoidal positions).
@@ -53,7 +42,7 @@ def _spec(c: Config) -> dict[str, Any]:
         tokens["padding_idx"] = pad  # nn.Embedding(padding_idx=pad): no gradient to that row
     if c.get("scale_embedding", False):
         tokens["scale"] = True
-    act = activation(c, _ACT, "activation_function", "gelu")
+    act = activation(c, key="activation_function", default="gelu")
 
     def stack(depth: int, heads: int, ffn: int, layers: list[str]) -> dict[str, Any]:
         return {

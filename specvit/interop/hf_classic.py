@@ -6,7 +6,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.hf_llama import activation
 from specvit.interop.layout import (
     Layout,
     batched,
@@ -18,18 +17,10 @@ from specvit.interop.layout import (
     prefix,
     same,
 )
-from specvit.interop.registry import Config, Family, family
+from specvit.interop.registry import Config, Family, activation, family
 from specvit.spec.schema import ImageInput, LMHead, Spec
 
 __all__: list[str] = []
-
-_ACT = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-}
 
 
 def _common(c: Config) -> None:
@@ -62,7 +53,7 @@ def _gpt2(c: Config) -> dict[str, Any]:
                 "norm": {"eps": c.get("layer_norm_epsilon", 1e-5)},
                 "mlp": {
                     "hidden": c.get("n_inner", 4 * width),
-                    "activation": activation(c, _ACT, "activation_function", "gelu_new"),
+                    "activation": activation(c, key="activation_function", default="gelu_new"),
                 },
             },
         },
@@ -98,7 +89,7 @@ def _bert(c: Config) -> dict[str, Any]:
                 "norm": {"placement": "post", "eps": c.get("layer_norm_eps", 1e-12)},
                 "mlp": {
                     "hidden": c.get("intermediate_size", 3072),
-                    "activation": activation(c, _ACT, default="gelu"),
+                    "activation": activation(c, default="gelu"),
                 },
             },
         },
@@ -132,7 +123,7 @@ def _vit(c: Config) -> dict[str, Any]:
                 "norm": {"eps": c.get("layer_norm_eps", 1e-12)},
                 "mlp": {
                     "hidden": c.get("intermediate_size", 3072),
-                    "activation": activation(c, _ACT, default="gelu"),
+                    "activation": activation(c, default="gelu"),
                 },
                 "qkv_bias": bool(c.get("qkv_bias", True)),
             },

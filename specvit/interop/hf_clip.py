@@ -12,22 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from specvit.errors import SpecError
-from specvit.interop.hf_llama import activation
 from specvit.interop.layout import Layout, batched, cat, check_blocks, one
-from specvit.interop.registry import Config, Family, family
+from specvit.interop.registry import Config, Family, activation, family
 
 __all__: list[str] = []
-
-_ACT = {
-    "quick_gelu": "quick_gelu",
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
 
 
 class _TextConfig(Config):
@@ -71,7 +59,7 @@ def _spec(c: Config) -> dict[str, Any]:
                 "norm": {"eps": text.get("layer_norm_eps", 1e-5)},
                 "mlp": {
                     "hidden": text.get("intermediate_size", 2048),
-                    "activation": activation(text, _ACT, default="quick_gelu"),
+                    "activation": activation(text, default="quick_gelu"),
                 },
             },
         },

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specvit.interop.layout import Layout, cat, one
-from specvit.interop.registry import Config, Family, family
+from specvit.interop.registry import Config, Family, activation, family
 
 __all__: list[str] = []
 
@@ -25,13 +25,6 @@ def rope_theta(c: Config, default: float = 10000.0) -> float:
     return float(params.get("rope_theta", c.get("rope_theta", default)))
 
 
-def activation(c: Config, table: dict[str, str], key: str = "hidden_act", default: str = "silu") -> str:
-    act = c.get(key, default)
-    if act not in table:
-        raise c.refuse(key, act, "specvit has no such activation", f"use one of {', '.join(table)}")
-    return table[act]
-
-
 def _spec(c: Config) -> dict[str, Any]:
     width, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
     c.only("pretraining_tp", 1, [1], "tensor-parallel slicing of the projections changes the sums")
@@ -42,7 +35,7 @@ def _spec(c: Config) -> dict[str, Any]:
         "norm": {"kind": "rmsnorm", "eps": c.get("rms_norm_eps", 1e-6)},
         "mlp": {
             "hidden": c.get("intermediate_size", 11008),
-            "activation": activation(c, _ACT),
+            "activation": activation(c, _ACT, default="silu"),
             "bias": bool(c.get("mlp_bias", False)),
         },
         "qkv_bias": bias,

@@ -9,19 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.hf_llama import activation
 from specvit.interop.layout import Layout, heads_interleaved, one
-from specvit.interop.registry import Config, Family, family
+from specvit.interop.registry import Config, Family, activation, family
 
 __all__: list[str] = []
-
-_NEOX_ACT = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-}
 
 
 def _neox(c: Config) -> dict[str, Any]:
@@ -57,7 +48,7 @@ def _neox(c: Config) -> dict[str, Any]:
                 "parallel": bool(c.get("use_parallel_residual", True)),
                 "mlp": {
                     "hidden": c.get("intermediate_size", 24576),
-                    "activation": activation(c, _NEOX_ACT, default="gelu"),
+                    "activation": activation(c, default="gelu"),
                 },
                 "qkv_bias": bias,
                 "proj_bias": bias,

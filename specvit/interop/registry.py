@@ -15,7 +15,7 @@ from typing import Any
 from specvit.errors import Problem, SpecError
 from specvit.interop.layout import Layout
 
-__all__ = ["FAMILIES", "Config", "Family", "family"]
+__all__ = ["ACTIVATIONS", "FAMILIES", "Config", "Family", "activation", "family"]
 
 
 class Config:
@@ -77,3 +77,33 @@ def family(f: Family) -> Family:
     """Register a family."""
     FAMILIES.append(f)
     return f
+
+
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+"""transformers' activation names (its ``ACT2FN``, shared by every model class) -> specvit's MLP activation."""
+
+
+def activation(
+    c: Config, table: dict[str, str] = ACTIVATIONS, *, key: str = "hidden_act", default: str = "gelu"
+) -> str:
+    """The spec's activation for the config's ``key``; a name the table lacks is refused.
+
+    Args:
+        c: the config.
+        table: HF name -> specvit activation (default :data:`ACTIVATIONS`; gated MLPs pass their own).
+        key: the config field (``hidden_act``, ``activation_function``).
+        default: the HF class's default for the field.
+    """
+    act = c.get(key, default)
+    if act not in table:
+        raise c.refuse(key, act, "specvit has no such activation", f"use one of {', '.join(table)}")
+    return table[act]
