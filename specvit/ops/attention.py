@@ -231,7 +231,7 @@ class SelfAttentionLayer(Sublayer):
         p = _attention_params(b, AttentionParams, causal=self.causal, window=b.spec.sliding_window)
         side = _side(b, _SELF_SIDE)
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
-            own = getattr(position, "lower_layer", lambda *_: None)(b, x, name.replace("attn", "rel_bias"))
+            own = position.lower_layer(b, x, name.replace("attn", "rel_bias"))
             side["bias"] = own or side.get("bias", "")
         return b.add(name, "self_attention", p, {"x": x, **side}, source=source)
 

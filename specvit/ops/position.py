@@ -38,6 +38,11 @@ class PositionFragment(Fragment):
     def lower(self, ctx: StackCtx) -> None:
         """Emit this position's nodes for the stack being lowered."""
 
+    def lower_layer(self, b: Any, x: str, name: str) -> str | None:
+        """A node of one self-attention layer's own (BEiT's per-layer bias table), read as its ``bias``;
+        None for kinds that give the stack one value."""
+        return None
+
 
 def _base(default: float) -> Any:
     return Field(default, gt=1.0, description="Wavelength base (rotary: theta).")
