@@ -78,7 +78,7 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "post-norm block class": (
         "vit_tiny_patch16_224",
         {"depth": 1, "block_fn": "ResPostBlock"},
-        "model.blocks.0: VisionTransformer has a ResPostBlock",
+        "model.blocks.0: VisionTransformer has blocks.0: ResPostBlock, a module specvit does not read",
     ),
     "an activation specvit lacks": (
         "vit_tiny_patch16_224",
