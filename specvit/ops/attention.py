@@ -223,6 +223,10 @@ class SelfAttentionLayer(Sublayer):
     causal = False
 
     def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
+        from specvit.ops.vitdet import lower_grid_attention
+
+        if (grid := lower_grid_attention(b, x, name)) is not None:  # ViTDet: padded windows, global
+            return grid
         if b.window is not None:
             from specvit.ops.window import window_params
 

@@ -84,13 +84,25 @@ class MlpSpec(Node):
 
 
 class WindowSpec(Node):
-    """Attention within M x M windows of the patch grid, with a learned relative position bias (Swin)."""
+    """Attention within non-overlapping M x M windows of the patch grid: Swin's (shifted, with a learned
+    relative position bias) or ViTDet's (padded, no bias table)."""
 
     size: int = Field(
         ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
     )
     shift: bool = Field(
         True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
+    )
+    bias: bool = Field(
+        True,
+        description="A learned relative position bias table in each block (Swin); false: none (ViTDet, "
+        "SAM: their positions are position: relative_decomposed).",
+    )
+    pad: bool = Field(
+        False,
+        description="Pad the grid at the bottom and right to a multiple of M with zeros (after the norm; "
+        "attended to), attend, crop (ViTDet, SAM); false: the grid divides into windows and a grid smaller "
+        "than M is one window (Swin). Needs bias: false and shift: false.",
     )
 
 
@@ -157,7 +169,7 @@ class BlockSpec(Node):
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
     window: WindowSpec | None = Field(
-        None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
+        None, description="Windowed self-attention (Swin's or ViTDet's), or null for global attention."
     )
     memory_norm: bool = Field(
         False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."

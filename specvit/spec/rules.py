@@ -151,7 +151,7 @@ def _grid(role: str, s: StackSpec) -> list[Problem]:
         m = b.window.size
         for i in range(merges + 1):
             sh, sw = gh >> i, gw >> i
-            if min(sh, sw) > m and (sh % m or sw % m):
+            if min(sh, sw) > m and (sh % m or sw % m) and not b.window.pad:
                 out.append(
                     Problem(
                         f"{at}.window.size",
@@ -175,7 +175,7 @@ def _hierarchy_features(role: str, s: StackSpec, what: str) -> list[Problem]:
         if value:
             out.append(Problem(key, f"{what} does not support this", hint))
     for p in s.positions:
-        if p.phase() == "attention":
+        if p.phase() == "attention" and p.kind != "relative_decomposed":  # computed in ViTDet's windows
             out.append(
                 Problem(
                     f"{role}.position",

@@ -4,6 +4,7 @@ of its position kinds."""
 from __future__ import annotations
 
 from specvit.errors import Problem
+from specvit.ops.vitdet import window_problems
 from specvit.spec.block import BlockSpec
 from specvit.spec.schema import Spec, StackSpec
 
@@ -107,6 +108,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                     "use masked_self_attention",
                 )
             )
+    out += window_problems(at, b)
     if b.memory_norm and "cross_attention" not in b.sublayers:
         out.append(
             Problem(
