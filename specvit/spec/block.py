@@ -153,6 +153,11 @@ class BlockSpec(Node):
         le=1 << 20,
         description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral).",
     )
+    talking_heads: bool = Field(
+        False,
+        description="Self-attention scores mixed across heads by learned heads x heads maps before and after "
+        "the softmax (CaiT; Shazeer et al. 2020). Runs the math path, not fused SDPA.",
+    )
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
