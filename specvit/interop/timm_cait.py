@@ -77,7 +77,7 @@ def _layer_scale(r: Reader, blocks: Sequence[str]) -> float:
     values = {
         float(v) for b in blocks for k in (1, 2) for v in r.at(f"{b}.gamma_{k}").detach().flatten().tolist()
     }
-    return values.pop() if len(values) == 1 else 1e-5
+    return float(f"{values.pop():.7g}") if len(values) == 1 else 1e-5  # as written, not its float32
 
 
 def _cait(r: Reader) -> dict[str, Any]:
@@ -94,6 +94,8 @@ def _cait(r: Reader) -> dict[str, Any]:
             raise r.refuse(ca[0] + ".attn.num_heads", cls_block["heads"], "heads differ between stages", "")
         variant = {k: v for k, v in cls_block.items() if block.get(k) != v and k not in ("heads", "head_dim")}
         variant |= {"layers": ["class_attention", "mlp"], "talking_heads": False}
+    if block["head_dim"] * block["heads"] == m.embed_dim:
+        block["head_dim"] = None  # the default: width / heads
     if r.norm("norm") != {k: v for k, v in block["norm"].items() if k != "placement"}:
         raise r.refuse("norm", r.norm("norm"), "specvit's final norm is the blocks' norm", "")
     if m.num_classes <= 0:

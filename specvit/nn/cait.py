@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from specvit.nn.attention import QkNorm, QkvBias, _dropout, _head_norm, _resolve_heads, _three
 from specvit.nn.position import apply_rope
 
-__all__ = ["ClassAttention", "TalkingHeadsAttention"]
+__all__ = ["ClassAttention", "TalkingHeadsAttention", "class_token", "join_class_token"]
 
 
 class TalkingHeadsAttention(nn.Module):
@@ -186,3 +186,13 @@ class ClassAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, queries=class token"
+
+
+def class_token(x: Tensor) -> Tensor:
+    """The class token (the first) of (B, N, D) tokens: (B, 1, D)."""
+    return x[:, :1]
+
+
+def join_class_token(x: Tensor, cls: Tensor) -> Tensor:
+    """The (B, N, D) tokens with their first replaced by the (B, 1, D) class token ``cls``."""
+    return torch.cat((cls, x[:, 1:]), dim=1)  # (B, N, D)

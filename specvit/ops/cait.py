@@ -107,13 +107,14 @@ class ClassTokenParams(Params):
 class ClassToken(Op):
     kind = "class_token"
     params_type = ClassTokenParams
+    helpers = ("specvit.nn.cait:class_token",)
 
     def shape(self, p: ClassTokenParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         b, _, d = inputs["x"]
         return (b, 1, d)
 
     def code(self, p: ClassTokenParams, args: Mapping[str, str]) -> str:
-        return f"{args['x']}[:, :1]"
+        return f"class_token({args['x']})"
 
     def label(self, p: ClassTokenParams) -> tuple[str, ...]:
         return ("class token · x[:, :1]",)
@@ -123,6 +124,7 @@ class ClassToken(Op):
 class JoinClassToken(Op):
     kind = "join_class_token"
     params_type = ClassTokenParams
+    helpers = ("specvit.nn.cait:join_class_token",)
     ports = ("x", "cls")
     required = ("x", "cls")
 
@@ -132,7 +134,7 @@ class JoinClassToken(Op):
         return inputs["x"]
 
     def code(self, p: ClassTokenParams, args: Mapping[str, str]) -> str:
-        return f"torch.cat(({args['cls']}, {args['x']}[:, 1:]), dim=1)"
+        return f"join_class_token({args['x']}, {args['cls']})"
 
     def label(self, p: ClassTokenParams) -> tuple[str, ...]:
         return ("updated class token · other tokens unchanged",)
