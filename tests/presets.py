@@ -22,6 +22,10 @@ def small_spec(path: Path) -> specvit.Spec:
         for r, s in spec.stacks.items()
     }
     for r, s in spec.stacks.items():
+        if s.prefix_at:  # a prefix entering late (CaiT): one block before it, at most two after
+            names = s.pattern()
+            keep = names[:1] + names[s.prefix_at :][:2]
+            over |= {f"{r}.depth": len(keep), f"{r}.prefix.at": 1, f"{r}.schedule": keep}
         if isinstance(s.input, TokensInput) and s.input.vocab > 1024:
             over[f"{r}.input.vocab"] = 1024
         if isinstance(s.input, ImageInput) and max(s.input.size) > 512:  # SAM's 1024x1024: 256x256

@@ -221,7 +221,7 @@ BAD = [
         VIT,
         "[self_attention, mlp]",
         "[self_atention, mlp]",
-        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp (did you mean 'self_attention'?)",
+        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp, class_attention (did you mean 'self_attention'?)",
     ),
     (
         VIT,

@@ -237,7 +237,8 @@ class SelfAttentionLayer(Sublayer):
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
             own = position.lower_layer(b, x, name.replace("attn", "rel_bias"))
             side["bias"] = own or side.get("bias", "")
-        return b.add(name, "self_attention", p, {"x": x, **side}, source=source)
+        kind = "talking_heads_attention" if b.spec.talking_heads else "self_attention"  # CaiT (ops/cait.py)
+        return b.add(name, kind, p, {"x": x, **side}, source=source)
 
 
 @sublayer

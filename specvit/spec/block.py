@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import Field, create_model
+from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from specvit.ops import SUBLAYERS
 from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_WIDTH, Fragment
@@ -165,6 +165,11 @@ class BlockSpec(Node):
         le=1 << 20,
         description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral).",
     )
+    talking_heads: bool = Field(
+        False,
+        description="Self-attention scores mixed across heads by learned heads x heads maps before and after "
+        "the softmax (CaiT; Shazeer et al. 2020). Runs the math path, not fused SDPA.",
+    )
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
@@ -200,6 +205,16 @@ class BlockSpec(Node):
 _STACK_WIDE = ("heads", "kv_heads", "head_dim")  # one per stack: the KV cache and positions depend on them
 
 
+class _Partial(Node):
+    """A partial block: it writes back (``to_yaml``) only the keys it sets, so a canonical spec reloads
+    to the same variant instead of one that sets every key to null."""
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+
 @cache
 def _partial(model: type[Node]) -> type[Node]:
     """``model`` with every field optional and unset by default (nested blocks partial too)."""
@@ -212,7 +227,7 @@ def _partial(model: type[Node]) -> type[Node]:
             ann = _partial(ann)
         fields[name] = (Optional[ann], Field(None, description=f.description))  # noqa: UP045
     doc = f"Any keys of {model.__name__}; those given replace the base block's."
-    return create_model(f"Partial{model.__name__}", __base__=Node, __doc__=doc, **fields)
+    return create_model(f"Partial{model.__name__}", __base__=_Partial, __doc__=doc, **fields)
 
 
 if TYPE_CHECKING:  # assembled at import; type checkers see the base

@@ -9,6 +9,7 @@ from __future__ import annotations
 from specvit.errors import Problem
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
 from specvit.spec.rules_block import check_layers, check_positions
+from specvit.spec.rules_cait import check_cait
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check"]
@@ -43,6 +44,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         out += _siamese(role, s, spec)
     out += s.input.check(f"{role}.input", s, spec)
     out += check_positions(role, s, spec)
+    out += check_cait(role, s, spec)
     return out
 
 

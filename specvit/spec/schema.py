@@ -131,6 +131,14 @@ class PrefixSpec(Node):
 
     cls: bool = Field(False, description="A learned class token, first in the sequence.")
     registers: int = Field(0, ge=0, le=1024, description="Learned register tokens after the class token.")
+    at: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_DEPTH,
+        description="The block index (from 0 over the stack) before which the prefix tokens enter; null = "
+        "before the first block. CaiT: the depth of its self-attention stage, so only its class-attention "
+        "blocks see the class token.",
+    )
 
     @property
     def count(self) -> int:
@@ -288,6 +296,11 @@ class StackSpec(Node):
         return self.prefix.count
 
     @property
+    def prefix_at(self) -> int:
+        """The index of the first block that sees the prefix tokens (0 unless ``prefix.at`` says later)."""
+        return self.prefix.at or 0
+
+    @property
     def causal(self) -> bool:
         """Some self-attention of the stack is causal: it can decode token by token with a KV cache."""
         return any(
@@ -298,9 +311,9 @@ class StackSpec(Node):
     def num_tokens(self) -> int | None:
         """Tokens seen by the (first) blocks when the input fixes them (images, feature maps, queries), else None."""
         if isinstance(self.input, ImageInput):
-            return self.input.num_patches + self.num_prefix
+            return self.input.num_patches + self.num_prefix * (self.prefix_at == 0)
         if isinstance(self.input, FeaturesInput) and self.input.num_tokens is not None:
-            return self.input.num_tokens + self.num_prefix
+            return self.input.num_tokens + self.num_prefix * (self.prefix_at == 0)
         if isinstance(self.input, QueriesInput):
             return self.input.count
         return None
