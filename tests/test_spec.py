@@ -140,7 +140,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi, relative, relative2d (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi, relative, relative2d, relative_decomposed (did you mean 'learned'?)",
     ),
     (
         VIT,
@@ -272,7 +272,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, neck)",
     ),
     (
         VIT,

@@ -122,10 +122,13 @@ def test_the_preset_is_what_from_timm_reads() -> None:
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "rotary positions": ({"use_rope": True, "use_rel_pos": False}, "model.rope_global"),
     "QK-norm": ({"qk_norm": True}, "model.blocks.0.attn.q_norm"),
-    "an MLP head": ({"head_hidden_size": 16, "num_classes": 3}, "model.head: VisionTransformerSAM has a "),
+    "an MLP head": (
+        {"head_hidden_size": 16, "num_classes": 3},
+        "model.head: VisionTransformerSAM has head: NormMlpClassifierHead",
+    ),
     "max pooling": (
         {"global_pool": "max"},
-        "model.head.global_pool.pool: VisionTransformerSAM has a Adaptive",
+        "model.head.global_pool.pool: VisionTransformerSAM has head.global_pool.pool: AdaptiveMaxPool2d",
     ),
     "patch dropout": ({"patch_drop_rate": 0.1}, "model.patch_drop"),
 }
