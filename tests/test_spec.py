@@ -116,7 +116,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, latents (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -394,7 +394,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "encoder.block.mlp.activation",
     ]  # field errors first; rules need a valid spec
     lines = str(info.value).splitlines()
-    assert lines[0].startswith("t.yaml:9:10: encoder.depth: must be >= 1, got -1")
+    assert lines[0].startswith("t.yaml:9:10: encoder.depth: must be >= 0, got -1")
 
 
 def test_rope_needs_even_head_dim() -> None:

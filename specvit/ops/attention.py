@@ -196,11 +196,10 @@ def _side(b: BlockCtx, names: tuple[str, ...]) -> dict[str, str]:
 
 def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> Any:
     s, spec = b.stack.stack, b.spec
+    heads = {"heads": b.heads, "kv_heads": b.kv_heads, "head_dim": b.head_dim}
     return cls(
         dim=b.dim,
-        heads=b.heads,
-        kv_heads=b.kv_heads,
-        head_dim=b.head_dim,
+        **(heads | {k: extra.pop(k) for k in heads if k in extra}),
         qkv_bias=(spec.bias_of("q"), spec.bias_of("k"), spec.bias_of("v")),
         proj_bias=spec.proj_bias,
         qk_norm=spec.norm.kind if spec.qk_norm else None,
@@ -260,7 +259,13 @@ class CrossAttentionLayer(Sublayer):
             side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
         memory_dim = b.stack.shape(side["memory"])[-1]
         assert isinstance(memory_dim, int)
-        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim)
+        heads: dict[str, int] = {}
+        if (
+            b.spec.cross_attention_heads is not None
+        ):  # heads of its own (Perceiver's single-head cross-attend)
+            h = b.spec.cross_attention_heads
+            heads = {"heads": h, "kv_heads": h, "head_dim": b.spec.head_dim or b.dim // h}
+        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim, **heads)
         return b.add(name, "cross_attention", p, {"x": x, **side}, source=source)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import Field, create_model
+from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from specvit.ops import SUBLAYERS
 from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_WIDTH, Fragment
@@ -162,6 +162,13 @@ class BlockSpec(Node):
     memory_norm: bool = Field(
         False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
     )
+    cross_attention_heads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_HEADS,
+        description="Heads of the block's cross_attention (each width / cross_attention_heads wide unless head_dim "
+        "is set); null = heads. Perceiver's cross-attend has 1.",
+    )
     graph: list[GraphNodeSpec] | None = Field(
         None,
         min_length=1,
@@ -188,6 +195,16 @@ class BlockSpec(Node):
 _STACK_WIDE = ("heads", "kv_heads", "head_dim")  # one per stack: the KV cache and positions depend on them
 
 
+class _Partial(Node):
+    """Base of the partial blocks: they dump only the keys that were written, so a canonical spec reads
+    back as the same changes (a dumped ``norm: null`` would replace the base block's norm)."""
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+
 @cache
 def _partial(model: type[Node]) -> type[Node]:
     """``model`` with every field optional and unset by default (nested blocks partial too)."""
@@ -200,7 +217,7 @@ def _partial(model: type[Node]) -> type[Node]:
             ann = _partial(ann)
         fields[name] = (Optional[ann], Field(None, description=f.description))  # noqa: UP045
     doc = f"Any keys of {model.__name__}; those given replace the base block's."
-    return create_model(f"Partial{model.__name__}", __base__=Node, __doc__=doc, **fields)
+    return create_model(f"Partial{model.__name__}", __base__=_Partial, __doc__=doc, **fields)
 
 
 if TYPE_CHECKING:  # assembled at import; type checkers see the base

@@ -4,6 +4,7 @@ of its position kinds."""
 from __future__ import annotations
 
 from specvit.errors import Problem
+from specvit.ops.inputs import divisors_near
 from specvit.spec.block import BlockSpec
 from specvit.spec.schema import Spec, StackSpec
 
@@ -115,6 +116,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 "remove memory_norm, or add cross_attention to the layers",
             )
         )
+    out += _cross_attention_heads(role, at, b, spec)
     if isinstance(b.qkv_bias, list) and len(b.qkv_bias) != 3:
         out.append(
             Problem(
@@ -142,6 +144,34 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             )
         )
     return out
+
+
+def _cross_attention_heads(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
+    """cross_attention_heads needs a cross_attention to apply to, a width it divides, and a stack without a KV cache."""
+    if b.cross_attention_heads is None:
+        return []
+    s, key = spec.stacks[role], f"{at}.cross_attention_heads"
+    if "cross_attention" not in b.sublayers:
+        return [
+            Problem(
+                key,
+                "cross_attention_heads are the heads of a cross_attention, and the block has none",
+                "remove cross_attention_heads",
+            )
+        ]
+    if s.causal:
+        return [
+            Problem(key, "a causal stack's KV cache needs one head layout", "remove cross_attention_heads")
+        ]
+    if b.head_dim is None and s.width % b.cross_attention_heads:
+        return [
+            Problem(
+                key,
+                f"width {s.width} is not divisible by {b.cross_attention_heads} cross-attention heads",
+                f"use a divisor of {s.width} such as {divisors_near(s.width, b.cross_attention_heads)}",
+            )
+        ]
+    return []
 
 
 def _graph(at: str, b: BlockSpec) -> list[Problem]:
