@@ -100,6 +100,14 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                     "cross_attention belongs in the decoder of an encoder_decoder model",
                 )
             )
+        if layer == "sagan_attention" and spec.stacks[role].input.kind != "feature_map":
+            out.append(
+                Problem(
+                    path,
+                    "sagan_attention attends among the positions of a (B, C, H, W) feature map",
+                    "use it in a stack with input: {kind: feature_map, channels: C, size: [H, W]}",
+                )
+            )
         if layer == "self_attention" and spec.model == "decoder":
             out.append(
                 Problem(
