@@ -31,6 +31,7 @@ SMALL: dict[str, Any] = {
     "decoder.depth": 3,
     "decoder.block.heads": 4,
     "decoder.schedule": ["cross", {"block": 2}],
+    "decoder.blocks.cross.cross_attention_head_dim": 12,
     "head.classes": 5,
 }
 
@@ -73,8 +74,8 @@ def perceiver_reference(sd: dict[str, Tensor], x: Tensor, heads: int, eps: float
     at = "decoder.blocks.0"
     q_in = _ln(z, sd[f"{at}.norm1.weight"], sd[f"{at}.norm1.bias"], eps)
     kv_in = _ln(x, sd[f"{at}.memory_norm.weight"], sd[f"{at}.memory_norm.bias"], eps)
-    wk, wv = sd[f"{at}.cross_attn.kv.weight"].split(d)
-    bk, bv = sd[f"{at}.cross_attn.kv.bias"].split(d)
+    wk, wv = sd[f"{at}.cross_attn.kv.weight"].chunk(2)  # each (hd, C): q, k and v are hd wide
+    bk, bv = sd[f"{at}.cross_attn.kv.bias"].chunk(2)
     q = q_in @ sd[f"{at}.cross_attn.q.weight"].T + sd[f"{at}.cross_attn.q.bias"]
     o = _attend(q, kv_in @ wk.T + bk, kv_in @ wv.T + bv, 1)
     z = z + o @ sd[f"{at}.cross_attn.proj.weight"].T + sd[f"{at}.cross_attn.proj.bias"]
@@ -111,23 +112,27 @@ def test_the_output_does_not_depend_on_the_input_order() -> None:
 # --------------------------------------------------------------------------------------------- preset
 
 
-def _independent_count() -> int:
-    """The preset's parameters from the paper's layer sizes, counted without specvit."""
+def _independent_count(cross_attends: int) -> int:
+    """The paper's ImageNet Perceiver's distinct parameters from its layer sizes, counted without specvit."""
     d, c, n, classes = 1024, 261, 512, 1000
     ln = lambda k: 2 * k  # noqa: E731
     linear = lambda i, o: i * o + o  # noqa: E731
     mlp = linear(d, d) * 2  # widening factor 1
-    cross = ln(d) + ln(c) + linear(d, d) + 2 * linear(c, d) + linear(d, d) + ln(d) + mlp
+    # q, k, v c wide (shape_for_attn 'kv'), one head; the output projection back to the latents
+    cross = ln(d) + ln(c) + linear(d, c) + 2 * linear(c, c) + linear(c, d) + ln(d) + mlp
     latent_block = ln(d) + 3 * linear(d, d) + linear(d, d) + ln(d) + mlp
-    return n * d + cross + 6 * latent_block + linear(d, classes)
+    return n * d + cross_attends * cross + 6 * latent_block + linear(d, classes)
 
 
 def test_preset_parameter_count() -> None:
     graph = specvit.build_graph(specvit.load_spec(PRESET))
-    assert graph.total_params == _independent_count() == 44_099_058
+    assert graph.total_params == _independent_count(1) == 42_135_859
     with torch.device("meta"):
         model = specvit.build_model(PRESET)
-    assert sum(p.numel() for p in model.parameters()) == 44_099_058
+    assert sum(p.numel() for p in model.parameters()) == 42_135_859
+    # the paper's model: the first cross-attend and the one shared by the other 7: 44.9M in Table 1
+    cross = sum(int(graph[n]["params"]) for n in graph if n.startswith("decoder.blocks.0."))
+    assert graph.total_params + cross == _independent_count(2) == 44_912_254
 
 
 def _flops(length: int) -> tuple[int, dict[str, int]]:
@@ -140,13 +145,13 @@ def test_cost_grows_linearly_with_the_input_length() -> None:
     (f1, a1), (f4, a4), (f16, a16) = _flops(1024), _flops(4096), _flops(16384)
     # 16384 - 4096 = 4 * (4096 - 1024): a cost linear in the length grows 4 times as much, exactly
     assert f16 - f4 == 4 * (f4 - f1)
-    assert (f1, f4, f16) == (52_636_368_896, 62_362_959_872, 101_269_323_776)
+    assert (f1, f4, f16) == (48_620_425_216, 51_099_566_080, 61_016_129_536)  # specvit summary --src-len
     # only the single cross-attention reads the input: k, v projections and the scores are linear in M
     b, d, c, n = 1, 1024, 261, 512
     for m, a in ((1024, a1), (4096, a4), (16384, a16)):
         assert (
             a["decoder.blocks.0.cross_attn"]
-            == 2 * b * n * d * d * 2 + 2 * b * m * c * 2 * d + 4 * b * n * m * d
+            == 2 * b * n * d * c * 2 + 2 * b * m * c * 2 * c + 4 * b * n * m * c  # q, proj; k, v; scores
         )
         latent = [v for k, v in a.items() if k != "decoder.blocks.0.cross_attn"]
         assert latent == [2 * b * n * d * 3 * d + 4 * b * n * n * d + 2 * b * n * d * d] * 6
@@ -171,7 +176,7 @@ def test_diagram_shows_the_latents_and_the_single_cross_attention() -> None:
     for text in (
         "512 learned latents",
         "cross_attention",
-        "heads 1 · kv_heads 1 · head_dim 1024",
+        "heads 1 · kv_heads 1 · head_dim 261",
         "memory dim 261",
     ):
         assert text in dot, text
@@ -183,12 +188,15 @@ def test_diagram_shows_the_latents_and_the_single_cross_attention() -> None:
         ({"decoder.depth": 0}, "decoder.depth: a stack of depth 0 has no blocks"),
         ({"decoder.position": "learned"}, "decoder.position: learned latents have no order"),
         (
-            {"decoder.blocks.cross.cross_attention_heads": 3},
+            {
+                "decoder.blocks.cross.cross_attention_heads": 3,
+                "decoder.blocks.cross.cross_attention_head_dim": None,
+            },
             "decoder.blocks.cross.cross_attention_heads: width 1024 is not divisible by 3 cross-attention heads",
         ),
         (
             {"decoder.block.cross_attention_heads": 2},
-            "decoder.block.cross_attention_heads: cross_attention_heads are the heads of a cross_attention, and the block has none",
+            "decoder.block.cross_attention_heads: cross_attention_heads shapes the heads of a cross_attention, and the block has none",
         ),
     ],
 )
@@ -214,3 +222,67 @@ def test_latents_are_a_decoder_input() -> None:
     with pytest.raises(SpecError) as info:
         specvit.parse_spec(spec)
     assert "encoder.input.kind: latents are the input of an encoder_decoder's decoder" in str(info.value)
+
+
+# ------------------------------------------------------------------------------- HF transformers' model
+
+_LIBS: list[Any] = []
+
+
+def _hf_perceiver() -> Any:
+    """transformers' PerceiverModel class (its import reaches torchvision, whose op schemas a CPU-only
+    machine may lack: they are declared here if missing)."""
+    if not hasattr(torch.ops.torchvision, "nms"):
+        lib = torch.library.Library("torchvision", "DEF")
+        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _LIBS.append(lib)
+    from transformers import PerceiverConfig, PerceiverModel
+
+    return PerceiverConfig, PerceiverModel
+
+
+def _from_hf(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """HF PerceiverModel's weights (one cross-attend, then the self-attends) as specvit's."""
+    out = {"decoder.latents.weight": sd["embeddings.latents"]}
+    count = len({k.split(".")[2] for k in sd if k.startswith("encoder.self_attends.")})
+    layers = ["encoder.cross_attention"] + [f"encoder.self_attends.{i}" for i in range(count)]
+    for i, hf in enumerate(layers):
+        at, a = f"decoder.blocks.{i}", f"{hf}.attention"
+        for p in ("weight", "bias"):
+            out[f"{at}.norm1.{p}"] = sd[f"{a}.self.layernorm1.{p}"]
+            out[f"{at}.norm2.{p}"] = sd[f"{hf}.layernorm.{p}"]
+            out[f"{at}.mlp.fc1.{p}"] = sd[f"{hf}.mlp.dense1.{p}"]
+            out[f"{at}.mlp.fc2.{p}"] = sd[f"{hf}.mlp.dense2.{p}"]
+            q, k, v = (sd[f"{a}.self.{n}.{p}"] for n in ("query", "key", "value"))
+            if i == 0:
+                out[f"{at}.memory_norm.{p}"] = sd[f"{a}.self.layernorm2.{p}"]
+                out[f"{at}.cross_attn.q.{p}"] = q
+                out[f"{at}.cross_attn.kv.{p}"] = torch.cat((k, v))
+                out[f"{at}.cross_attn.proj.{p}"] = sd[f"{a}.output.dense.{p}"]
+            else:
+                out[f"{at}.attn.qkv.{p}"] = torch.cat((q, k, v))
+                out[f"{at}.attn.proj.{p}"] = sd[f"{a}.output.dense.{p}"]
+    return out
+
+
+def test_latent_tower_matches_hf_perceiver_model() -> None:
+    config_cls, model_cls = _hf_perceiver()
+    config = config_cls(
+        num_latents=6,
+        d_latents=32,
+        d_model=12,
+        num_blocks=1,
+        num_self_attends_per_block=2,
+        num_self_attention_heads=4,
+        num_cross_attention_heads=1,
+        cross_attention_shape_for_attention="kv",  # q, k, v of the input's width, as the preset's
+    )
+    torch.manual_seed(0)
+    ref = perturbed(model_cls(config), seed=5)
+    model = specvit.build_model(_small(head={"kind": "none"})).eval()
+    model.load_state_dict(_from_hf(ref.state_dict()), strict=True)
+    x = torch.randn(2, 50, 12)
+    with torch.no_grad():
+        expected = ref(inputs=x).last_hidden_state
+        assert (model(x) - expected).abs().max().item() <= 1e-5

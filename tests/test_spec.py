@@ -116,7 +116,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, latents (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, latents, feature_map (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -221,7 +221,7 @@ BAD = [
         VIT,
         "[self_attention, mlp]",
         "[self_atention, mlp]",
-        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp (did you mean 'self_attention'?)",
+        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp, sagan_attention (did you mean 'self_attention'?)",
     ),
     (
         VIT,

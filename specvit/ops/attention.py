@@ -259,14 +259,20 @@ class CrossAttentionLayer(Sublayer):
             side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
         memory_dim = b.stack.shape(side["memory"])[-1]
         assert isinstance(memory_dim, int)
-        heads: dict[str, int] = {}
-        if (
-            b.spec.cross_attention_heads is not None
-        ):  # heads of its own (Perceiver's single-head cross-attend)
-            h = b.spec.cross_attention_heads
-            heads = {"heads": h, "kv_heads": h, "head_dim": b.spec.head_dim or b.dim // h}
-        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim, **heads)
+        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim, **_cross_heads(b))
         return b.add(name, "cross_attention", p, {"x": x, **side}, source=source)
+
+
+def _cross_heads(b: BlockCtx) -> dict[str, int]:
+    """The cross-attention's own heads and head width, where the block sets them (Perceiver's cross-attend:
+    one head as wide as its input)."""
+    spec, out = b.spec, {}
+    if spec.cross_attention_heads is not None:
+        h = spec.cross_attention_heads
+        out = {"heads": h, "kv_heads": h, "head_dim": spec.head_dim or b.dim // h}
+    if spec.cross_attention_head_dim is not None:
+        out["head_dim"] = spec.cross_attention_head_dim
+    return out
 
 
 @sublayer

@@ -155,28 +155,29 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
 
 
 def _cross_attention_heads(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
-    """cross_attention_heads needs a cross_attention to apply to, a width it divides, and a stack without a KV cache."""
-    if b.cross_attention_heads is None:
+    """The cross-attention's own heads need a cross_attention to shape, a width they divide, and a stack
+    without a KV cache."""
+    given = [k for k in ("cross_attention_heads", "cross_attention_head_dim") if getattr(b, k) is not None]
+    if not given:
         return []
-    s, key = spec.stacks[role], f"{at}.cross_attention_heads"
+    s, key = spec.stacks[role], f"{at}.{given[0]}"
     if "cross_attention" not in b.sublayers:
         return [
             Problem(
                 key,
-                "cross_attention_heads are the heads of a cross_attention, and the block has none",
-                "remove cross_attention_heads",
+                f"{given[0]} shapes the heads of a cross_attention, and the block has none",
+                f"remove {given[0]}",
             )
         ]
     if s.causal:
-        return [
-            Problem(key, "a causal stack's KV cache needs one head layout", "remove cross_attention_heads")
-        ]
-    if b.head_dim is None and s.width % b.cross_attention_heads:
+        return [Problem(key, "a causal stack's KV cache needs one head layout", f"remove {given[0]}")]
+    h = b.cross_attention_heads
+    if h is not None and b.head_dim is None and b.cross_attention_head_dim is None and s.width % h:
         return [
             Problem(
-                key,
-                f"width {s.width} is not divisible by {b.cross_attention_heads} cross-attention heads",
-                f"use a divisor of {s.width} such as {divisors_near(s.width, b.cross_attention_heads)}",
+                f"{at}.cross_attention_heads",
+                f"width {s.width} is not divisible by {h} cross-attention heads",
+                f"use a divisor of {s.width} such as {divisors_near(s.width, h)}, or set cross_attention_head_dim",
             )
         ]
     return []
