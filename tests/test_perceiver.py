@@ -109,6 +109,32 @@ def test_the_output_does_not_depend_on_the_input_order() -> None:
     assert torch.allclose(model(x), model(x[:, torch.randperm(40)]), atol=1e-12)
 
 
+def test_padded_inputs_are_hidden_from_the_latents() -> None:
+    torch.manual_seed(0)
+    model = perturbed(specvit.build_model(_small()), seed=6).double()
+    x = torch.randn(2, 30, 12, dtype=torch.float64)
+    mask = torch.zeros(2, 30, dtype=torch.bool)
+    mask[:, 20:] = True  # the last 10 inputs are padding
+    padded = model(x, src_key_padding_mask=mask)
+    assert (padded - model(x[:, :20])).abs().max().item() < 1e-12
+    assert (padded - model(x)).abs().max().item() > 1e-6
+
+
+def test_latents_over_image_patches() -> None:
+    """The encoder of depth 0 may embed any input: here patches with 2D positions, never self-attended."""
+    patches = {"encoder.input": {"kind": "image", "size": 32, "patch": 4}, "encoder.position": "sincos2d"}
+    spec = _small(**patches, **{"decoder.blocks.cross.cross_attention_head_dim": None})
+    graph = specvit.build_graph(spec, batch=2)
+    assert [n for n in graph if n.startswith("encoder.")] == [
+        "encoder.input",
+        "encoder.patch_embed",
+        "encoder.pos_embed",
+    ]
+    assert graph["decoder.blocks.0.cross_attn"]["inputs"]["memory"] == ("B", 64, 12)
+    torch.manual_seed(0)
+    assert specvit.build_model(spec)(torch.randn(2, 3, 32, 32)).shape == (2, 5)
+
+
 # --------------------------------------------------------------------------------------------- preset
 
 
