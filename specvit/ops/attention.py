@@ -196,11 +196,10 @@ def _side(b: BlockCtx, names: tuple[str, ...]) -> dict[str, str]:
 
 def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> Any:
     s, spec = b.stack.stack, b.spec
+    heads = {"heads": b.heads, "kv_heads": b.kv_heads, "head_dim": b.head_dim}
     return cls(
         dim=b.dim,
-        heads=b.heads,
-        kv_heads=b.kv_heads,
-        head_dim=b.head_dim,
+        **(heads | {k: extra.pop(k) for k in heads if k in extra}),
         qkv_bias=(spec.bias_of("q"), spec.bias_of("k"), spec.bias_of("v")),
         proj_bias=spec.proj_bias,
         qk_norm=spec.norm.kind if spec.qk_norm else None,
@@ -265,8 +264,20 @@ class CrossAttentionLayer(Sublayer):
             side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
         memory_dim = b.stack.shape(side["memory"])[-1]
         assert isinstance(memory_dim, int)
-        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim)
+        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim, **_cross_heads(b))
         return b.add(name, "cross_attention", p, {"x": x, **side}, source=source)
+
+
+def _cross_heads(b: BlockCtx) -> dict[str, int]:
+    """The cross-attention's own heads and head width, where the block sets them (Perceiver's cross-attend:
+    one head as wide as its input)."""
+    spec, out = b.spec, {}
+    if spec.cross_attention_heads is not None:
+        h = spec.cross_attention_heads
+        out = {"heads": h, "kv_heads": h, "head_dim": spec.head_dim or b.dim // h}
+    if spec.cross_attention_head_dim is not None:
+        out["head_dim"] = spec.cross_attention_head_dim
+    return out
 
 
 @sublayer

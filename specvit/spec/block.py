@@ -179,6 +179,21 @@ class BlockSpec(Node):
     memory_norm: bool = Field(
         False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
     )
+    cross_attention_heads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_HEADS,
+        description="Heads of the block's cross_attention (each width / cross_attention_heads wide unless head_dim "
+        "is set); null = heads. Perceiver's cross-attend has 1.",
+    )
+    cross_attention_head_dim: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Width per head of the block's cross_attention (its queries, keys and values); null = "
+        "head_dim, or width / cross_attention_heads when those are set. Perceiver's cross-attend uses its "
+        "input's width.",
+    )
     graph: list[GraphNodeSpec] | None = Field(
         None,
         min_length=1,

@@ -39,6 +39,15 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     f"use a divisor of {s.heads} such as {divisors_near(s.heads, b.kv_heads)}",
                 )
             )
+    if s.total_depth == 0 and not (role == "encoder" and spec.model == "encoder_decoder"):
+        out.append(
+            Problem(
+                f"{role}.depth",
+                "a stack of depth 0 has no blocks; only an encoder_decoder's encoder may "
+                "(it embeds the input the decoder cross-attends to, as Perceiver's)",
+                "use a depth of 1 or more",
+            )
+        )
     out += check_layers(role, s, spec)
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)

@@ -168,7 +168,9 @@ class StackSpec(Node):
     depth: per_stage(  # type: ignore[valid-type]
         MAX_DEPTH,
         "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
-        "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin.",
+        "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin. 0: no blocks (an "
+        "encoder_decoder's encoder that only embeds its input for the decoder to cross-attend, as Perceiver).",
+        low=0,
     )
     block: BlockSpec = Field(
         description="The block, repeated depth times (the base of blocks and overrides)."
