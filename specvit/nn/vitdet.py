@@ -107,7 +107,9 @@ class GridAttention(nn.Module):
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
         # SDPA's output strides with a mask differ between its kernel and its export-time fake: copy, then view
-        out = out.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(bw, length, c)  # (Bw, L, C)
+        out = (
+            out.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(bw, length, c)
+        )  # (Bw, L, C)
         out = self.proj_drop(self.proj(out))
         if m is not None:  # the windows back into the padded grid, the padding cropped
             out = out.view(b, hp // m, wp // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
