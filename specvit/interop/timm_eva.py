@@ -73,6 +73,8 @@ def eva_block(r: Reader, path: str) -> dict[str, Any]:
         "qk_norm": qk_norm,
         "attention_scale": r.scale(attn, head_dim),
     }
+    if head_dim * heads == r.model.embed_dim:
+        block["head_dim"] = None  # width / heads, as a spec writes it
     block["mlp"] = _mlp(r, f"{path}.mlp", block)
     _same_norm(r, f"{path}.norm2", block, "second norm")
     if qk_norm:
@@ -85,7 +87,7 @@ def eva_block(r: Reader, path: str) -> dict[str, Any]:
     return block
 
 
-def _rope(r: Reader, block: dict[str, Any], grid: tuple[int, int]) -> dict[str, Any]:
+def _rope(r: Reader, grid: tuple[int, int]) -> dict[str, Any]:
     """``rope2d`` of timm's ``RotaryEmbeddingCat`` as EVA builds it (``rope_type='cat'``)."""
     rope = r.at("rope")
     for path, allowed, why in (
@@ -95,7 +97,7 @@ def _rope(r: Reader, block: dict[str, Any], grid: tuple[int, int]) -> dict[str, 
         ("rope.grid_indexing", ["ij"], "specvit rotates the first pairs by the row ('ij')"),
         ("rope.aug_active", [False], "coordinate augmentation changes the positions in training"),
         ("rope.feat_shape", [list(grid), grid], "specvit's rotary table is the patch grid's"),
-        ("rope.dim", [block["head_dim"]], "the rotary width is not the attention's head dim"),
+        ("rope.dim", [r.at("blocks.0.attn.head_dim")], "the rotary width is not the attention's head dim"),
     ):
         r.only(path, allowed, why)
     for i in range(len(r.model.blocks)):
@@ -142,7 +144,7 @@ def _eva(r: Reader) -> dict[str, Any]:
     if m.pos_embed is not None:
         positions.append({"kind": "learned", "include_prefix": not m.no_embed_class})
     if m.rope is not None:
-        positions.append(_rope(r, block, tuple(m.patch_embed.grid_size)))
+        positions.append(_rope(r, tuple(m.patch_embed.grid_size)))
     return {
         "specvit": 1,
         "name": "timm_eva",
