@@ -51,10 +51,10 @@ def _inner_norm(
     bias: bool,
     device: torch.device | str | None,
     dtype: torch.dtype | None,
-) -> nn.Module:
-    """The norm on the hidden activations before ``fc2`` (NormFormer, EVA-02), or an identity."""
+) -> nn.Module | None:
+    """The norm on the hidden activations before ``fc2`` (NormFormer, EVA-02), or None."""
     if kind is None:
-        return nn.Identity()
+        return None
     if kind == "layernorm":
         return nn.LayerNorm(hidden, eps=eps, bias=bias, device=device, dtype=dtype)
     if kind == "rmsnorm":
@@ -103,7 +103,9 @@ class Mlp(nn.Module):
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.norm(self.drop1(self.act(self.fc1(x))))  # (B, N, F)
+        h = self.drop1(self.act(self.fc1(x)))  # (B, N, F)
+        if self.norm is not None:
+            h = self.norm(h)  # (B, N, F)
         return self.drop2(self.fc2(h))  # (B, N, D)
 
 
@@ -152,7 +154,9 @@ class GluMlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, F) each
-        h = self.norm(self.drop1(self.act(gate) * value))  # (B, N, F)
+        h = self.drop1(self.act(gate) * value)  # (B, N, F)
+        if self.norm is not None:
+            h = self.norm(h)  # (B, N, F)
         return self.drop2(self.fc2(h))  # (B, N, D)
 
 

@@ -19,9 +19,7 @@ __all__ = ["Rope2dPosition"]
 
 @fragment("position")
 class Rope2dPosition(PositionFragment):
-    """2D rotary embedding over the patch grid: half of each head's channel pairs turn with the row, half with
-    the column, as in CroCo (layout: sections) or EVA-02 (layout: interleaved, ref_grid); prefix tokens
-    (class, registers) are left unrotated."""
+    """2D rotary embedding over the patch grid (CroCo; EVA-02 with layout interleaved and ref_grid)."""
 
     kind: Literal["rope2d"] = Field(description="Discriminator: 2D rotary positions (images).")
     base: float = _base(100.0)
