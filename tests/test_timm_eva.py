@@ -203,3 +203,35 @@ def test_state_dicts_are_routed_to_eva_by_their_keys() -> None:
         )
         torch.testing.assert_close(state["encoder.blocks.1.attn.qkv.weight"], weight, rtol=0, atol=0)
         assert "encoder.blocks.1.attn.k_bias" not in state
+
+
+def test_keys_like_a_vit_go_through_the_vit_layout_to_the_same_weights() -> None:
+    """An Eva without q/v biases, layer scale or inner norms has a ViT's keys: either layout reads it."""
+    from specvit.interop.timm import timm_layout
+
+    ref = timm_model("eva02_tiny_patch14_224", seed=1, depth=2, img_size=28, qkv_bias=False, num_classes=3)
+    assert timm_layout(specvit.from_timm(ref), list(ref.state_dict())).name == "timm VisionTransformer"
+    assert timm_parity(ref)[1] <= 1e-5
+
+
+def _with_rope(**fields: Any) -> dict[str, Any]:
+    data = specvit.load_spec(ROOT / "specs" / "eva02_tiny_patch14_224.yaml").model_dump(mode="json")
+    data["encoder"]["position"][1].update(fields)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"ref_grid": [0, 16]},
+            "encoder.position.1.ref_grid: ref_grid [0, 16] must be two sizes between 1 and 4096",
+        ),
+        ({"ref_grid": [16]}, "encoder.position.1.ref_grid"),
+        ({"layout": "pairs"}, "encoder.position.1.layout"),
+    ],
+)
+def test_bad_rope2d_fields_are_named(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        specvit.parse_spec(_with_rope(**fields))
+    assert message in str(err.value)
