@@ -235,3 +235,15 @@ def test_bad_rope2d_fields_are_named(fields: dict[str, Any], message: str) -> No
     with pytest.raises(SpecError) as err:
         specvit.parse_spec(_with_rope(**fields))
     assert message in str(err.value)
+
+
+def test_fine_tuned_at_336_is_the_preset_at_336_with_positions_scaled_to_its_pretraining_grid() -> None:
+    """timm's eva02_tiny_patch14_336 (a 24x24 grid, ref_feat_shape 16x16) is the 224 preset at size 336."""
+    ref = timm_model("eva02_tiny_patch14_336", seed=1, depth=1, num_classes=1000)
+    assert timm_parity(ref, batch=1)[1] <= 1e-5
+    preset = specvit.load_spec(
+        ROOT / "specs" / "eva02_tiny_patch14_224.yaml",
+        overrides={"encoder.input.size": 336, "encoder.depth": 1},
+    )
+    exclude = {"name", "description"}
+    assert preset.model_dump(exclude=exclude) == specvit.from_timm(ref).model_dump(exclude=exclude)
