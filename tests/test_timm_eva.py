@@ -247,3 +247,34 @@ def test_fine_tuned_at_336_is_the_preset_at_336_with_positions_scaled_to_its_pre
     )
     exclude = {"name", "description"}
     assert preset.model_dump(exclude=exclude) == specvit.from_timm(ref).model_dump(exclude=exclude)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_timm_models_at_full_width(name: str) -> None:
+    """timm's weights at full width (one block) load into the preset strictly and give timm's outputs,
+    in float64 (fp32 rounding alone would blur a 1e-10 comparison at these widths)."""
+    ref = timm_model(name, seed=5, depth=1, num_classes=1000)
+    preset = specvit.load_spec(ROOT / "specs" / f"{name}.yaml", overrides={"encoder.depth": 1})
+    model = converted(ref, preset, "timm").double()
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        assert (model(images) - ref.double()(images)).abs().max() <= 1e-10
+
+
+def test_a_converted_eva_exports_to_onnx(tmp_path: Path) -> None:
+    """The rotary table, the q/v-only biases and the inner-norm SwiGLU export: ONNX computes timm's outputs."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from specvit.export import example_inputs, export_onnx
+
+    kwargs = {"img_size": 28, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}
+    ref = timm_model("eva02_base_patch14_224", seed=4, **kwargs, num_reg_tokens=1, init_values=1e-3)
+    model = converted(ref, specvit.from_timm(ref), "timm")
+    path = export_onnx(model, tmp_path / "eva.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (x,) = example_inputs(model, 3)
+    got = session.run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        want = ref(x).numpy()
+    assert np.abs(got - want).max() <= 1e-4  # onnxruntime's fp32 kernels against timm's eager ones
