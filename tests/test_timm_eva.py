@@ -132,8 +132,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"init_values": 0.1, "attn_only_layer_scale": True},
         "model.blocks.0.gamma_2",
     ),
-    "post-norm block class": ({"use_post_norm": True}, "model.blocks.0: Eva has a EvaBlockPostNorm"),
-    "learned rope frequencies": ({"rope_type": "mixed"}, "Eva has a RotaryEmbeddingMixed at rope"),
+    "post-norm block class": ({"use_post_norm": True}, "model.blocks.0: Eva has blocks.0: EvaBlockPostNorm"),
+    "learned rope frequencies": ({"rope_type": "mixed"}, "model.rope: Eva has rope: RotaryEmbeddingMixed"),
     "pooled features, no classifier": ({"num_classes": 0}, "model.num_classes"),
 }
 
