@@ -41,6 +41,27 @@ def _dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0.0 else nn.Identity()
 
 
+InnerNorm = Literal["layernorm", "rmsnorm"]
+
+
+def _inner_norm(
+    kind: InnerNorm | None,
+    hidden: int,
+    eps: float,
+    bias: bool,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> nn.Module | None:
+    """The norm on the hidden activations before ``fc2`` (NormFormer, EVA-02), or None."""
+    if kind is None:
+        return None
+    if kind == "layernorm":
+        return nn.LayerNorm(hidden, eps=eps, bias=bias, device=device, dtype=dtype)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(hidden, eps=eps, device=device, dtype=dtype)
+    raise ValueError(f"an MLP's inner norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
+
+
 class Mlp(nn.Module):
     """Two-layer MLP ``fc2(act(fc1(x)))`` with timm submodule names.
 
@@ -50,6 +71,9 @@ class Mlp(nn.Module):
         activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``quick_gelu``, ``relu`` or ``silu``.
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the activation and after ``fc2``.
+        norm: a norm on the hidden activations before ``fc2`` (``layernorm``, ``rmsnorm``), or None.
+        norm_eps: its epsilon.
+        norm_bias: its bias (layernorm).
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -61,6 +85,9 @@ class Mlp(nn.Module):
         activation: PlainActivation = "gelu",
         bias: bool = True,
         dropout: float = 0.0,
+        norm: InnerNorm | None = None,
+        norm_eps: float = 1e-6,
+        norm_bias: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -71,11 +98,14 @@ class Mlp(nn.Module):
         self.fc1 = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
+        self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
         self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.drop1(self.act(self.fc1(x)))  # (B, N, F)
+        if self.norm is not None:
+            h = self.norm(h)  # (B, N, F)
         return self.drop2(self.fc2(h))  # (B, N, D)
 
 
@@ -90,6 +120,9 @@ class GluMlp(nn.Module):
         activation: ``swiglu`` (SiLU gate), ``geglu`` (exact erf GELU gate) or ``geglu_tanh`` (tanh GELU gate).
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the gating product and after ``fc2``.
+        norm: a norm on the hidden activations before ``fc2`` (``layernorm``, ``rmsnorm``), or None.
+        norm_eps: its epsilon.
+        norm_bias: its bias (layernorm).
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -101,6 +134,9 @@ class GluMlp(nn.Module):
         activation: GluActivation = "swiglu",
         bias: bool = True,
         dropout: float = 0.0,
+        norm: InnerNorm | None = None,
+        norm_eps: float = 1e-6,
+        norm_bias: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -112,12 +148,15 @@ class GluMlp(nn.Module):
         self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
+        self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
         self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, F) each
         h = self.drop1(self.act(gate) * value)  # (B, N, F)
+        if self.norm is not None:
+            h = self.norm(h)  # (B, N, F)
         return self.drop2(self.fc2(h))  # (B, N, D)
 
 

@@ -292,5 +292,7 @@ class MlpLayer(Sublayer):
 
         spec, s = b.spec, b.stack.stack
         hidden = int(spec.mlp.hidden * b.dim / s.width)  # stages widen the MLP with the width
-        p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp)
+        n = spec.norm if spec.mlp.norm else None  # the inner norm is of the block's kind (timm's norm_layer)
+        inner = {"norm": n.kind, "norm_eps": n.eps, "norm_bias": n.bias} if n else {}
+        p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp, **inner)
         return b.add(name, "mlp", p, {"x": x}, source=f"{b.stack.role}.block.mlp")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specvit.ops.base import Op, Params, linear_flops, numel, op
+from specvit.ops.norm import norm_params
 
 __all__ = ["ACTIVATIONS", "GATED", "MlpParams"]
 
@@ -26,6 +27,10 @@ class MlpParams(Params):
         activation: one of :data:`ACTIVATIONS`.
         bias: biases in both layers.
         dropout: dropout after the activation and after ``fc2``.
+        norm: the kind of a norm on the hidden activations before ``fc2`` (NormFormer; EVA-02's
+            ``scale_mlp``), or None.
+        norm_eps: its epsilon.
+        norm_bias: its bias (layernorm).
     """
 
     dim: int
@@ -33,6 +38,9 @@ class MlpParams(Params):
     activation: str = "gelu"
     bias: bool = True
     dropout: float = 0.0
+    norm: str | None = None
+    norm_eps: float = 1e-6
+    norm_bias: bool = True
 
     @property
     def fc1_out(self) -> int:
@@ -49,21 +57,25 @@ class Mlp(Op):
         return "specvit.nn.mlp:GluMlp" if p.activation in GATED else "specvit.nn.mlp:Mlp"
 
     def params(self, p: MlpParams) -> int:
-        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias
+        inner = norm_params(p.norm, p.hidden, p.norm_bias) if p.norm else 0
+        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner
 
     def flops(self, p: MlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         tokens = numel(inputs["x"])
         return linear_flops(tokens, p.dim, p.fc1_out) + linear_flops(tokens, p.hidden, p.dim)
 
     def ctor(self, p: MlpParams) -> dict[str, Any]:
+        inner = {"norm": p.norm, "norm_eps": p.norm_eps, "norm_bias": p.norm_bias} if p.norm else {}
         return {
             "dim": p.dim,
             "hidden": p.hidden,
             "activation": p.activation,
             "bias": p.bias,
             "dropout": p.dropout,
+            **inner,
         }
 
     def label(self, p: MlpParams) -> tuple[str, ...]:
         drop = f" · dropout {p.dropout:g}" if p.dropout else ""
-        return (f"hidden {p.hidden} · {p.activation}{drop}",)
+        line = f"hidden {p.hidden} · {p.activation}{drop}"
+        return (line, f"inner {p.norm} (eps {p.norm_eps:g}) before fc2") if p.norm else (line,)

@@ -295,6 +295,8 @@ class RopeParams(Params):
             RoPE2D: first half of each head by row, second half by column).
         prefix: leading tokens left unrotated (2D only).
         of: the whole head's width when only its first ``head_dim`` channels are rotated, else 0.
+        layout: 2D only: ``sections``, ``interleaved`` or ``half`` (see :class:`~specvit.nn.position.Rope2d`).
+        ref: 2D only: the reference grid the positions are scaled to (EVA's ``ref_feat_shape``), or None.
     """
 
     head_dim: int
@@ -302,6 +304,8 @@ class RopeParams(Params):
     grid: tuple[int, int] | None = None
     prefix: int = 0
     of: int = 0
+    layout: str = "sections"
+    ref: tuple[int, int] | None = None
 
 
 @op
@@ -316,19 +320,27 @@ class RopeOp(Op):
         return "specvit.nn.position:Rope" if p.grid is None else "specvit.nn.position:Rope2d"
 
     def shape(self, p: RopeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        n = inputs["x"][1]
-        return (n, p.head_dim) if p.grid is None else (n, 2, p.head_dim // 2)  # 2D: a half per axis
+        n, hd = inputs["x"][1], p.head_dim
+        if p.grid is None or p.layout == "half":
+            return (n, hd)
+        return (n, 2, hd // 2) if p.layout == "sections" else (n, hd // 2, 2)  # a half per axis; pairs
 
     def ctor(self, p: RopeParams) -> dict[str, Any]:
         if p.grid is None:
             return {"head_dim": p.head_dim, "base": p.base}
-        return {"head_dim": p.head_dim, "grid": p.grid, "base": p.base, "num_prefix": p.prefix}
+        extra: dict[str, Any] = {} if p.layout == "sections" else {"layout": p.layout}
+        extra |= {} if p.ref is None else {"ref_grid": p.ref}
+        return {"head_dim": p.head_dim, "grid": p.grid, "base": p.base, "num_prefix": p.prefix, **extra}
 
     def label(self, p: RopeParams) -> tuple[str, ...]:
         if p.grid is None:
             part = f" · first {p.head_dim} of {p.of}" if p.of else ""
             return (f"rotary · head_dim {p.of or p.head_dim}{part} · base {p.base:g}",)
-        return (f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}",)
+        line = f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}"
+        extra = [] if p.layout == "sections" else [f"{p.layout} pairs"]
+        extra += [] if p.ref is None else [f"scaled to {p.ref[0]}x{p.ref[1]}"]
+        extra += [f"{p.prefix} prefix unrotated"] if p.prefix else []
+        return (line, " · ".join(extra)) if extra else (line,)
 
 
 @fragment("position")
@@ -372,34 +384,6 @@ class RopePosition(PositionFragment):
         p = RopeParams(rot, self.base, of=hd if rot < hd else 0)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.side["rope"] = ctx.add(f"{ctx.role}.rope", "rope", p, srcs, source=f"{ctx.role}.position")
-
-
-@fragment("position")
-class Rope2dPosition(PositionFragment):
-    """2D rotary embedding over the patch grid, as in CroCo: half the head dim per axis."""
-
-    kind: Literal["rope2d"] = Field(description="Discriminator: 2D rotary positions (images).")
-    base: float = _base(100.0)
-
-    def phase(self) -> Phase:
-        return "attention"
-
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        hd = stack.head_dim
-        return _grid_only("rope2d", at, stack) + _needs(
-            at,
-            hd % 4 == 0,
-            f"rope2d needs a head dim divisible by 4, got {hd}",
-            "pick heads (or head_dim) so that width/heads is a multiple of 4",
-        )
-
-    def lower(self, ctx: StackCtx) -> None:
-        assert ctx.grid is not None
-        p = RopeParams(ctx.stack.head_dim, self.base, ctx.grid, ctx.stack.num_prefix)
-        rope = ctx.add(f"{ctx.role}.rope", "rope", p, {"x": ctx.x}, source=f"{ctx.role}.position")
-        ctx.side["rope"] = rope
-        if "memory" in ctx.side and ctx.stack.input.kind == "siamese":
-            ctx.side["memory_rope"] = rope  # the memory lies on the same patch grid (CroCo)
 
 
 @op

@@ -81,6 +81,11 @@ class MlpSpec(Node):
         "swiglu / geglu / geglu_tanh (T5 v1.1).",
     )
     bias: bool = Field(True, description="Biases in the MLP's linear layers.")
+    norm: bool = Field(
+        False,
+        description="A norm of the block's kind (and eps) on the hidden activations, before the second "
+        "linear layer (NormFormer; EVA-02's scale_mlp).",
+    )
 
 
 class WindowSpec(Node):

@@ -32,12 +32,12 @@ from specvit.ops.position import (
     LearnedPosition,
     NoPosition,
     PositionFragment,
-    Rope2dPosition,
     RopePosition,
     SinCos2dPosition,
     SinCosPosition,
     Sine2dPosition,
 )
+from specvit.ops.rope2d import Rope2dPosition
 from specvit.spec.block import (
     BlockOverride,
     BlockSpec,
