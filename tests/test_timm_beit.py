@@ -50,10 +50,23 @@ CASES: dict[str, dict[str, Any]] = {
         "embed_dim": 32,
         "num_heads": 4,
         "qkv_bias": False,
-        "init_values": None,
+        "init_values": 0.0,  # timm drops a None kwarg, leaving the preset's 0.1
         "swiglu_mlp": True,
         "drop_path_rate": 0.2,
         "num_classes": 3,
+    },
+    # a ViT's state-dict keys: converted by the VisionTransformer layout
+    "abs positions only, no q/v bias, no layer scale": {
+        "depth": 2,
+        "img_size": 32,
+        "patch_size": 8,
+        "embed_dim": 32,
+        "num_heads": 2,
+        "qkv_bias": False,
+        "init_values": 0.0,
+        "use_rel_pos_bias": False,
+        "use_abs_pos_emb": True,
+        "num_classes": 4,
     },
     # no position at all, features out
     "no positions, no head": {
@@ -76,6 +89,9 @@ def test_timm_beit_is_read_exactly(case: str) -> None:
     model, diff = timm_parity(ref)
     assert diff <= 1e-5, diff
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    block = model.spec.encoder.block
+    assert (block.layer_scale is not None) == bool(CASES[case].get("init_values", 0.1))
+    assert block.qkv_bias == ([True, False, True] if CASES[case].get("qkv_bias", True) else False)
 
 
 def test_the_per_layer_and_shared_tables_are_where_timm_has_them() -> None:

@@ -160,3 +160,30 @@ def test_diagram_shows_both_tokens_and_both_classifiers() -> None:
     assert '"head.fc" -> "head.merge"' in dot and '"head.fc_dist" -> "head.merge"' in dot
     assert "(cls + distillation) / 2" in dot and '"head.merge" -> output' in dot
     assert graph["head.fc_dist"]["params"] == 768 * 1000 + 1000
+
+
+def test_prefix_order_is_class_distillation_registers() -> None:
+    """timm's order: cat([cls, dist, x]); registers (a spec may have both) come after the two."""
+    from specvit.nn.embed import PrefixTokens
+
+    prefix = PrefixTokens(4, cls=True, registers=2, distillation=True)
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        out = prefix(x)
+    assert prefix.num_prefix == 4 and out.shape == (2, 7, 4)
+    assert prefix.cls_token is not None and prefix.dist_token is not None and prefix.reg_token is not None
+    assert torch.equal(out[:, 0], prefix.cls_token[0].expand(2, -1))
+    assert torch.equal(out[:, 1], prefix.dist_token[0].expand(2, -1))
+    assert torch.equal(out[:, 2:4], prefix.reg_token.expand(2, -1, -1))
+    assert torch.equal(out[:, 4:], x)
+
+
+def test_beits_relative_bias_refuses_a_distillation_token() -> None:
+    """BEiT's table has entries for one class token; a second prefix token has none."""
+    text = (ROOT / "specs" / "beit_base_patch16_224.yaml").read_text()
+    with pytest.raises(SpecError) as err:
+        specvit.parse_spec(text.replace("{cls: true}", "{cls: true, distillation: true}"), source="b.yaml")
+    assert (
+        "relative2d biases the patch grid of a plain image stack with a class token, no other prefix"
+        in str(err.value)
+    )
