@@ -173,3 +173,30 @@ def test_diagram_shows_beits_relative_bias_layer_scale_and_pooling() -> None:
     assert dot.count("per channel · init 0.1") == 2  # gamma_1, gamma_2
     assert "mean of the tokens · prefix (1) excluded" in dot
     assert '"head.pool" -> "head.norm"' in dot and '"encoder.blocks.0.add2" -> "head.pool"' in dot  # fc_norm
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-layer", "shared"])
+def test_beit_exports_to_onnx_with_a_dynamic_batch(shared: bool, tmp_path: Path) -> None:
+    """An SDPA with the relative bias as its float mask exports (see specvit.nn.attention._attend)."""
+    ort = pytest.importorskip("onnxruntime")
+    from specvit.export import example_inputs, export_onnx
+
+    over = {
+        "encoder.depth": 2,
+        "encoder.width": 64,
+        "encoder.block.heads": 2,
+        "encoder.input.size": 64,
+        "encoder.position.shared": shared,
+    }
+    torch.manual_seed(0)
+    model = specvit.build_model(ROOT / "specs" / f"{BASE}.yaml", overrides=over).eval()
+    for p in model.parameters():  # random everywhere: a zero table or head cannot hide a wrong export
+        torch.nn.init.normal_(p, std=0.05)
+    path = export_onnx(model, tmp_path / "beit.onnx", progress=False)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (x,) = example_inputs(model, 3)
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        want = model(x).numpy()
+    assert got.shape == want.shape == (3, 1000)
+    assert abs(got - want).max() <= 1e-4
