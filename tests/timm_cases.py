@@ -20,6 +20,16 @@ CONVERTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"img_size": 16, "patch_size": 2, "in_chans": 1, "num_classes": 4, "embed_dim": 16}
         | {"depths": (2, 1), "num_heads": (1, 2), "window_size": 4, "drop_path_rate": 0.0},
     ),
+    "beit": (  # per-layer relative bias, q/v bias, layer scale, mean pool + fc_norm
+        "beit_base_patch16_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2},
+    ),
+    "deit_distilled": (  # class and distillation tokens, two classifiers averaged
+        "deit_tiny_distilled_patch16_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2},
+    ),
 }
 
 
