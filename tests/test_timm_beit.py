@@ -200,3 +200,14 @@ def test_beit_exports_to_onnx_with_a_dynamic_batch(shared: bool, tmp_path: Path)
         want = model(x).numpy()
     assert got.shape == want.shape == (3, 1000)
     assert abs(got - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "beit_large_patch16_224"])
+def test_preset_at_full_width_is_timms_model_in_float64(name: str) -> None:
+    """Full width, one block: timm's weights load strictly into the preset and give timm's outputs (fp64)."""
+    ref = timm_model(name, seed=5, depth=1)
+    preset = specvit.load_spec(ROOT / "specs" / f"{name}.yaml", overrides={"encoder.depth": 1})
+    model = converted(ref, preset, "timm").double()
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        assert (model(images) - ref.double()(images)).abs().max() <= 1e-10

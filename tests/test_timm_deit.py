@@ -187,3 +187,14 @@ def test_beits_relative_bias_refuses_a_distillation_token() -> None:
         "relative2d biases the patch grid of a plain image stack with a class token, no other prefix"
         in str(err.value)
     )
+
+
+@pytest.mark.parametrize("name", ["deit_base_distilled_patch16_224", "deit_tiny_distilled_patch16_224"])
+def test_preset_at_full_width_is_timms_model_in_float64(name: str) -> None:
+    """Full width, one block: timm's weights load strictly into the preset and give timm's outputs (fp64)."""
+    ref = timm_model(name, seed=5, depth=1)
+    preset = specvit.load_spec(ROOT / "specs" / f"{name}.yaml", overrides={"encoder.depth": 1})
+    model = converted(ref, preset, "timm").double()
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        assert (model(images) - ref.double()(images)).abs().max() <= 1e-10
