@@ -272,7 +272,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, neck)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, distilled, neck)",
     ),
     (
         VIT,

@@ -31,6 +31,21 @@ CONVERTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
         | {"num_heads": 2, "depth_token_only": 1},
     ),
+    "beit": (  # per-layer relative bias, q/v bias, layer scale, mean pool + fc_norm
+        "beit_base_patch16_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2},
+    ),
+    "deit_distilled": (  # class and distillation tokens, two classifiers averaged
+        "deit_tiny_distilled_patch16_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2},
+    ),
+    "eva": (  # 2D RoPE in EVA's layout, SwiGLU with its inner norm, layer scale
+        "eva02_tiny_patch14_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2, "scale_mlp": True, "init_values": 1e-3},
+    ),
 }
 
 

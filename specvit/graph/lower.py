@@ -197,7 +197,7 @@ class _Lowering:
         from specvit.ops.embed import PrefixParams
 
         role = self.role
-        p = PrefixParams(s.width, s.prefix.cls, s.prefix.registers)
+        p = PrefixParams(s.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
         self.x = self.add(f"{role}.prefix", "prefix", p, {"x": self.x}, source=f"{role}.prefix")
         self.n = self.dims.plus(self.n, s.num_prefix)
         if "mask" in self.side:

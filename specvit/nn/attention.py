@@ -197,6 +197,12 @@ def _attend(
     )  # (B, H, N, hd)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
+    if mask is not None and torch.compiler.is_exporting():
+        # ONNX export (torch 2.13) decomposes an SDPA with a float mask into the math kernel, whose output
+        # strides differ from the fused kernel's the trace saw: copied to the layout the callers' transpose +
+        # reshape expects ((B, N, H, hd) in memory), the reshape stays a valid view (BEiT's relative bias).
+        # Eager runs never copy.
+        out = out.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
     return out
 
 

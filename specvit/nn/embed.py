@@ -135,12 +135,14 @@ class TypeEmbed(nn.Embedding):
 
 
 class PrefixTokens(nn.Module):
-    """Learned cls and register tokens prepended to the sequence: ``cat([cls, reg, x])`` (timm order).
+    """Learned cls, distillation and register tokens prepended to the sequence: ``cat([cls, dist, reg, x])``
+    (timm order).
 
     Args:
         dim: width D.
         cls: whether there is a ``cls_token`` parameter (1, 1, D).
         registers: number R of register tokens; a ``reg_token`` parameter (1, R, D) exists when R > 0.
+        distillation: whether there is a ``dist_token`` parameter (1, 1, D) (DeiT).
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -150,17 +152,21 @@ class PrefixTokens(nn.Module):
         dim: int,
         cls: bool,
         registers: int = 0,
+        distillation: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if registers < 0:
             raise ValueError(f"registers must be >= 0, got {registers}")
-        self.num_prefix = int(cls) + registers
+        self.num_prefix = int(cls) + int(distillation) + registers
         self.cls_token: nn.Parameter | None = None
+        self.dist_token: nn.Parameter | None = None
         self.reg_token: nn.Parameter | None = None
         if cls:
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim, device=device, dtype=dtype))  # (1, 1, D)
+        if distillation:
+            self.dist_token = nn.Parameter(torch.empty(1, 1, dim, device=device, dtype=dtype))  # (1, 1, D)
         if registers > 0:
             self.reg_token = nn.Parameter(
                 torch.empty(1, registers, dim, device=device, dtype=dtype)
@@ -169,19 +175,21 @@ class PrefixTokens(nn.Module):
 
     def reset_parameters(self) -> None:
         """Truncated normal, std 0.02 (cut at +-2 std), for every token."""
-        for p in (self.cls_token, self.reg_token):
+        for p in (self.cls_token, self.dist_token, self.reg_token):
             if p is not None:
                 nn.init.trunc_normal_(p, std=0.02, a=-0.04, b=0.04)
 
     def forward(self, x: Tensor) -> Tensor:
         b = x.shape[0]
-        parts = [p.expand(b, -1, -1) for p in (self.cls_token, self.reg_token) if p is not None]
+        tokens = (self.cls_token, self.dist_token, self.reg_token)
+        parts = [p.expand(b, -1, -1) for p in tokens if p is not None]
         if not parts:
             return x
         return torch.cat([*parts, x], dim=1)  # (B, num_prefix + N, D)
 
     def extra_repr(self) -> str:
-        return f"cls={self.cls_token is not None}, num_prefix={self.num_prefix}"
+        dist = ", distillation=True" if self.dist_token is not None else ""
+        return f"cls={self.cls_token is not None}{dist}, num_prefix={self.num_prefix}"
 
 
 class QueryEmbed(nn.Module):

@@ -171,21 +171,24 @@ class TypeEmbed(Op):
 
 @dataclass(frozen=True)
 class PrefixParams(Params):
-    """Learned tokens put in front of the sequence: a class token, then registers (timm's order).
+    """Learned tokens put in front of the sequence: a class token, DeiT's distillation token, then registers
+    (timm's order).
 
     Args:
         dim: width.
         cls: a class token.
         registers: register tokens.
+        distillation: a distillation token.
     """
 
     dim: int
     cls: bool
     registers: int = 0
+    distillation: bool = False
 
     @property
     def count(self) -> int:
-        return int(self.cls) + self.registers
+        return int(self.cls) + int(self.distillation) + self.registers
 
 
 @op
@@ -209,6 +212,8 @@ class Prefix(Op):
 
     def label(self, p: PrefixParams) -> tuple[str, ...]:
         tokens = ["cls"] if p.cls else []
+        if p.distillation:
+            tokens.append("distillation")
         if p.registers:
             tokens.append(f"{p.registers} registers")
         return (" + ".join(tokens),)

@@ -150,16 +150,11 @@ class GridRelativePosition(PositionFragment):
         return "bias"
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        if (
-            stack.input.kind != "image"
-            or stack.hierarchical
-            or not stack.prefix.cls
-            or stack.prefix.registers
-        ):
+        if stack.input.kind != "image" or stack.hierarchical or not stack.prefix.cls or stack.num_prefix != 1:
             return [
                 Problem(
                     at,
-                    "relative2d biases the patch grid of a plain image stack with a class token and no registers",
+                    "relative2d biases the patch grid of a plain image stack with a class token, no other prefix",
                     "use an image input, prefix: {cls: true}, and one number for depth",
                 )
             ]

@@ -130,7 +130,13 @@ class PrefixSpec(Node):
     """Learned tokens put in front of the sequence."""
 
     cls: bool = Field(False, description="A learned class token, first in the sequence.")
-    registers: int = Field(0, ge=0, le=1024, description="Learned register tokens after the class token.")
+    distillation: bool = Field(
+        False,
+        description="DeiT's learned distillation token, after the class token (read by a distilled head).",
+    )
+    registers: int = Field(
+        0, ge=0, le=1024, description="Learned register tokens after the class (and distillation) token."
+    )
     at: int | None = Field(
         None,
         ge=0,
@@ -142,7 +148,7 @@ class PrefixSpec(Node):
 
     @property
     def count(self) -> int:
-        return int(self.cls) + self.registers
+        return int(self.cls) + int(self.distillation) + self.registers
 
 
 class DropoutSpec(Node):
@@ -160,7 +166,9 @@ class StackSpec(Node):
     input: InputSpec = Field(
         description="What comes in: image patches, tokens, features, learned queries or (a decoder) siamese."
     )
-    prefix: PrefixSpec = Field(default_factory=PrefixSpec, description="Class and register tokens.")
+    prefix: PrefixSpec = Field(
+        default_factory=PrefixSpec, description="Class, distillation and register tokens."
+    )
     position: PositionField = Field(
         description=f"Position encoding: {_kinds('position')}; a list combines kinds (learned + rope, EVA-02)."
     )
