@@ -41,7 +41,7 @@ from specvit.interop.layout import (
     rows,
 )
 from specvit.interop.registry import FAMILIES
-from specvit.interop.timm import timm_layout
+from specvit.interop.timm import timm_layouts
 from specvit.spec.schema import Spec
 
 __all__ = ["Source", "convert_state_dict"]
@@ -95,11 +95,12 @@ def _hf(spec: Spec, keys: Sequence[str]) -> Layout:
     return layout
 
 
-_LAYOUTS: dict[str, Callable[[Spec, Sequence[str]], Layout]] = {
-    "torch": _torch,
-    "hf": _hf,
-    "timm": timm_layout,
+_LAYOUTS: dict[str, Callable[[Sequence[str]], list[Callable[[Spec, Sequence[str]], Layout]]]] = {
+    "torch": lambda keys: [_torch],
+    "hf": lambda keys: [_hf],
+    "timm": timm_layouts,
 }
+"""Per source: the layouts that may name a state dict with these keys, tried in order."""
 
 
 # -- conversion ---------------------------------------------------------------------------------------
@@ -139,13 +140,27 @@ def convert_state_dict(state_dict: Mapping[str, Tensor], source: Source, spec: S
     if source not in _LAYOUTS:
         raise ValueError(f"source must be one of {sorted(_LAYOUTS)}, got {source!r}")
     keys = list(state_dict)
-    layout = _LAYOUTS[source](spec, keys)
+    expected = _expected(spec)
+    failures: list[ValueError] = []
+    for layout in _LAYOUTS[source](keys):  # most specific first; the first that maps every key wins
+        try:
+            return _convert(state_dict, layout(spec, keys), expected, spec)
+        except ValueError as exc:
+            failures.append(exc)
+    raise failures[0]
+
+
+def _convert(
+    state_dict: Mapping[str, Tensor], layout: Layout, expected: dict[str, tuple[int, ...]], spec: Spec
+) -> dict[str, Tensor]:
+    """``state_dict`` renamed by one layout; raises ValueError naming every key it cannot place."""
+    keys = list(state_dict)
     out: dict[str, Tensor] = {}
     used: set[str] = set()
     missing: dict[str, None] = {}  # ordered set
     unmapped: list[str] = []
     mismatched: list[str] = []
-    for target, shape in _expected(spec).items():
+    for target, shape in expected.items():
         entry = layout.sources(target)
         if entry is None:
             unmapped.append(target)

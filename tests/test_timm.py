@@ -165,3 +165,25 @@ def test_presets_are_timm_models(preset: str) -> None:
     images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     with torch.no_grad():
         assert (model(images) - ref.double()(images)).abs().max() <= 1e-10
+
+
+def test_keys_two_families_share_convert_through_the_one_that_places_them_all() -> None:
+    """BEiT and EVA-02 state dicts both have q_bias and gamma_1: each converts by the layout that maps
+    every key, whichever family the keys match first."""
+    for name, kwargs in (
+        ("beit_base_patch16_224", {"use_abs_pos_emb": True, "use_rel_pos_bias": False}),
+        ("eva02_tiny_patch14_224", {"init_values": 1e-3, "use_rot_pos_emb": False, "scale_mlp": False}),
+    ):
+        ref = timm_model(
+            name,
+            seed=6,
+            depth=1,
+            img_size=32,
+            patch_size=8,
+            embed_dim=32,
+            num_heads=2,
+            num_classes=5,
+            **kwargs,
+        )
+        model, diff = timm_parity(ref)
+        assert diff <= 1e-5, (name, diff)

@@ -207,10 +207,13 @@ def test_state_dicts_are_routed_to_eva_by_their_keys() -> None:
 
 def test_keys_like_a_vit_go_through_the_vit_layout_to_the_same_weights() -> None:
     """An Eva without q/v biases, layer scale or inner norms has a ViT's keys: either layout reads it."""
-    from specvit.interop.timm import timm_layout
+    from specvit.interop.timm import timm_layouts
 
     ref = timm_model("eva02_tiny_patch14_224", seed=1, depth=2, img_size=28, qkv_bias=False, num_classes=3)
-    assert timm_layout(specvit.from_timm(ref), list(ref.state_dict())).name == "timm VisionTransformer"
+    layouts = timm_layouts(list(ref.state_dict()))
+    assert [make(specvit.from_timm(ref), list(ref.state_dict())).name for make in layouts] == [
+        "timm VisionTransformer"
+    ]
     assert timm_parity(ref)[1] <= 1e-5
 
 

@@ -27,7 +27,7 @@ from specvit.interop.layout import Layout
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
 
-__all__ = ["TIMM_FAMILIES", "Reader", "TimmFamily", "from_timm", "timm_family", "timm_layout"]
+__all__ = ["TIMM_FAMILIES", "Reader", "TimmFamily", "from_timm", "timm_family", "timm_layouts"]
 
 COMMON_MODULES = frozenset(
     {"Linear", "Conv2d", "Dropout", "Identity", "DropPath", "Sequential", "ModuleList", "LayerNorm"}
@@ -226,12 +226,8 @@ def from_timm(model: Any) -> Spec:
     return parse_spec(data, source=f"{data['name']} (from a timm {type(model).__name__})")
 
 
-def timm_layout(spec: Spec, keys: Sequence[str]) -> Layout:
-    """The layout of a timm state dict with these keys: the family whose keys it has, else the default."""
-    for f in TIMM_FAMILIES:
-        if f.reads(keys):
-            return f.layout(spec, keys)
-    for f in TIMM_FAMILIES:
-        if f.keys is None:
-            return f.layout(spec, keys)
-    raise ValueError("no timm family reads these keys")
+def timm_layouts(keys: Sequence[str]) -> list[Callable[[Spec, Sequence[str]], Layout]]:
+    """The layouts that may name a timm state dict with these keys, most specific first: every family
+    whose keys it has (BEiT and EVA share ``q_bias`` and ``gamma_1``), then the default family."""
+    found = [f.layout for f in TIMM_FAMILIES if f.reads(keys)]
+    return found + [f.layout for f in TIMM_FAMILIES if f.keys is None]
