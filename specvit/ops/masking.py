@@ -339,6 +339,14 @@ class UnmaskInput(InputFragment):
                 )
             ]
         out = []
+        if spec.head.kind != "patches":
+            out.append(
+                Problem(
+                    "head.kind",
+                    "an unmask decoder's output is the pixels of every patch and the mask",
+                    "use head: {kind: patches, loss: masked_mse}",
+                )
+            )
         if stack.num_prefix:
             out.append(
                 Problem(
