@@ -182,6 +182,10 @@ def test_the_same_noise_gives_the_same_mask_and_no_noise_draws_one() -> None:
 def test_config_fields_without_an_exact_spec_are_refused() -> None:
     with pytest.raises(SpecError, match=r"config\.hidden_dropout_prob"):
         specvit.from_hf(ViTMAEConfig(**SIZES["small"], hidden_dropout_prob=0.1))
+    with pytest.raises(
+        SpecError, match=r"config\.mask_ratio: vit_mae config has mask_ratio=0\.99: it keeps 0 of 16"
+    ):
+        specvit.from_hf(ViTMAEConfig(**SIZES["small"], mask_ratio=0.99))
     with pytest.raises(SpecError, match=r"config\.image_size"):
         specvit.from_hf(ViTMAEConfig(**(SIZES["small"] | {"image_size": [16, 20]})))
 
@@ -295,3 +299,32 @@ def test_pretraining_lowers_the_masked_loss(tmp_path: Path) -> None:
     end, _ = held_out()
     assert end < 0.25 * start
     assert end < 0.5 * control
+
+
+# transformers 5 renamed ViTMAE's modules; Hub checkpoints (facebook/vit-mae-*) and transformers 4 use these.
+_LEGACY = {
+    "attention.q_proj": "attention.attention.query",
+    "attention.k_proj": "attention.attention.key",
+    "attention.v_proj": "attention.attention.value",
+    "attention.o_proj": "attention.output.dense",
+    "mlp.fc1": "intermediate.dense",
+    "mlp.fc2": "output.dense",
+}
+
+
+def test_transformers_4_names_convert_to_the_same_weights() -> None:
+    config = ViTMAEConfig(**SIZES["small"])
+    ref = _reference(config, seed=0)
+    spec = specvit.from_hf(config)
+    legacy = {}
+    for key, value in ref.state_dict().items():
+        key = key.replace("vit.layers.", "vit.encoder.layer.")
+        if "_layers." in key or ".layer." in key:
+            for new, old in _LEGACY.items():
+                key = key.replace(f".{new}.", f".{old}.")
+        legacy[key] = value
+    assert "decoder.decoder_layers.0.attention.attention.query.weight" in legacy
+    got = specvit.convert_state_dict(legacy, "hf", spec)
+    want = specvit.convert_state_dict(ref.state_dict(), "hf", spec)
+    assert set(got) == set(want) == set(specvit.build_model(spec).state_dict())
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -7,6 +7,7 @@ from typing import Any
 
 from specvit.interop.layout import Layout, cat, check_blocks, one
 from specvit.interop.registry import FAMILIES, Config, Family, activation
+from specvit.ops.masking import keep_count
 from specvit.spec.schema import Spec
 
 __all__: list[str] = []
@@ -36,6 +37,15 @@ def _mae(c: Config) -> dict[str, Any]:
             raise c.refuse(
                 key, value, "ViTMAE's patchify and sin-cos tables assume square images", f"give one int {key}"
             )
+    patches = (c.get("image_size", 224) // c.get("patch_size", 16)) ** 2
+    ratio = c.get("mask_ratio", 0.75)
+    if not 0 < ratio < 1 or not 1 <= keep_count(patches, ratio) < patches:
+        raise c.refuse(
+            "mask_ratio",
+            ratio,
+            f"it keeps {keep_count(patches, ratio)} of {patches} patches",
+            "keep some, mask some",
+        )
     if c.get("hidden_dropout_prob", 0.0):
         raise c.refuse(
             "hidden_dropout_prob",
