@@ -179,6 +179,13 @@ def convert_state_dict(state_dict: Mapping[str, Tensor], source: Source, spec: S
             used.add(key)
             if torch.count_nonzero(state_dict[key]):
                 nonzero.append(f"{key} ({fix})")
+    unequal = []
+    for key, want in layout.fixed.items():
+        if key in state_dict:
+            used.add(key)
+            value = state_dict[key].detach().float().cpu()
+            if value.shape != want.shape or not torch.allclose(value, want, rtol=0.0, atol=1e-5):
+                unequal.append(key)
     unexpected = [k for k in keys if k not in used and not layout.ignored(k)]
     problems = [
         _listing("missing source keys", list(missing)) if missing else "",
@@ -187,6 +194,7 @@ def convert_state_dict(state_dict: Mapping[str, Tensor], source: Source, spec: S
         _listing("shape mismatches", mismatched) if mismatched else "",
         _listing("tied copies that differ (the spec ties the LM head)", untied) if untied else "",
         _listing("nonzero buffers the spec has no place for", nonzero) if nonzero else "",
+        _listing("frozen tables unlike the ones the spec computes", unequal) if unequal else "",
     ]
     if any(problems):
         raise ValueError(

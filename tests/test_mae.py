@@ -328,3 +328,16 @@ def test_transformers_4_names_convert_to_the_same_weights() -> None:
     want = specvit.convert_state_dict(ref.state_dict(), "hf", spec)
     assert set(got) == set(want) == set(specvit.build_model(spec).state_dict())
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_position_tables_other_than_the_spec_computes_are_refused() -> None:
+    """HF's frozen sin-cos tables are checked, not loaded: a model built from a config holds zeros there
+    (transformers 5), which specvit's sincos2d positions would not reproduce."""
+    config = ViTMAEConfig(**SIZES["small"])
+    torch.manual_seed(0)
+    zeros = ViTMAEForPreTraining(config).state_dict()
+    assert not zeros["decoder.decoder_pos_embed"].any()
+    with pytest.raises(ValueError, match="frozen tables unlike the ones the spec computes") as err:
+        specvit.convert_state_dict(zeros, "hf", specvit.from_hf(config))
+    assert "vit.embeddings.position_embeddings" in str(err.value)
+    assert "decoder.decoder_pos_embed" in str(err.value)

@@ -5,8 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from specvit.interop.layout import Layout, cat, check_blocks, one
 from specvit.interop.registry import FAMILIES, Config, Family, activation
+from specvit.nn.position import sincos_2d
 from specvit.ops.masking import keep_count
 from specvit.spec.schema import Spec
 
@@ -125,9 +129,22 @@ def _hf_mae(spec: Spec, keys: Sequence[str]) -> Layout:
             block + "mlp.fc1.{p}": one(layer + fc1 + ".{p}"),
             block + "mlp.fc2.{p}": one(layer + fc2 + ".{p}"),
         }
-    # The fixed sin-cos tables (frozen parameters in HF) are computed by specvit's sincos2d positions.
-    ignore = (r"vit\.embeddings\.position_embeddings", r"decoder\.decoder_pos_embed")
-    return Layout(name, table, ignore=ignore)
+    # The frozen sin-cos tables (parameters with requires_grad=False in HF) are computed by specvit's
+    # sincos2d positions: accepted when they hold those values (pretrained checkpoints do; a model built
+    # from a config holds zeros, and would compute something else).
+    fixed = {
+        "vit.embeddings.position_embeddings": _table(spec.encoder),
+        "decoder.decoder_pos_embed": _table(spec.decoder, spec.encoder),
+    }
+    return Layout(name, table, fixed=fixed)
+
+
+def _table(stack: Any, image: Any = None) -> Tensor:
+    """The (1, 1 + N, D) table HF stores for a stack's sincos2d positions: zero for the class token."""
+    gh, gw = (image or stack).input.grid
+    base = stack.positions[0].base
+    grid = sincos_2d(gh, gw, stack.width, base)  # (N, D)
+    return torch.cat((torch.zeros(1, stack.width), grid)).unsqueeze(0)
 
 
 # Ahead of ViTModel: a ViTMAE state dict holds a ViT's encoder keys too; its decoder_pred is its own.
