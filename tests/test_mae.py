@@ -15,6 +15,7 @@ from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_pos
 
 import specvit
 from specvit.errors import SpecError
+from specvit.inputs import InputError
 from specvit.nn.masking import (
     MaskTokens,
     keep_tokens,
@@ -341,3 +342,32 @@ def test_position_tables_other_than_the_spec_computes_are_refused() -> None:
         specvit.convert_state_dict(zeros, "hf", specvit.from_hf(config))
     assert "vit.embeddings.position_embeddings" in str(err.value)
     assert "decoder.decoder_pos_embed" in str(err.value)
+
+
+def test_the_graph_draws_the_visible_and_masked_split() -> None:
+    """The preset's masking nodes and their shapes: 49 of 196 patches enter the encoder's blocks (with the
+    class token: 50), the decoder gets all 196 back (197), the head predicts 16 x 16 x 3 pixels of each."""
+    graph = specvit.build_graph(specvit.load_spec(ROOT / "specs" / "mae_vit_base_patch16.yaml"))
+    shapes = {n: graph[n]["shape"] for n in graph}
+    assert shapes["encoder.noise"] == ("B", 196)
+    assert shapes["encoder.shuffle"] == shapes["encoder.restore"] == shapes["encoder.mask"] == ("B", 196)
+    assert shapes["encoder.keep"] == ("B", 49, 768)
+    assert shapes["encoder.blocks.0.attn"] == ("B", 50, 768)
+    assert shapes["decoder.embed"] == ("B", 50, 512)
+    assert shapes["decoder.unshuffle"] == shapes["decoder.blocks.7.mlp"] == ("B", 197, 512)
+    assert shapes["head.fc"] == ("B", 196, 768) and shapes["head.loss"] == ()
+    assert graph["decoder.unshuffle"]["params"] == 512  # the mask token
+    assert sorted(u for u, _ in graph.nx.in_edges("decoder.unshuffle")) == [
+        "decoder.embed",
+        "encoder.restore",
+    ]
+    assert graph["output"]["p"].keys == ("loss", "logits", "mask", "ids_restore")
+
+
+def test_noise_of_the_wrong_shape_is_refused() -> None:
+    model = specvit.build_model(specvit.from_hf(ViTMAEConfig(**SIZES["small"])))
+    with pytest.raises(
+        InputError,
+        match=r"noise: expected \(batch, 16\) \(masking noise\), got \(2, 15\): dimension 1 must be 16",
+    ):
+        model(torch.randn(2, 3, 16, 16), torch.rand(2, 15))
