@@ -7,6 +7,8 @@ rank 0 writes what the test process compares against single-process runs into OU
   mixed precision), and facts about the sharded models;
 - ``init_<spec>.safetensors``: the full weights of a meta-device build sharded, materialised and
   initialised on two ranks; ``outputs.safetensors``: model outputs on fixed inputs;
+- ``timm_<name>/`` (written by the test process before the launch): converted timm models, trained
+  under FSDP2 from their weights;
 - ``ckpt/``: a checkpoint of a trained FSDP2 model (``full_state_dict`` + ``save_pretrained``);
 - ``train_ddp/``, ``train_fsdp/``, ``train.jsonl``: examples/train.py run 3 steps under DDP, then
   resumed under FSDP2 with activation checkpointing up to step 6.
@@ -140,9 +142,10 @@ def batch(model: SpecModel, step: int) -> dict[str, Tensor]:
             "tgt_in": torch.cat((torch.ones(GLOBAL_BATCH, 1, dtype=torch.long), tgt[:, :-1]), 1),
             "tgt_out": tgt,
         }
+    image, classes = model.spec.stacks["encoder"].input, model.spec.head.classes
     return {
-        "x": torch.randn(GLOBAL_BATCH, 1, 16, 16, generator=gen),
-        "y": torch.randint(0, 4, (GLOBAL_BATCH,), generator=gen),
+        "x": torch.randn(GLOBAL_BATCH, image.channels, *image.size, generator=gen),
+        "y": torch.randint(0, classes, (GLOBAL_BATCH,), generator=gen),
     }
 
 
@@ -179,7 +182,7 @@ def outputs_of(model: nn.Module, spec: specvit.Spec) -> dict[str, Tensor]:
 
 
 def train(
-    text: str,
+    text: str | Path,
     mode: str,
     *,
     checkpointing: bool = False,
@@ -189,7 +192,7 @@ def train(
     """Train STEPS AdamW steps on the global batches; each rank takes its slice.
 
     Args:
-        text: the spec.
+        text: the spec, or the directory of a checkpoint to start from.
         mode: ``none`` (one process, whole batches), ``ddp`` or ``fsdp``.
         checkpointing: activation checkpointing per block.
         mp: FSDP2 mixed precision, bf16 compute and fp32 reduction.
@@ -202,10 +205,13 @@ def train(
 
     from specvit.parallel import shard
 
-    spec = specvit.parse_spec(text)
     world, rank = (dist.get_world_size(), dist.get_rank()) if mode != "none" else (1, 0)
     torch.manual_seed(0)
-    model = specvit.build_model(spec, checkpointing=checkpointing)
+    if isinstance(text, Path):  # a converted model's weights, trained on
+        model = specvit.load_pretrained(text).train()
+    else:
+        model = specvit.build_model(specvit.parse_spec(text), checkpointing=checkpointing)
+    spec = model.spec
     net: nn.Module = model
     if mode == "ddp":
         net = nn.parallel.DistributedDataParallel(model)
@@ -255,6 +261,8 @@ def main(out: Path) -> None:
         weights = full_state_dict(model)
         if rank == 0:
             model.save_pretrained(out / f"ckpt_{name}", state_dict=weights)
+    for checkpoint in sorted(out.glob("timm_*")):  # converted timm models, written by the test process
+        results[f"{checkpoint.name}/fsdp"], _, _ = train(checkpoint, "fsdp")
     results["vit/fsdp_checkpointing"], _, _ = train(VIT, "fsdp", checkpointing=True)
     results["encdec/fsdp_checkpointing_keep"], _, _ = train(
         ENCDEC, "fsdp", checkpointing=True, reshard_after_forward=False

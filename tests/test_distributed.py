@@ -30,6 +30,8 @@ from specvit.parallel import default_mesh, full_state_dict, memory_estimate, mem
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dist_worker as worker  # tests/ is not a package: import the worker from beside this file
 
+from tests.timm_cases import CONVERTED, converted_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 TIMEOUT = 300  # seconds for the one torchrun launch; it takes about 15 s on two idle cores
@@ -58,6 +60,8 @@ def dist_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     with open(out.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "results.json").is_file():
+            for name in CONVERTED:
+                converted_checkpoint(name, out / f"timm_{name}")
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             worker_py = ROOT / "tests" / "dist_worker.py"
             cmd = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(worker_py), str(out)]
@@ -92,6 +96,18 @@ def test_ddp_and_fsdp2_follow_one_process(
         diff = _max_diff(results[f"{name}/{mode}"], single)
         print(f"{name}: {mode} vs one process, max |loss difference| over {worker.STEPS} steps: {diff:.2e}")
         assert diff <= LOSS_TOL, (mode, results[f"{name}/{mode}"], single)
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_converted_timm_models_train_under_fsdp2(
+    name: str, dist_run: tuple[Path, dict[str, Any]], one_thread: None
+) -> None:
+    """A timm model read by from_timm, its weights converted and saved, trains on two FSDP2 ranks as on one."""
+    out, results = dist_run
+    single, _, _ = worker.train(out / f"timm_{name}", "none")
+    assert len(set(single)) == worker.STEPS
+    diff = _max_diff(results[f"timm_{name}/fsdp"], single)
+    assert diff <= LOSS_TOL, (results[f"timm_{name}/fsdp"], single)
 
 
 def test_fsdp2_groups_are_the_blocks_and_the_root(dist_run: tuple[Path, dict[str, Any]]) -> None:

@@ -15,6 +15,8 @@ import torch
 
 import specvit
 from specvit.export import example_inputs, export_onnx, export_program
+from tests.reference import converted, timm_model
+from tests.timm_cases import CONVERTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
@@ -186,3 +188,18 @@ def test_atomic_save_puts_side_files_first_with_plain_modes(tmp_path: Path) -> N
         "m.onnx": 0o644,
         "m.onnx.data": 0o644,
     }
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_converted_timm_models_export_to_onnx(name: str, tmp_path: Path) -> None:
+    """A timm model read by from_timm, its weights converted: the ONNX file computes timm's outputs."""
+    timm_name, kwargs = CONVERTED[name]
+    ref = timm_model(timm_name, seed=4, **kwargs)
+    model = converted(ref, specvit.from_timm(ref), "timm")
+    path = export_onnx(model, tmp_path / f"{name}.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (x,) = example_inputs(model, 3)
+    got = session.run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        want = ref(x).numpy()
+    assert np.abs(got - want).max() <= 1e-4  # onnxruntime's fp32 kernels against timm's eager ones

@@ -199,7 +199,7 @@ def _check_modules(model: Any, family: TimmFamily) -> None:
             raise SpecError(
                 Problem(
                     f"model.{path}",
-                    f"{type(model).__name__} has a {name} at {path}, which specvit does not read",
+                    f"{type(model).__name__} has {path}: {name}, a module specvit does not read",
                     f"specvit reads {type(model).__name__}s built of {', '.join(sorted(allowed))}",
                 )
             )

@@ -115,13 +115,15 @@ class WindowAttention(nn.Module):
             x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
         nw = (gh // m) * (gw // m)
         windows = x.view(b, gh // m, m, gw // m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, nw, m * m, c)
+        # windows and heads as one 4D attention, (B, nW * H, L, hd), which every SDPA backend and ONNX take
         qkv = self.qkv(windows).view(b, nw, m * m, 3, h, hd).permute(3, 0, 1, 4, 2, 5)  # (3, B, nW, H, L, hd)
-        q, k, v = qkv.unbind(0)  # (B, nW, H, L, hd)
+        q, k, v = qkv.reshape(3, b, nw * h, m * m, hd).unbind(0)  # (B, nW * H, L, hd)
+        bias = self._bias(x.device, x.dtype).expand(nw, h, m * m, m * m).reshape(1, nw * h, m * m, m * m)
         dropout = self.attn_drop if self.training else 0.0
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=self._bias(x.device, x.dtype), dropout_p=dropout
-        )
-        out = out.transpose(2, 3).reshape(b, nw, m * m, c)  # (B, nW, L, C)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        # SDPA's output strides differ between its kernels and their export-time fake: copy, then view
+        out = out.view(b, nw, h, m * m, hd).transpose(2, 3).clone(memory_format=torch.contiguous_format)
+        out = out.view(b, nw, m * m, c)  # (B, nW, L, C)
         out = self.proj_drop(self.proj(out))
         out = (
             out.view(b, gh // m, gw // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, gh, gw, c)
