@@ -378,7 +378,6 @@ class UnmaskInput(InputFragment):
             f"{role}.unshuffle", "unmask", p, {"x": x, "ids_restore": "encoder.restore"}, source=src
         )
         ctx.n, ctx.grid = enc.num_prefix + enc.input.num_patches, enc.input.grid
-        del ctx.side["memory"]  # the decoder's tokens are the memory: nothing cross-attends to it
 
 
 def lower_pixel_loss(ctx: ModelCtx, pred: str, loss: bool, norm_pix: bool) -> dict[str, str]:
