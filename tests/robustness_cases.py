@@ -383,7 +383,7 @@ CASES: list[Case] = [
     Case(
         "zero_size",
         "`depth: 0`",
-        "9:10: encoder.depth: must be >= 1, got 0",
+        "9:10: encoder.depth: a stack of depth 0 has no blocks; only an encoder_decoder's encoder may",
         text=_valid_with("depth: 2", "depth: 0"),
     ),
     Case(

@@ -116,7 +116,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, unmask (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, unmask, latents, feature_map (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -140,7 +140,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi, relative, relative2d (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, rope2d, sine2d, alibi, relative, relative2d, relative_decomposed (did you mean 'learned'?)",
     ),
     (
         VIT,
@@ -221,7 +221,7 @@ BAD = [
         VIT,
         "[self_attention, mlp]",
         "[self_atention, mlp]",
-        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp (did you mean 'self_attention'?)",
+        "t.yaml:12:14: encoder.block.layers.0: 'self_atention' is not one of self_attention, masked_self_attention, cross_attention, mlp, class_attention, sagan_attention (did you mean 'self_attention'?)",
     ),
     (
         VIT,
@@ -272,7 +272,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, neck)",
     ),
     (
         VIT,
@@ -394,7 +394,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "encoder.block.mlp.activation",
     ]  # field errors first; rules need a valid spec
     lines = str(info.value).splitlines()
-    assert lines[0].startswith("t.yaml:9:10: encoder.depth: must be >= 1, got -1")
+    assert lines[0].startswith("t.yaml:9:10: encoder.depth: must be >= 0, got -1")
 
 
 def test_rope_needs_even_head_dim() -> None:

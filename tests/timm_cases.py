@@ -20,6 +20,17 @@ CONVERTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"img_size": 16, "patch_size": 2, "in_chans": 1, "num_classes": 4, "embed_dim": 16}
         | {"depths": (2, 1), "num_heads": (1, 2), "window_size": 4, "drop_path_rate": 0.0},
     ),
+    "sam": (
+        "samvit_base_patch16",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "global_pool": "avg"}
+        | {"embed_dim": 32, "depth": 2, "num_heads": 2, "window_size": 3, "global_attn_indexes": (1,)}
+        | {"neck_chans": 16, "drop_path_rate": 0.0},
+    ),
+    "cait": (
+        "cait_xxs24_224",
+        {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
+        | {"num_heads": 2, "depth_token_only": 1},
+    ),
 }
 
 

@@ -91,6 +91,8 @@ def analyse(graph: ArchGraph) -> dict[str, Scope]:
     g = graph.nx
     order = {n: i for i, n in enumerate(g)}
     scopes = {a["scope"] for _, a in g.nodes(data=True)} | {""}
+    # a stack with blocks is a scope even when it has no node of its own (a feature map's stack)
+    scopes |= {a["stack"] for _, a in g.nodes(data=True) if a["block"]}
     parent = {s: _parent(s, scopes) for s in scopes if s}
     members: dict[str, set[str]] = {s: set() for s in scopes}
     for n, a in g.nodes(data=True):

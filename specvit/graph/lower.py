@@ -163,7 +163,8 @@ class _Lowering:
         self.positions(s, "before_prefix")
         if s.masking is not None:  # after the patches' positions, before the prefix tokens (MAE)
             s.masking.lower(self)
-        self.prefix(s)
+        if not s.prefix_at:
+            self.prefix(s)
         self.positions(s, "tokens")
         if s.embed_norm:
             self.x = self.norm(f"{role}.embed_norm", s, s.width, f"{role}.embed_norm")
@@ -174,6 +175,8 @@ class _Lowering:
             )
         self.positions(s, "attention")
         self.blocks(s)
+        if s.prefix_at and s.prefix_at == s.total_depth:  # after the last block
+            self.prefix(s)
         if s.final_norm:
             self.x = self.norm(f"{role}.norm", s, s.out_width, f"{role}.final_norm")
         self.tag_sides()
@@ -220,6 +223,8 @@ class _Lowering:
                 self.x = lower_merge(self, f"{container}.downsample", self.grid, s.block.norm)
                 self.grid = (self.grid[0] // 2, self.grid[1] // 2)
             for i in range(depth):
+                if index == s.prefix_at and index:  # the prefix enters late (CaiT's class token)
+                    self.prefix(s)
                 spec, window = s.layer(index), s.layer(index).window
                 m, shift = (
                     block_window(window.size, window.shift, self.grid, i)

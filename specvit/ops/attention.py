@@ -196,11 +196,10 @@ def _side(b: BlockCtx, names: tuple[str, ...]) -> dict[str, str]:
 
 def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> Any:
     s, spec = b.stack.stack, b.spec
+    heads = {"heads": b.heads, "kv_heads": b.kv_heads, "head_dim": b.head_dim}
     return cls(
         dim=b.dim,
-        heads=b.heads,
-        kv_heads=b.kv_heads,
-        head_dim=b.head_dim,
+        **(heads | {k: extra.pop(k) for k in heads if k in extra}),
         qkv_bias=(spec.bias_of("q"), spec.bias_of("k"), spec.bias_of("v")),
         proj_bias=spec.proj_bias,
         qk_norm=spec.norm.kind if spec.qk_norm else None,
@@ -223,6 +222,10 @@ class SelfAttentionLayer(Sublayer):
     causal = False
 
     def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
+        from specvit.ops.vitdet import lower_grid_attention
+
+        if (grid := lower_grid_attention(b, x, name)) is not None:  # ViTDet: padded windows, global
+            return grid
         if b.window is not None:
             from specvit.ops.window import window_params
 
@@ -233,7 +236,8 @@ class SelfAttentionLayer(Sublayer):
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
             own = position.lower_layer(b, x, name.replace("attn", "rel_bias"))
             side["bias"] = own or side.get("bias", "")
-        return b.add(name, "self_attention", p, {"x": x, **side}, source=source)
+        kind = "talking_heads_attention" if b.spec.talking_heads else "self_attention"  # CaiT (ops/cait.py)
+        return b.add(name, kind, p, {"x": x, **side}, source=source)
 
 
 @sublayer
@@ -260,8 +264,20 @@ class CrossAttentionLayer(Sublayer):
             side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
         memory_dim = b.stack.shape(side["memory"])[-1]
         assert isinstance(memory_dim, int)
-        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim)
+        p = _attention_params(b, CrossAttentionParams, memory_dim=memory_dim, **_cross_heads(b))
         return b.add(name, "cross_attention", p, {"x": x, **side}, source=source)
+
+
+def _cross_heads(b: BlockCtx) -> dict[str, int]:
+    """The cross-attention's own heads and head width, where the block sets them (Perceiver's cross-attend:
+    one head as wide as its input)."""
+    spec, out = b.spec, {}
+    if spec.cross_attention_heads is not None:
+        h = spec.cross_attention_heads
+        out = {"heads": h, "kv_heads": h, "head_dim": spec.head_dim or b.dim // h}
+    if spec.cross_attention_head_dim is not None:
+        out["head_dim"] = spec.cross_attention_head_dim
+    return out
 
 
 @sublayer

@@ -53,11 +53,13 @@ def _single_or_stages(value: Any) -> str:
     return "stages" if isinstance(value, list) else "single"
 
 
-def per_stage(bound: int, what: str) -> Any:
-    """``int`` or a list of ints, one per stage of a hierarchical stack; errors come from one branch only."""
+def per_stage(bound: int, what: str, low: int = 1) -> Any:
+    """``int`` (at least ``low``) or a list of ints >= 1, one per stage of a hierarchical stack; errors come
+    from one branch only."""
     one = Annotated[int, Field(ge=1, le=bound)]
+    single = Annotated[int, Field(ge=low, le=bound)]
     return Annotated[
-        Annotated[one, Tag("single")]
+        Annotated[single, Tag("single")]
         | Annotated[list[one], Tag("stages"), Field(min_length=1, max_length=8)],
         Discriminator(_single_or_stages),
         Field(description=what),

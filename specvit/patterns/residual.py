@@ -11,7 +11,9 @@ being the block's input); :func:`expand` writes a block spec's pattern in that f
 - ``parallel``: ``x + f1(norm1(x)) + f2(norm2(x))``, every sublayer reading the block's input (GPT-J,
   GPT-NeoX, PaLM).
 
-Each branch is ``sublayer -> [layer scale] -> [drop path]`` before its add.
+Each branch is ``sublayer -> [layer scale] -> [drop path]`` before its add. From a ``class_attention``
+sublayer on (CaiT), the adds update the class token alone (``class_token``) and the block ends by putting
+it back in front of the other tokens (``join_class_token``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specvit.ops.block import SUBLAYERS, BlockCtx
+from specvit.ops.cait import ClassTokenParams
 from specvit.ops.structure import AddParams, DropParams, LayerScaleParams
 
 __all__ = ["Step", "expand", "lower_steps", "sublayer_names"]
@@ -59,7 +62,7 @@ def expand(spec: Any, role: str) -> list[Step]:
     if spec.graph is not None:
         return [Step(n.name, n.op, tuple(n.inputs), f"{at}.graph.{i}") for i, n in enumerate(spec.graph)]
     placement, steps = spec.norm.placement, []
-    x, branches = "x", []
+    x, branches, whole = "x", [], ""
     for k, (layer, name) in enumerate(zip(spec.layers, sublayer_names(spec.layers), strict=True), start=1):
         source, norm = f"{at}.layers.{k - 1}", f"{at}.norm"
         h = x
@@ -80,6 +83,10 @@ def expand(spec: Any, role: str) -> list[Step]:
         if spec.parallel:
             branches.append(h)
             continue
+        if getattr(SUBLAYERS[layer], "class_token_only", False) and not whole:
+            whole = x  # CaiT's class attention: from here on the adds update the class token alone
+            steps.append(Step("cls", "class_token", (x,), source))
+            x = "cls"
         steps.append(Step(f"add{k}", "add", (x, h), source))
         x = f"add{k}"
         if placement == "post":
@@ -88,6 +95,8 @@ def expand(spec: Any, role: str) -> list[Step]:
     for k, h in enumerate(branches, start=1):  # parallel: the branches are summed onto x in order
         steps.append(Step(f"add{k}", "add", (x, h), f"{at}.parallel"))
         x = f"add{k}"
+    if whole:  # the updated class token back in front of the other tokens
+        steps.append(Step("join", "join_class_token", (whole, x), f"{at}.layers"))
     return steps
 
 
@@ -112,6 +121,9 @@ def lower_steps(b: BlockCtx, steps: list[Step], x: str, drop_path: float | None)
         elif st.op == "layer_scale":
             p = LayerScaleParams(b.dim, b.spec.layer_scale if b.spec.layer_scale is not None else 1.0)
             out = b.add(st.name, "layer_scale", p, {"x": ins[0]}, source=st.source)
+        elif st.op in ("class_token", "join_class_token"):  # CaiT: see specvit.ops.cait
+            srcs = dict(zip(("x", "cls"), ins, strict=False))
+            out = b.add(st.name, st.op, ClassTokenParams(), srcs, source=st.source)
         elif st.op == "drop_path":
             out = ins[0]
             if drop_path is not None:

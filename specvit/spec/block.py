@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import Field, create_model
+from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from specvit.ops import SUBLAYERS
 from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_WIDTH, Fragment
@@ -84,13 +84,25 @@ class MlpSpec(Node):
 
 
 class WindowSpec(Node):
-    """Attention within M x M windows of the patch grid, with a learned relative position bias (Swin)."""
+    """Attention within non-overlapping M x M windows of the patch grid: Swin's (shifted, with a learned
+    relative position bias) or ViTDet's (padded, no bias table)."""
 
     size: int = Field(
         ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
     )
     shift: bool = Field(
         True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
+    )
+    bias: bool = Field(
+        True,
+        description="A learned relative position bias table in each block (Swin); false: none (ViTDet, "
+        "SAM: their positions are position: relative_decomposed).",
+    )
+    pad: bool = Field(
+        False,
+        description="Pad the grid at the bottom and right to a multiple of M with zeros (after the norm; "
+        "attended to), attend, crop (ViTDet, SAM); false: the grid divides into windows and a grid smaller "
+        "than M is one window (Swin). Needs bias: false and shift: false.",
     )
 
 
@@ -153,14 +165,34 @@ class BlockSpec(Node):
         le=1 << 20,
         description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral).",
     )
+    talking_heads: bool = Field(
+        False,
+        description="Self-attention scores mixed across heads by learned heads x heads maps before and after "
+        "the softmax (CaiT; Shazeer et al. 2020). Runs the math path, not fused SDPA.",
+    )
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
     window: WindowSpec | None = Field(
-        None, description="Windowed self-attention with a relative position bias (Swin), or null for global."
+        None, description="Windowed self-attention (Swin's or ViTDet's), or null for global attention."
     )
     memory_norm: bool = Field(
         False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
+    )
+    cross_attention_heads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_HEADS,
+        description="Heads of the block's cross_attention (each width / cross_attention_heads wide unless head_dim "
+        "is set); null = heads. Perceiver's cross-attend has 1.",
+    )
+    cross_attention_head_dim: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Width per head of the block's cross_attention (its queries, keys and values); null = "
+        "head_dim, or width / cross_attention_heads when those are set. Perceiver's cross-attend uses its "
+        "input's width.",
     )
     graph: list[GraphNodeSpec] | None = Field(
         None,
@@ -188,6 +220,16 @@ class BlockSpec(Node):
 _STACK_WIDE = ("heads", "kv_heads", "head_dim")  # one per stack: the KV cache and positions depend on them
 
 
+class _Partial(Node):
+    """A partial block: it writes back (``to_yaml``) only the keys it sets, so a canonical spec reloads
+    to the same variant instead of one that sets every key to null."""
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
+
+
 @cache
 def _partial(model: type[Node]) -> type[Node]:
     """``model`` with every field optional and unset by default (nested blocks partial too)."""
@@ -200,7 +242,7 @@ def _partial(model: type[Node]) -> type[Node]:
             ann = _partial(ann)
         fields[name] = (Optional[ann], Field(None, description=f.description))  # noqa: UP045
     doc = f"Any keys of {model.__name__}; those given replace the base block's."
-    return create_model(f"Partial{model.__name__}", __base__=Node, __doc__=doc, **fields)
+    return create_model(f"Partial{model.__name__}", __base__=_Partial, __doc__=doc, **fields)
 
 
 if TYPE_CHECKING:  # assembled at import; type checkers see the base

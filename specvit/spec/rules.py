@@ -9,6 +9,7 @@ from __future__ import annotations
 from specvit.errors import Problem
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
 from specvit.spec.rules_block import check_layers, check_positions
+from specvit.spec.rules_cait import check_cait
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check"]
@@ -38,6 +39,15 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                     f"use a divisor of {s.heads} such as {divisors_near(s.heads, b.kv_heads)}",
                 )
             )
+    if s.total_depth == 0 and not (role == "encoder" and spec.model == "encoder_decoder"):
+        out.append(
+            Problem(
+                f"{role}.depth",
+                "a stack of depth 0 has no blocks; only an encoder_decoder's encoder may "
+                "(it embeds the input the decoder cross-attends to, as Perceiver's)",
+                "use a depth of 1 or more",
+            )
+        )
     out += check_layers(role, s, spec)
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
@@ -45,6 +55,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     if s.masking is not None:
         out += s.masking.check(f"{role}.masking", s, spec)
     out += check_positions(role, s, spec)
+    out += check_cait(role, s, spec)
     return out
 
 
@@ -153,7 +164,7 @@ def _grid(role: str, s: StackSpec) -> list[Problem]:
         m = b.window.size
         for i in range(merges + 1):
             sh, sw = gh >> i, gw >> i
-            if min(sh, sw) > m and (sh % m or sw % m):
+            if min(sh, sw) > m and (sh % m or sw % m) and not b.window.pad:
                 out.append(
                     Problem(
                         f"{at}.window.size",
@@ -177,7 +188,7 @@ def _hierarchy_features(role: str, s: StackSpec, what: str) -> list[Problem]:
         if value:
             out.append(Problem(key, f"{what} does not support this", hint))
     for p in s.positions:
-        if p.phase() == "attention":
+        if p.phase() == "attention" and p.kind != "relative_decomposed":  # computed in ViTDet's windows
             out.append(
                 Problem(
                     f"{role}.position",

@@ -4,6 +4,8 @@ of its position kinds."""
 from __future__ import annotations
 
 from specvit.errors import Problem
+from specvit.ops.inputs import divisors_near
+from specvit.ops.vitdet import window_problems
 from specvit.spec.block import BlockSpec
 from specvit.spec.schema import Spec, StackSpec
 
@@ -100,6 +102,14 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                     "cross_attention belongs in the decoder of an encoder_decoder model",
                 )
             )
+        if layer == "sagan_attention" and spec.stacks[role].input.kind != "feature_map":
+            out.append(
+                Problem(
+                    path,
+                    "sagan_attention attends among the positions of a (B, C, H, W) feature map",
+                    "use it in a stack with input: {kind: feature_map, channels: C, size: [H, W]}",
+                )
+            )
         if layer == "self_attention" and spec.model == "decoder":
             out.append(
                 Problem(
@@ -108,6 +118,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                     "use masked_self_attention",
                 )
             )
+    out += window_problems(at, b)
     if b.memory_norm and "cross_attention" not in b.sublayers:
         out.append(
             Problem(
@@ -116,6 +127,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 "remove memory_norm, or add cross_attention to the layers",
             )
         )
+    out += _cross_attention_heads(role, at, b, spec)
     if isinstance(b.qkv_bias, list) and len(b.qkv_bias) != 3:
         out.append(
             Problem(
@@ -143,6 +155,35 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             )
         )
     return out
+
+
+def _cross_attention_heads(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
+    """The cross-attention's own heads need a cross_attention to shape, a width they divide, and a stack
+    without a KV cache."""
+    given = [k for k in ("cross_attention_heads", "cross_attention_head_dim") if getattr(b, k) is not None]
+    if not given:
+        return []
+    s, key = spec.stacks[role], f"{at}.{given[0]}"
+    if "cross_attention" not in b.sublayers:
+        return [
+            Problem(
+                key,
+                f"{given[0]} shapes the heads of a cross_attention, and the block has none",
+                f"remove {given[0]}",
+            )
+        ]
+    if s.causal:
+        return [Problem(key, "a causal stack's KV cache needs one head layout", f"remove {given[0]}")]
+    h = b.cross_attention_heads
+    if h is not None and b.head_dim is None and b.cross_attention_head_dim is None and s.width % h:
+        return [
+            Problem(
+                f"{at}.cross_attention_heads",
+                f"width {s.width} is not divisible by {h} cross-attention heads",
+                f"use a divisor of {s.width} such as {divisors_near(s.width, h)}, or set cross_attention_head_dim",
+            )
+        ]
+    return []
 
 
 def _graph(at: str, b: BlockSpec) -> list[Problem]:

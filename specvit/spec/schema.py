@@ -133,6 +133,14 @@ class PrefixSpec(Node):
 
     cls: bool = Field(False, description="A learned class token, first in the sequence.")
     registers: int = Field(0, ge=0, le=1024, description="Learned register tokens after the class token.")
+    at: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_DEPTH,
+        description="The block index (from 0 over the stack) before which the prefix tokens enter; null = "
+        "before the first block. CaiT: the depth of its self-attention stage, so only its class-attention "
+        "blocks see the class token.",
+    )
 
     @property
     def count(self) -> int:
@@ -162,7 +170,9 @@ class StackSpec(Node):
     depth: per_stage(  # type: ignore[valid-type]
         MAX_DEPTH,
         "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
-        "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin.",
+        "starting with patch merging (2x2 tokens -> 1, width doubled), as Swin. 0: no blocks (an "
+        "encoder_decoder's encoder that only embeds its input for the decoder to cross-attend, as Perceiver).",
+        low=0,
     )
     block: BlockSpec = Field(
         description="The block, repeated depth times (the base of blocks and overrides)."
@@ -293,6 +303,11 @@ class StackSpec(Node):
         return self.prefix.count
 
     @property
+    def prefix_at(self) -> int:
+        """The index of the first block that sees the prefix tokens (0 unless ``prefix.at`` says later)."""
+        return self.prefix.at or 0
+
+    @property
     def causal(self) -> bool:
         """Some self-attention of the stack is causal: it can decode token by token with a KV cache."""
         return any(
@@ -303,9 +318,9 @@ class StackSpec(Node):
     def num_tokens(self) -> int | None:
         """Tokens seen by the (first) blocks when the input fixes them (images, feature maps, queries), else None."""
         if isinstance(self.input, ImageInput):
-            return self.input.num_patches + self.num_prefix
+            return self.input.num_patches + self.num_prefix * (self.prefix_at == 0)
         if isinstance(self.input, FeaturesInput) and self.input.num_tokens is not None:
-            return self.input.num_tokens + self.num_prefix
+            return self.input.num_tokens + self.num_prefix * (self.prefix_at == 0)
         if isinstance(self.input, QueriesInput):
             return self.input.count
         return None
