@@ -182,6 +182,25 @@ def _convert(
             mismatched.append(f"{target} needs {shape}, got {tuple(tensor.shape)} from {', '.join(names)}")
             continue
         out[target] = tensor
+    buffers = _buffer_problems(layout, state_dict, used)
+    unexpected = [k for k in keys if k not in used and not layout.ignored(k)]
+    problems = [
+        _listing("missing source keys", list(missing)) if missing else "",
+        _listing("unexpected source keys", unexpected) if unexpected else "",
+        _listing(f"spec parameters with no {layout.name} counterpart", unmapped) if unmapped else "",
+        _listing("shape mismatches", mismatched) if mismatched else "",
+        *buffers,
+    ]
+    if any(problems):
+        raise ValueError(
+            f"cannot convert a {layout.name} state dict for spec {spec.name!r}:" + "".join(problems)
+        )
+    return out
+
+
+def _buffer_problems(layout: Layout, state_dict: Mapping[str, Tensor], used: set[str]) -> list[str]:
+    """The source keys the spec checks rather than loads (a tied head's copy, zero buffers, frozen tables),
+    marked used; the listings of those that do not hold what the spec assumes."""
     untied = []
     for key, twin in layout.tied.items():
         if key in state_dict:
@@ -194,17 +213,15 @@ def _convert(
             used.add(key)
             if torch.count_nonzero(state_dict[key]):
                 nonzero.append(f"{key} ({fix})")
-    unexpected = [k for k in keys if k not in used and not layout.ignored(k)]
-    problems = [
-        _listing("missing source keys", list(missing)) if missing else "",
-        _listing("unexpected source keys", unexpected) if unexpected else "",
-        _listing(f"spec parameters with no {layout.name} counterpart", unmapped) if unmapped else "",
-        _listing("shape mismatches", mismatched) if mismatched else "",
+    unequal = []
+    for key, want in layout.fixed.items():
+        if key in state_dict:
+            used.add(key)
+            value = state_dict[key].detach().float().cpu()
+            if value.shape != want.shape or not torch.allclose(value, want, rtol=0.0, atol=1e-5):
+                unequal.append(key)
+    return [
         _listing("tied copies that differ (the spec ties the LM head)", untied) if untied else "",
         _listing("nonzero buffers the spec has no place for", nonzero) if nonzero else "",
+        _listing("frozen tables unlike the ones the spec computes", unequal) if unequal else "",
     ]
-    if any(problems):
-        raise ValueError(
-            f"cannot convert a {layout.name} state dict for spec {spec.name!r}:" + "".join(problems)
-        )
-    return out

@@ -26,6 +26,7 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ("Inputs: `input:`", list(fragments("input"))),
     ("Prefix tokens: `prefix:`", [schema.PrefixSpec]),
     ("Positions: `position:`", list(fragments("position"))),
+    ("Masking: `masking:`", [schema.MaskingSpec]),
     (
         "Blocks: `block:`, and `blocks:`, `schedule:`, `overrides:` along the depth",
         [

@@ -269,7 +269,7 @@ def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int) -> str:
             f"the spec's images are {want[2]}x{want[3]} pixels, not {shape[2]}x{shape[3]} (input.size); "
             "resize the images or change the spec"
         )
-    if i == len(want) - 1:
+    if len(want) == 3 and i == 2:  # (B, S, dim): features
         return f"the spec's features are {d} wide, not {got} (input.dim)"
     return f"dimension {i} must be {d}, not {got}"
 

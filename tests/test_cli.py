@@ -110,4 +110,6 @@ def test_set_values_get_the_right_hints(capsys: pytest.CaptureFixture[str]) -> N
     _, _, err = _run(capsys, "validate", "tiny_seq2seq", "--set", 'decoder.depth="6"')
     assert err.strip().endswith("(write the number without quotes: 6)")
     _, _, err = _run(capsys, "validate", "mnist_vit", "--set", "encoder.ratio=2")
-    assert err.strip().endswith("unknown key 'ratio' (ratio belongs under encoder.block.mlp)")
+    assert err.strip().endswith(
+        "unknown key 'ratio' (ratio belongs under encoder.masking or encoder.block.mlp)"
+    )

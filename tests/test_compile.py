@@ -51,10 +51,13 @@ def test_graph_is_the_model(preset: Path) -> None:
         h.remove()
     assert {p: graph.concrete(graph[p]["shape"]) for p in graph.module_nodes()} == seen
     outputs = graph[graph.output]
-    if isinstance(out, dict):  # DETR: {"logits", "boxes"}
-        assert tuple(out["boxes"].shape) == graph.concrete(graph["head.bbox_embed"]["shape"])
-        assert torch.isfinite(out["boxes"]).all()
-        out = out["logits"]
+    if isinstance(out, dict):  # DETR: {logits, boxes}; MAE: {loss, logits, mask, ids_restore}
+        feeds = {d["port"]: u for u, _, d in graph.nx.in_edges(graph.output, data=True)}
+        assert list(out) == list(outputs["p"].keys)
+        for key, value in out.items():
+            assert tuple(value.shape) == graph.concrete(graph[feeds[key]]["shape"]), key
+            assert torch.isfinite(value.float()).all(), key
+        out = out[outputs["p"].keys[0]]
     assert tuple(out.shape) == graph.concrete(outputs["shape"])
     assert counter.get_total_flops() == graph.total_flops
     assert torch.isfinite(out).all()

@@ -20,15 +20,18 @@ from specvit.graph import ArchGraph
 
 
 def _all_inputs(graph: ArchGraph, device: str = "cpu") -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    """Required arguments and every optional tensor argument (masks with some padding, token types)."""
+    """Required arguments and every optional tensor argument (masks with some padding, token types,
+    MAE's masking noise)."""
     args = example_inputs(graph, 2, device=device)
     kwargs: dict[str, Any] = {}
     for n in graph.placeholders():
         p = graph[n]["p"]
-        if p.required or p.dtype not in ("bool", "long"):
+        if p.required or p.dtype not in ("bool", "long", "float"):
             continue
         shape = graph.concrete(p.shape)
-        if p.dtype == "bool":
+        if p.dtype == "float":
+            kwargs[p.arg] = torch.rand(shape, device=device)
+        elif p.dtype == "bool":
             kwargs[p.arg] = torch.zeros(shape, dtype=torch.bool, device=device)
             if device != "meta":
                 kwargs[p.arg][0, -2:] = True  # the first sample's last two tokens are padding

@@ -116,7 +116,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, latents, feature_map (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, unmask, latents, feature_map (did you mean 'image'?)",
     ),
     (
         VIT,

@@ -161,6 +161,8 @@ class _Lowering:
                     group=3,
                 )
         self.positions(s, "before_prefix")
+        if s.masking is not None:  # after the patches' positions, before the prefix tokens (MAE)
+            s.masking.lower(self)
         if not s.prefix_at:
             self.prefix(s)
         self.positions(s, "tokens")

@@ -103,6 +103,8 @@ class Layout:
         tied: source key -> the source key it must equal; dropped (a tied head's copy of the embedding).
         zeros: source keys of buffers the spec has no place for, accepted only when all zero (BART's
             ``final_logits_bias`` for a head without a bias), with the fix if they are not.
+        fixed: source keys of frozen tables the spec computes instead of storing (MAE's sin-cos
+            positions), accepted only when they equal the spec's values (to 1e-5).
     """
 
     name: str
@@ -110,6 +112,7 @@ class Layout:
     ignore: tuple[str, ...] = ()
     tied: dict[str, str] = field(default_factory=dict)
     zeros: dict[str, str] = field(default_factory=dict)
+    fixed: dict[str, Tensor] = field(default_factory=dict)
 
     def sources(self, target: str) -> Entry | None:
         """The source keys of one target key and their transform, or None if the format has no such part."""

@@ -156,26 +156,36 @@ class SinCos2dPosition(nn.Module):
 
     Args:
         dim: width D, divisible by 4.
-        grid: (gh, gw) patch grid; x must have exactly gh * gw tokens, row-major.
+        grid: (gh, gw) patch grid; x must have exactly prefix + gh * gw tokens, patches row-major.
         base: wavelength base.
+        prefix: leading tokens in front of the grid (MAE's decoder gets the encoder's class token), whose
+            position is zero.
     """
 
-    def __init__(self, dim: int, grid: tuple[int, int], base: float = 10000.0) -> None:
+    def __init__(self, dim: int, grid: tuple[int, int], base: float = 10000.0, prefix: int = 0) -> None:
         super().__init__()
         if dim % 4 != 0:
             raise ValueError(f"SinCos2dPosition needs dim divisible by 4, got {dim}")
         self.dim = dim
         self.grid = grid
         self.base = base
+        self.prefix = prefix
 
     def forward(self, x: Tensor) -> Tensor:
         gh, gw = self.grid
-        if x.shape[1] != gh * gw:
-            raise ValueError(f"SinCos2dPosition expects {gh}x{gw}={gh * gw} tokens, got {x.shape[1]}")
-        return x + sincos_2d(gh, gw, self.dim, self.base, device=x.device).to(x.dtype)  # (B, N, D)
+        if x.shape[1] != self.prefix + gh * gw:
+            raise ValueError(
+                f"SinCos2dPosition expects {self.prefix}+{gh}x{gw}={self.prefix + gh * gw} tokens, got {x.shape[1]}"
+            )
+        table = sincos_2d(gh, gw, self.dim, self.base, device=x.device)  # (N, D)
+        if self.prefix:
+            table = torch.cat((table.new_zeros(self.prefix, self.dim), table))  # (prefix + N, D)
+        return x + table.to(x.dtype)  # (B, prefix + N, D)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, grid={self.grid}, base={self.base}"
+        return f"dim={self.dim}, grid={self.grid}, base={self.base}" + (
+            f", prefix={self.prefix}" if self.prefix else ""
+        )
 
 
 def _rope_inv_freq(dim: int, base: float, device: torch.device | str | None) -> Tensor:

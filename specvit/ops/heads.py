@@ -24,6 +24,7 @@ from specvit.ops.base import (
 )
 from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
+from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, OutputParams, ScaleParams
 
@@ -269,15 +270,26 @@ class DetectionHead(HeadFragment):
 class PatchesHead(HeadFragment):
     """Pixels per token (CroCo, MAE): a linear layer from every patch token to patch x patch x channels values.
 
-    The patch size and channels are the image input's (the encoder's for a siamese decoder).
+    The patch size and channels are the image input's (the encoder's for a siamese or unmask decoder).
+    After an unmask decoder (MAE) the class token is left out, and the model returns ``logits`` (B, N, P),
+    ``mask`` and ``ids_restore``, and with ``loss: masked_mse`` the ``loss``.
     """
 
     kind: Literal["patches"] = Field(description="Discriminator: per-patch pixel predictions.")
     bias: bool = Field(True, description="Bias in the prediction layer.")
+    loss: Literal["none", "masked_mse"] = Field(
+        "none",
+        description="masked_mse (MAE): the mean squared pixel error of the masked patches, returned as `loss`; "
+        "needs an unmask decoder.",
+    )
+    norm_pix: bool = Field(
+        False,
+        description="masked_mse against each patch normalised by its mean and variance (MAE's norm_pix_loss).",
+    )
 
     @staticmethod
     def _image(stack: Any, spec: Any) -> Any:
-        return spec.encoder if stack.input.kind == "siamese" else stack
+        return spec.encoder if stack.input.kind in ("siamese", "unmask") else stack
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         image = self._image(stack, spec)
@@ -298,12 +310,23 @@ class PatchesHead(HeadFragment):
                     "remove the class and register tokens",
                 )
             ]
+        if (self.loss != "none" or self.norm_pix) and stack.input.kind != "unmask":
+            key = "head.loss" if self.loss != "none" else "head.norm_pix"
+            return [Problem(key, "the masked loss needs the masked patches", "use an unmask decoder (MAE)")]
         return []
 
     def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
         image = self._image(stack, ctx.spec).input
         (ph, pw), c = image.patch, image.channels
-        _output(ctx, {"x": _fc(ctx, x, ph * pw * c, self.bias)})
+        if stack.input.kind != "unmask":
+            _output(ctx, {"x": _fc(ctx, x, ph * pw * c, self.bias)})
+            return
+        prefix = ctx.spec.encoder.num_prefix
+        if prefix:
+            x = _add(ctx, "head.patches", "drop_prefix", DropPrefixParams(prefix), {"x": x})
+        pred = _fc(ctx, x, ph * pw * c, self.bias)
+        outs = lower_pixel_loss(ctx, pred, self.loss == "masked_mse", self.norm_pix)
+        _output(ctx, outs, tuple(outs))
 
 
 @fragment("head")

@@ -57,7 +57,7 @@ def _grid_only(kind: str, at: str, stack: Any) -> list[Problem]:
 
     return _needs(
         at,
-        isinstance(stack.input, ImageInput) or stack.input.kind == "siamese",
+        isinstance(stack.input, ImageInput) or stack.input.kind in ("siamese", "unmask"),
         f"{kind} positions need an image input (a 2D grid of patches)",
         f"use {'sincos' if kind == 'sincos2d' else 'rope'} for {stack.input.kind} inputs",
     )
@@ -244,15 +244,24 @@ class GridTableParams(Params):
     base: float
 
 
+@dataclass(frozen=True)
+class SinCos2dParams(GridTableParams):
+    """A fixed 2D table; ``prefix`` tokens in front of the grid (MAE's decoder gets the encoder's class
+    token) get the zero position."""
+
+    prefix: int = 0
+
+
 @op
 class SinCos2dOp(Op):
     kind = "pos_sincos2d"
-    params_type = GridTableParams
+    params_type = SinCos2dParams
     category = "position"
     module = "specvit.nn.position:SinCos2dPosition"
 
-    def label(self, p: GridTableParams) -> tuple[str, ...]:
-        return (f"fixed · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g} · added",)
+    def label(self, p: SinCos2dParams) -> tuple[str, ...]:
+        zero = f" · {p.prefix} prefix at 0" if p.prefix else ""
+        return (f"fixed · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g} · added{zero}",)
 
 
 @fragment("position")
@@ -275,7 +284,9 @@ class SinCos2dPosition(PositionFragment):
 
     def lower(self, ctx: StackCtx) -> None:
         assert ctx.grid is not None
-        p = GridTableParams(ctx.stack.width, ctx.grid, self.base)
+        cells = ctx.grid[0] * ctx.grid[1]  # tokens the input put in front of the grid have no position
+        prefix = ctx.n - cells if isinstance(ctx.n, int) else 0
+        p = SinCos2dParams(ctx.stack.width, ctx.grid, self.base, prefix)
         ctx.x = ctx.add(
             f"{ctx.role}.pos_embed", "pos_sincos2d", p, {"x": ctx.x}, source=f"{ctx.role}.position"
         )

@@ -152,7 +152,8 @@ def _number_hint(value: str, kind: str) -> str:
 
 
 def _home(key: Any, parent: KeyPath, data: Any) -> str:
-    """``heads belongs under encoder.block``: where an unknown key is a real key, one or two levels down."""
+    """``heads belongs under encoder.block``: where an unknown key is a real key, one or two levels down
+    (every such place, nearest first: ``ratio`` is MAE's masking ratio and the MLP's)."""
     from typing import get_origin
 
     from pydantic import BaseModel
@@ -174,10 +175,8 @@ def _home(key: Any, parent: KeyPath, data: Any) -> str:
                     if key in sub.model_fields:
                         homes.append(where)
                     below.append((where, sub))
-        if homes:
-            return f"{key} belongs under {' or '.join(homes)}"
         frontier = below
-    return ""
+    return f"{key} belongs under {' or '.join(homes)}" if homes else ""
 
 
 def _suggest(word: Any, options: list[str]) -> str:

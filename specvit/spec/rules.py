@@ -52,6 +52,8 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
     out += s.input.check(f"{role}.input", s, spec)
+    if s.masking is not None:
+        out += s.masking.check(f"{role}.masking", s, spec)
     out += check_positions(role, s, spec)
     out += check_cait(role, s, spec)
     return out

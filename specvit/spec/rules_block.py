@@ -76,6 +76,7 @@ def check_layers(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     for block, at in _origins(role, s).values():
         out += _block(role, at, block, spec)
     reads = any("cross_attention" in b.sublayers for b in s.layer_blocks)
+    reads = reads or getattr(s.input, "reads_encoder", False)  # an input made of the encoder's tokens (MAE)
     if spec.model == "encoder_decoder" and role == "decoder" and not reads:
         out.append(
             Problem(

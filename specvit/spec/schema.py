@@ -28,6 +28,7 @@ from specvit.ops.inputs import (
     SiameseInput,
     TokensInput,
 )
+from specvit.ops.masking import MaskingSpec
 from specvit.ops.position import (
     LearnedPosition,
     NoPosition,
@@ -62,6 +63,7 @@ __all__ = [
     "ImageInput",
     "LMHead",
     "LearnedPosition",
+    "MaskingSpec",
     "MlpSpec",
     "NoHead",
     "NoPosition",
@@ -202,6 +204,9 @@ class StackSpec(Node):
     )
     dropout: DropoutSpec = Field(default_factory=DropoutSpec, description="Dropout probabilities.")
     drop_path: Probability = Field(0.0, description="Stochastic depth rate of the last block, linear from 0.")
+    masking: MaskingSpec | None = Field(
+        None, description="Random masking of the patch tokens (MAE): the blocks see the visible ones only."
+    )
     embed_norm: bool = Field(False, description="A norm after the embeddings (BERT).")
     final_norm: bool = Field(True, description="A norm after the last block.")
 
