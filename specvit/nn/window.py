@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specvit.nn.attention import Parts, _packed, _project
+from specvit.nn.attention import _packed, _project
 
 __all__ = ["WindowAttention", "cpb_coords", "relative_position_index", "shift_mask"]
 
@@ -121,9 +121,10 @@ class WindowAttention(nn.Module):
             raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.grid, self.window, self.shift = grid, window, shift
-        self.attn_drop, self.cosine, self.cpb, self.pretrained = attn_drop, cosine, cpb_hidden > 0, pretrained
+        self.attn_drop, self.cosine = attn_drop, cosine
+        self.cpb, self.pretrained = cpb_hidden > 0, pretrained
         bq, bk, bv = (qkv_bias,) * 3 if isinstance(qkv_bias, bool) else qkv_bias
-        self.parts: Parts = (("q", dim, bq), ("k", dim, bk), ("v", dim, bv))
+        self.parts = (("q", dim, bq), ("k", dim, bk), ("v", dim, bv))  # (name, rows, has a bias)
         self.qkv = _packed(self, dim, self.parts, device, dtype)
         if cosine:
             self.logit_scale = nn.Parameter(

@@ -88,7 +88,8 @@ _WindowSide = Annotated[int, Field(ge=0, le=256)]
 
 class WindowSpec(Node):
     """Attention within non-overlapping M x M windows of the patch grid: Swin's (shifted, with a learned
-    relative position bias) or ViTDet's (padded, no bias table)."""
+    relative position bias table, or Swin-V2's continuous position bias MLP and cosine attention) or
+    ViTDet's (padded, no bias table)."""
 
     size: int = Field(
         ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
