@@ -13,7 +13,10 @@ from specvit.ops.block import BlockCtx
 from specvit.ops.embed import LinearParams
 from specvit.ops.norm import NormParams
 
-__all__ = ["MergeParams", "WindowParams", "block_window", "lower_merge", "window_params"]
+__all__ = ["CPB_HIDDEN", "MergeParams", "WindowParams", "block_window", "lower_merge", "window_params"]
+
+CPB_HIDDEN = 512
+"""The hidden width of Swin-V2's continuous position bias MLP when a spec leaves ``cpb_hidden`` unset."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ def window_params(b: BlockCtx) -> WindowParams:
         s.dropout.attention,
         s.dropout.projection,
         w.cosine,
-        w.cpb_hidden if w.bias == "cpb" else 0,
+        (w.cpb_hidden or CPB_HIDDEN) if w.bias == "cpb" else 0,
         _pretrained(w.pretrained, s.input.grid, b.grid),
     )
 

@@ -115,7 +115,9 @@ class WindowSpec(Node):
         description="Cosine attention (Swin-V2): cos(q, k) times a learned per-head scale, "
         "exp(min(logit_scale, log 100)), instead of q·k / sqrt(head_dim).",
     )
-    cpb_hidden: int = Field(512, ge=1, le=4096, description="Hidden width of the cpb MLP (bias: cpb).")
+    cpb_hidden: int | None = Field(
+        None, ge=1, le=4096, description="Hidden width of the cpb MLP (bias: cpb); null = 512 (Swin-V2)."
+    )
     pretrained: _WindowSide | list[_WindowSide] | None = Field(
         None,
         description="bias: cpb only: the window side the MLP's coordinates are normalised by (Swin-V2's "

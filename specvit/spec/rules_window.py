@@ -29,7 +29,7 @@ def check_window(role: str, s: StackSpec) -> list[Problem]:
         return out
     if w.bias != "cpb":
         for key in ("pretrained", "cpb_hidden"):
-            if key in w.model_fields_set:
+            if getattr(w, key) is not None:
                 out.append(
                     Problem(
                         f"{at}.{key}",
