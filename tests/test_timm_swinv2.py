@@ -198,6 +198,15 @@ def test_what_specvit_cannot_state_is_refused_by_name(case: str) -> None:
     assert message in str(err.value)
 
 
+def test_swin_v1_with_a_grid_smaller_than_the_window_on_one_side_is_refused_too() -> None:
+    """timm's V1 shifts the long side of an 8x16 grid by 4 with window 8; specvit's square window would not."""
+    kwargs = {"img_size": (32, 64), "window_size": 8, "embed_dim": 16, "depths": (2,), "num_heads": (1,)}
+    ref = timm_model("swin_tiny_patch4_window7_224", seed=0, **kwargs)
+    with pytest.raises(SpecError) as err:
+        specvit.from_timm(ref)
+    assert "model.layers.0.blocks.1.window_size" in str(err.value) and "shifted by 0" in str(err.value)
+
+
 def _v2(**window: Any) -> dict[str, Any]:
     return {"encoder.block.window": {"size": 8, "shift": True, **window}}
 

@@ -10,26 +10,9 @@ from typing import Any
 from specvit.interop.layout import Entry, Layout, check_blocks, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.interop.timm_swin import swin_common
-from specvit.ops.window import block_window
 from specvit.spec.schema import Spec
 
 __all__ = ["swinv2_layout"]
-
-
-def _windows(r: Reader, blocks: list[str], size: int) -> None:
-    """Every block's window and shift must be those of specvit's rules (a square window of the stage's
-    smaller side when the grid is smaller than the window); timm shrinks each side on its own."""
-    for b in blocks:
-        block = r.at(b)
-        grid = tuple(block.input_resolution)
-        m, shift = block_window(size, True, grid, int(b.rsplit(".", 1)[1]))
-        if tuple(block.window_size) != (m, m) or tuple(block.shift_size) != (shift, shift):
-            raise r.refuse(
-                f"{b}.window_size",
-                (tuple(block.window_size), tuple(block.shift_size)),
-                f"on its {grid[0]}x{grid[1]} grid specvit's window is {m}x{m} shifted by {shift}",
-                "use an image size whose stage grids are square where they are smaller than the window",
-            )
 
 
 def _attention(r: Reader, blocks: list[str]) -> dict[str, Any]:
@@ -67,7 +50,6 @@ def _head(r: Reader) -> dict[str, Any]:
 def _swinv2(r: Reader) -> dict[str, Any]:
     blocks, stack = swin_common(r)
     block = stack["block"]
-    _windows(r, blocks, block["window"]["size"])
     v2 = _attention(r, blocks)
     block["window"].update(v2["window"])
     block["qkv_bias"] = v2["qkv_bias"]
