@@ -17,7 +17,7 @@ import specvit
 from specvit.errors import SpecError
 from specvit.graph import build_graph
 from specvit.nn.window import cpb_coords
-from tests.reference import timm_model, timm_parity
+from tests.reference import converted, timm_model, timm_parity
 
 CASES: dict[str, dict[str, Any]] = {
     # four stages, the last one's 4x4 grid smaller than the 8x8 window (one window, never shifted)
@@ -111,12 +111,17 @@ def test_preset_parameter_count_equals_timms(name: str) -> None:
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_is_what_the_importer_reads(name: str) -> None:
-    """from_timm(the preset's timm model, made shallow) == the preset with the same overrides."""
-    ref = timm_model(name, seed=0, depths=(1, 1, 1, 1), num_classes=10, drop_path_rate=0.0)
+    """from_timm(the preset's timm model, made shallower) == the preset with the same overrides, and timm's
+    weights give timm's outputs in it (float64: at full width fp32 rounding alone is near 1e-5)."""
+    ref = timm_model(name, seed=5, depths=(2, 2, 2, 2), num_classes=10, drop_path_rate=0.0)
     imported = specvit.from_timm(ref)
-    preset = specvit.load_spec(name, overrides={"encoder.depth": [1, 1, 1, 1], "head.classes": 10})
+    preset = specvit.load_spec(name, overrides={"encoder.depth": [2, 2, 2, 2], "head.classes": 10})
     skip = {"name", "description"}
     assert imported.model_dump(exclude=skip) == preset.model_dump(exclude=skip)
+    model = converted(ref, preset, "timm").double()
+    images = torch.randn(1, 3, 256, 256, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with torch.no_grad():
+        assert (model(images) - ref.double()(images)).abs().max() <= 1e-10
 
 
 def test_window16_preset_shrinks_the_last_stage_to_its_grid() -> None:
