@@ -227,6 +227,7 @@ def _v2(**window: Any) -> dict[str, Any]:
             "encoder.block.attention_scale",
             "remove",
         ),
+        (_v2(cosine=True, bias=False, shift=False), "encoder.block.window.cosine", "set cosine: false"),
     ],
 )
 def test_bad_v2_window_fields_are_named_with_their_fix(overrides: dict[str, Any], key: str, fix: str) -> None:

@@ -33,10 +33,20 @@ def check_window(role: str, s: StackSpec) -> list[Problem]:
                 out.append(
                     Problem(
                         f"{at}.{key}",
-                        f"{key} configures the continuous position bias MLP, but bias is {w.bias}",
+                        f"{key} configures Swin-V2's continuous position bias MLP (bias: cpb), "
+                        f"but bias is {str(w.bias).lower()}",
                         f"set bias: cpb, or remove {key}",
                     )
                 )
+    if w.cosine and (w.bias is False or w.pad):
+        out.append(
+            Problem(
+                f"{at}.cosine",
+                "cosine attention is Swin-V2's, in Swin's windows; ViTDet's windows (bias: false, pad) "
+                "do not take it",
+                "set cosine: false, or bias: cpb and pad: false",
+            )
+        )
     stages = len(s.stage_depths)
     if isinstance(w.pretrained, list) and len(w.pretrained) != stages:
         out.append(
