@@ -46,6 +46,11 @@ CONVERTED: dict[str, tuple[str, dict[str, Any]]] = {
         {"img_size": 16, "patch_size": 4, "in_chans": 1, "num_classes": 4, "embed_dim": 32, "depth": 2}
         | {"num_heads": 2, "scale_mlp": True, "init_values": 1e-3},
     ),
+    "swinv2": (
+        "swinv2_tiny_window8_256",
+        {"img_size": 16, "patch_size": 2, "in_chans": 1, "num_classes": 4, "embed_dim": 16}
+        | {"depths": (2, 1), "num_heads": (1, 2), "window_size": 4, "drop_path_rate": 0.0},
+    ),
 }
 
 

@@ -7,9 +7,26 @@ from typing import Any
 
 from specvit.interop.layout import Entry, Layout, check_blocks, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
+from specvit.ops.window import block_window
 from specvit.spec.schema import Spec
 
 __all__ = ["swin_common"]
+
+
+def _windows(r: Reader, blocks: list[str], size: int) -> None:
+    """Every block's window and shift must be those of specvit's rules (a square window of the stage's
+    smaller side when the grid is smaller than the window); timm shrinks each side on its own."""
+    for b in blocks:
+        block = r.at(b)
+        grid = tuple(block.input_resolution)
+        m, shift = block_window(size, True, grid, int(b.rsplit(".", 1)[1]))
+        if tuple(block.window_size) != (m, m) or tuple(block.shift_size) != (shift, shift):
+            raise r.refuse(
+                f"{b}.window_size",
+                (tuple(block.window_size), tuple(block.shift_size)),
+                f"on its {grid[0]}x{grid[1]} grid specvit's window is {m}x{m} shifted by {shift}",
+                "use an image size whose stage grids are larger than the window on both sides, or square",
+            )
 
 
 def swin_common(r: Reader) -> tuple[list[str], dict[str, Any]]:
@@ -32,6 +49,7 @@ def swin_common(r: Reader) -> tuple[list[str], dict[str, Any]]:
     size = next(iter(windows))[0]
     for b in blocks:
         r.only(f"{b}.always_partition", [False], "specvit's windows cover a stage smaller than the window")
+    _windows(r, blocks, size)
     ratio = r.same(blocks, lambda b: r.at(f"{b}.mlp.fc1").out_features / r.at(b).dim, "MLP ratio")
     r.only("head.global_pool.pool_type", ["avg"], "specvit's Swin head pools by the mean")
     image = r.at("patch_embed")

@@ -10,7 +10,7 @@ out as a small ``graph:`` of registered ops.
 from __future__ import annotations
 
 from functools import cache
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
@@ -88,9 +88,13 @@ class MlpSpec(Node):
     )
 
 
+_WindowSide = Annotated[int, Field(ge=0, le=256)]
+
+
 class WindowSpec(Node):
     """Attention within non-overlapping M x M windows of the patch grid: Swin's (shifted, with a learned
-    relative position bias) or ViTDet's (padded, no bias table)."""
+    relative position bias table, or Swin-V2's continuous position bias MLP and cosine attention) or
+    ViTDet's (padded, no bias table)."""
 
     size: int = Field(
         ge=1, le=256, description="Window side M in tokens; a stage smaller than M uses its whole grid."
@@ -98,16 +102,32 @@ class WindowSpec(Node):
     shift: bool = Field(
         True, description="Every second block shifts the windows by M/2 (cyclic shift and mask)."
     )
-    bias: bool = Field(
+    bias: bool | Literal["cpb"] = Field(
         True,
-        description="A learned relative position bias table in each block (Swin); false: none (ViTDet, "
-        "SAM: their positions are position: relative_decomposed).",
+        description="The relative position bias of each block: true, a learned ((2M-1)^2, heads) table "
+        "(Swin); cpb, Swin-V2's continuous position bias, an MLP 2 -> cpb_hidden -> heads over log-spaced "
+        "relative coordinates, 16 * sigmoid of its output; false: none (ViTDet, SAM: their positions are "
+        "position: relative_decomposed).",
     )
     pad: bool = Field(
         False,
         description="Pad the grid at the bottom and right to a multiple of M with zeros (after the norm; "
         "attended to), attend, crop (ViTDet, SAM); false: the grid divides into windows and a grid smaller "
         "than M is one window (Swin). Needs bias: false and shift: false.",
+    )
+    cosine: bool = Field(
+        False,
+        description="Cosine attention (Swin-V2): cos(q, k) times a learned per-head scale, "
+        "exp(min(logit_scale, log 100)), instead of q·k / sqrt(head_dim).",
+    )
+    cpb_hidden: int | None = Field(
+        None, ge=1, le=4096, description="Hidden width of the cpb MLP (bias: cpb); null = 512 (Swin-V2)."
+    )
+    pretrained: _WindowSide | list[_WindowSide] | None = Field(
+        None,
+        description="bias: cpb only: the window side the MLP's coordinates are normalised by (Swin-V2's "
+        "pretrained_window_sizes, for a model fine-tuned at a larger window): one for all stages or one "
+        "per stage, 0 = the stage's window; null = every stage's window.",
     )
 
 

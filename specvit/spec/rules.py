@@ -10,6 +10,7 @@ from specvit.errors import Problem
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
 from specvit.spec.rules_block import check_layers, check_positions
 from specvit.spec.rules_cait import check_cait
+from specvit.spec.rules_window import check_window
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check"]
@@ -49,6 +50,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
             )
         )
     out += check_layers(role, s, spec)
+    out += check_window(role, s)
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
     out += s.input.check(f"{role}.input", s, spec)

@@ -208,6 +208,11 @@ class StackSpec(Node):
         None, description="Random masking of the patch tokens (MAE): the blocks see the visible ones only."
     )
     embed_norm: bool = Field(False, description="A norm after the embeddings (BERT).")
+    merge_norm: Literal["pre", "post"] = Field(
+        "pre",
+        description="Where the norm of patch merging sits (hierarchical stacks): pre, norm over 4C then "
+        "the linear 4C -> 2C (Swin); post, the linear then a norm over 2C (Swin-V2).",
+    )
     final_norm: bool = Field(True, description="A norm after the last block.")
 
     _layers: list[BlockSpec] = PrivateAttr(default_factory=list)
