@@ -31,6 +31,7 @@ __all__ = [
     "export_onnx",
     "export_program",
     "from_hf",
+    "from_timm",
     "load_pretrained",
     "load_spec",
     "optimize",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from specvit.graph import ArchGraph
     from specvit.inference import optimize
     from specvit.interop.hf import from_hf
+    from specvit.interop.timm import from_timm
     from specvit.model import SpecModel
     from specvit.spec import Spec, load_spec, parse_spec
 
@@ -67,6 +69,7 @@ _LAZY = {
     "save_pretrained": "specvit.checkpoint",
     "convert_state_dict": "specvit.convert",
     "from_hf": "specvit.interop.hf",
+    "from_timm": "specvit.interop.timm",
     "SpecModel": "specvit.model",
     "render": "specvit.diagram",  # the function; the package is specvit.diagram
     "to_dot": "specvit.diagram",

@@ -18,14 +18,14 @@ Supported sources:
   transformers 5 names or the older ``encoder.layer.i.attention.attention.query`` names of Hub
   checkpoints), ``BertModel`` (token encoders; with or without ``bert.``) and ``GPT2LMHeadModel`` /
   ``GPT2Model`` (token decoders; with or without ``transformer.``).
-- ``timm``: ``VisionTransformer`` with pre-norm ``Block``s: class and register tokens, learned positions
-  with or without the prefix (``no_embed_class``), ``norm_pre``, layer scale, QK-norm, ``fc_norm`` and
-  packed (``SwiGLUPacked``, gate first) or split (``SwiGLU``) gated MLPs.
+- ``timm``: every model class :func:`specvit.from_timm` reads (``specvit/interop/timm_*.py``), found by
+  the state dict's keys: ``VisionTransformer`` (class and register tokens, learned positions with or
+  without the prefix, ``norm_pre``, layer scale, QK-norm, ``fc_norm``, packed or split gated MLPs),
+  ``SwinTransformer``, and the families listed by ``TIMM_FAMILIES``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -36,15 +36,13 @@ from specvit.interop.hf import hf_layout
 from specvit.interop.layout import (
     Entry,
     Layout,
-    cat,
     check_blocks,
     one,
-    patches,
     rows,
-    same,
 )
 from specvit.interop.registry import FAMILIES
-from specvit.spec.schema import ImageInput, Spec, StackSpec
+from specvit.interop.timm import timm_layout
+from specvit.spec.schema import Spec
 
 __all__ = ["Source", "convert_state_dict"]
 
@@ -97,77 +95,11 @@ def _hf(spec: Spec, keys: Sequence[str]) -> Layout:
     return layout
 
 
-def _timm_swin(spec: Spec, stack: StackSpec) -> Layout:
-    """timm's SwinTransformer (>= 0.9 layout: patch merging at the start of stages 1..)."""
-    name = "timm SwinTransformer"
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
-    table: dict[str, Entry] = {
-        "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}"),
-        "encoder.embed_norm.{p}": one("patch_embed.norm.{p}"),
-        "encoder.norm.{p}": one("norm.{p}"),
-        "head.fc.{p}": one("head.fc.{p}"),
-    }
-    for s in range(len(stack.stage_depths)):
-        ours, theirs = f"encoder.stages.{s}.", f"layers.{s}."
-        for part in ("downsample.norm", "downsample.reduction"):
-            table[ours + part + ".{p}"] = one(theirs + part + ".{p}")
-        for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
-            table[ours + "blocks.{i}." + part + ".{p}"] = one(theirs + "blocks.{i}." + part + ".{p}")
-        table[ours + "blocks.{i}.attn.relative_position_bias_table"] = one(
-            theirs + "blocks.{i}.attn.relative_position_bias_table"
-        )
-    # buffers some timm versions save: derived from the window size, recomputed by specvit
-    ignore = (
-        r"layers\.\d+\.blocks\.\d+\.attn\.relative_position_index",
-        r"layers\.\d+\.blocks\.\d+\.attn_mask",
-    )
-    return Layout(name, table, ignore)
-
-
-def _timm(spec: Spec, keys: Sequence[str]) -> Layout:
-    name = "timm VisionTransformer"
-    stack = spec.stacks[spec.output_stack]
-    if spec.model == "encoder" and stack.hierarchical:
-        return _timm_swin(spec, stack)
-    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
-        raise ValueError(
-            f"source 'timm' converts VisionTransformer state dicts (image encoders); spec {spec.name!r} is "
-            f"a {spec.model} model reading {stack.input.kind}"
-        )
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
-    block, layer = "encoder.blocks.{i}.", "blocks.{i}."
-    if any(re.fullmatch(r"blocks\.\d+\.mlp\.fc1_g\.weight", k) for k in keys):  # SwiGLU: split gate/value
-        fc1: Entry = ((layer + "mlp.fc1_g.{p}", layer + "mlp.fc1_x.{p}"), cat)
-    else:
-        fc1 = one(layer + "mlp.fc1.{p}")
-    patch = patches if stack.input.projection == "linear" else same
-    table = {
-        "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}", patch),
-        "encoder.prefix.cls_token": one("cls_token"),
-        "encoder.prefix.reg_token": one("reg_token"),
-        "encoder.pos_embed.weight": one("pos_embed"),
-        "encoder.embed_norm.{p}": one("norm_pre.{p}"),
-        block + "mlp.fc1.{p}": fc1,
-        "encoder.norm.{p}": one("norm.{p}"),
-        "head.norm.{p}": one("fc_norm.{p}"),
-        "head.fc.{p}": one("head.{p}"),
-    }
-    for part in (
-        "norm1",
-        "attn.qkv",
-        "attn.q_norm",
-        "attn.k_norm",
-        "attn.proj",
-        "ls1",
-        "norm2",
-        "mlp.fc2",
-        "ls2",
-    ):
-        table[block + part + ".{p}"] = one(layer + part + ".{p}")  # timm names these as specvit does
-    return Layout(name, table)
-
-
-_LAYOUTS: dict[str, Callable[[Spec, Sequence[str]], Layout]] = {"torch": _torch, "hf": _hf, "timm": _timm}
+_LAYOUTS: dict[str, Callable[[Spec, Sequence[str]], Layout]] = {
+    "torch": _torch,
+    "hf": _hf,
+    "timm": timm_layout,
+}
 
 
 # -- conversion ---------------------------------------------------------------------------------------

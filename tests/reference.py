@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from specvit.compile import build_model
-from specvit.convert import convert_state_dict
+from specvit.convert import Source, convert_state_dict
 from specvit.model import SpecModel
 from specvit.spec.schema import Spec
 
@@ -21,8 +23,30 @@ def perturbed(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
-def converted(ref: nn.Module, spec: Spec) -> SpecModel:
-    """The model of ``spec`` in eval mode, with the HF ``ref``'s weights loaded strictly through the converter."""
+def converted(ref: nn.Module, spec: Spec, source: Source = "hf") -> SpecModel:
+    """The model of ``spec`` in eval mode, with ``ref``'s weights loaded strictly through the converter."""
     model = build_model(spec).eval()
-    model.load_state_dict(convert_state_dict(ref.state_dict(), "hf", spec), strict=True)
+    model.load_state_dict(convert_state_dict(ref.state_dict(), source, spec), strict=True)
     return model
+
+
+def timm_model(name: str, seed: int, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(name, **kwargs)`` with seeded random weights, perturbed (see :func:`perturbed`)."""
+    import timm  # a test dependency; tests/conftest.py makes it importable on CPU-only torch
+
+    torch.manual_seed(seed)
+    return perturbed(timm.create_model(name, pretrained=False, **kwargs), seed)
+
+
+def timm_parity(ref: nn.Module, seed: int = 0, batch: int = 2) -> tuple[SpecModel, float]:
+    """specvit's model of ``from_timm(ref)`` with ref's weights, and the max abs difference of their outputs
+    on random images of the size ``ref`` takes (fp32, eval)."""
+    import specvit
+
+    model = converted(ref, specvit.from_timm(ref), "timm")
+    image = model.spec.stacks["encoder"].input
+    size = (image.size, image.size) if isinstance(image.size, int) else tuple(image.size)
+    images = torch.randn(batch, image.channels, *size, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        diff = (model(images) - ref(images)).abs().max().item()
+    return model, diff

@@ -1,0 +1,225 @@
+"""timm's ``VisionTransformer`` (ViT, DeiT, DeiT-III, ViT with registers, SigLIP-style avg pooling)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patches, same
+from specvit.interop.timm import Reader, TimmFamily, timm_family
+from specvit.spec.schema import ImageInput, Spec
+
+__all__ = ["image_input", "vit_block", "vit_layout"]
+
+
+def image_input(r: Reader) -> dict[str, Any]:
+    """The ``input:`` of a timm ``PatchEmbed`` at ``patch_embed`` (fixed size, conv projection)."""
+    for flag, why in (
+        ("dynamic_img_pad", "specvit pads nothing"),
+        ("dynamic_img_size", "specvit's position table has a fixed size"),
+    ):
+        if getattr(r.model, flag, False) or getattr(r.at("patch_embed"), flag, False):
+            raise r.refuse(flag, True, why, f"build it with {flag}=False")
+    r.absent("patch_embed.norm", "a norm between the patch projection and the positions has no spec")
+    proj = r.at("patch_embed.proj")
+    size, patch = tuple(r.at("patch_embed.img_size")), tuple(proj.kernel_size)
+    if tuple(proj.stride) != patch:
+        raise r.refuse("patch_embed.proj.stride", proj.stride, "overlapping patches", "stride = patch size")
+    return {
+        "kind": "image",
+        "size": size[0] if size[0] == size[1] else list(size),
+        "patch": patch[0] if patch[0] == patch[1] else list(patch),
+        "channels": proj.in_channels,
+        "bias": proj.bias is not None,
+    }
+
+
+def _mlp(r: Reader, path: str) -> dict[str, Any]:
+    name = type(r.at(path)).__name__
+    r.absent(f"{path}.norm", "a norm inside the MLP (scale_mlp_norm)")
+    if name == "SwiGLU":  # split gate and value: fc1_g, fc1_x
+        act = r.activation(f"{path}.act")
+        if act != "silu":
+            raise r.refuse(f"{path}.act", act, "specvit's split-gate MLP is SwiGLU (SiLU)", "use SiLU")
+        return {
+            "hidden": r.at(f"{path}.fc2").in_features,
+            "activation": "swiglu",
+            "bias": _bias(r, f"{path}.fc2"),
+        }
+    if name == "GluMlp":
+        act = r.activation(f"{path}.act")
+        if act != "silu" or r.at(f"{path}.chunk_dim") != -1 or getattr(r.at(path), "gate_last", False):
+            raise r.refuse(
+                path, "GluMlp", "specvit's packed gated MLP is SiLU, gate first", "use SwiGLUPacked"
+            )
+        return {
+            "hidden": r.at(f"{path}.fc2").in_features,
+            "activation": "swiglu",
+            "bias": _bias(r, f"{path}.fc2"),
+        }
+    if name != "Mlp":
+        raise r.refuse(path, name, "specvit reads Mlp, SwiGLU and SwiGLUPacked", "use one of them")
+    if _bias(r, f"{path}.fc1") != _bias(r, f"{path}.fc2"):
+        raise r.refuse(f"{path}.fc1.bias", "one of two", "specvit's MLP biases are both on or both off", "")
+    return {
+        "hidden": r.at(f"{path}.fc1").out_features,
+        "activation": r.activation(f"{path}.act"),
+        "bias": _bias(r, f"{path}.fc2"),
+    }
+
+
+def _bias(r: Reader, path: str) -> bool:
+    return r.at(path).bias is not None
+
+
+def vit_block(r: Reader, path: str) -> dict[str, Any]:
+    """The spec ``block:`` of one timm pre-norm ``Block`` (``Attention``, ``Mlp``, ``LayerScale``)."""
+    if type(r.at(path)).__name__ != "Block":
+        raise r.refuse(path, type(r.at(path)).__name__, "specvit reads timm's pre-norm Block", "use Block")
+    attn = f"{path}.attn"
+    heads, head_dim = r.at(f"{attn}.num_heads"), r.at(f"{attn}.head_dim")
+    r.absent(f"{attn}.norm", "a norm before the attention projection (scale_attn_norm)")
+    qk_norm = type(r.at(f"{attn}.q_norm")).__name__ != "Identity"
+    block: dict[str, Any] = {
+        "heads": heads,
+        "head_dim": head_dim,
+        "norm": {**r.norm(f"{path}.norm1"), "placement": "pre"},
+        "mlp": _mlp(r, f"{path}.mlp"),
+        "qkv_bias": _bias(r, f"{attn}.qkv"),
+        "proj_bias": _bias(r, f"{attn}.proj"),
+        "qk_norm": qk_norm,
+        "attention_scale": r.scale(attn, head_dim),
+    }
+    if qk_norm and r.norm(f"{attn}.q_norm")["kind"] != block["norm"]["kind"]:
+        raise r.refuse(
+            f"{attn}.q_norm", type(r.at(f"{attn}.q_norm")).__name__, "a QK-norm of another kind", ""
+        )
+    if r.norm(f"{path}.norm2") != r.norm(f"{path}.norm1"):
+        raise r.refuse(f"{path}.norm2", r.norm(f"{path}.norm2"), "norm2 differs from norm1", "")
+    ls = r.at(f"{path}.ls1")
+    if type(ls).__name__ == "LayerScale":
+        block["layer_scale"] = float(ls.init_values)
+    return block
+
+
+def _vit(r: Reader) -> dict[str, Any]:
+    m = r.model
+    r.only("global_pool", ["token", "avg", ""], "specvit pools by the class token or the mean")
+    r.only("pool_include_prefix", [False], "specvit's mean pool leaves the prefix tokens out")
+    if m.attn_pool is not None:
+        raise r.refuse("attn_pool", type(m.attn_pool).__name__, "attention pooling has no spec", "")
+    blocks = [f"blocks.{i}" for i in range(len(m.blocks))]
+    block = r.same(blocks, lambda b: vit_block(r, b), "block")
+    registers = m.num_reg_tokens
+    prefix = {"cls": m.cls_token is not None, "registers": registers}
+    position: Any = "none"
+    if m.pos_embed is not None:
+        position = {"kind": "learned", "include_prefix": not m.no_embed_class}
+    fc_norm = type(m.fc_norm).__name__ != "Identity"
+    final_norm = type(m.norm).__name__ != "Identity"
+    for which in ("norm", "fc_norm", "norm_pre"):
+        if type(getattr(m, which)).__name__ != "Identity" and r.norm(which) != _norm_only(block):
+            raise r.refuse(which, r.norm(which), "specvit's norms outside blocks are the blocks' norm", "")
+    head: Any = "none"
+    if m.num_classes > 0:
+        pool = {"token": "cls", "avg": "mean"}.get(m.global_pool)
+        if pool is None:
+            raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
+        head = {
+            "kind": "classifier",
+            "classes": m.num_classes,
+            "pool": pool,
+            "norm": fc_norm,
+            "bias": _bias(r, "head"),
+            "dropout": r.dropout("head_drop"),
+        }
+    elif m.global_pool or fc_norm:
+        raise r.refuse(
+            "num_classes", 0, "pooled features without a classifier have no spec", "global_pool=''"
+        )
+    return {
+        "specvit": 1,
+        "name": "timm_vision_transformer",
+        "description": "timm VisionTransformer, imported by specvit.from_timm.",
+        "model": "encoder",
+        "encoder": {
+            "input": image_input(r),
+            "prefix": prefix,
+            "position": position,
+            "width": m.embed_dim,
+            "depth": len(blocks),
+            "block": block,
+            "dropout": {
+                "embedding": r.dropout("pos_drop"),
+                "attention": r.dropout("blocks.0.attn.attn_drop"),
+                "projection": r.dropout("blocks.0.attn.proj_drop"),
+                "mlp": r.dropout("blocks.0.mlp.drop1"),
+            },
+            "drop_path": r.drop_path(blocks),
+            "embed_norm": type(m.norm_pre).__name__ != "Identity",
+            "final_norm": final_norm,
+        },
+        "head": head,
+    }
+
+
+def _norm_only(block: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in block["norm"].items() if k != "placement"}
+
+
+def vit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
+    """timm ``VisionTransformer`` keys: class and register tokens, learned positions with or without the
+    prefix, ``norm_pre``, layer scale, QK-norm, ``fc_norm``, packed or split gated MLPs."""
+    name = "timm VisionTransformer"
+    stack = spec.stacks[spec.output_stack]
+    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
+        raise ValueError(
+            f"source 'timm' converts VisionTransformer state dicts (image encoders); spec {spec.name!r} is "
+            f"a {spec.model} model reading {stack.input.kind}"
+        )
+    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    block, layer = "encoder.blocks.{i}.", "blocks.{i}."
+    if any(re.fullmatch(r"blocks\.\d+\.mlp\.fc1_g\.weight", k) for k in keys):  # SwiGLU: split gate/value
+        fc1: Entry = ((layer + "mlp.fc1_g.{p}", layer + "mlp.fc1_x.{p}"), cat)
+    else:
+        fc1 = one(layer + "mlp.fc1.{p}")
+    patch = patches if stack.input.projection == "linear" else same
+    table = {
+        "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}", patch),
+        "encoder.prefix.cls_token": one("cls_token"),
+        "encoder.prefix.reg_token": one("reg_token"),
+        "encoder.pos_embed.weight": one("pos_embed"),
+        "encoder.embed_norm.{p}": one("norm_pre.{p}"),
+        block + "mlp.fc1.{p}": fc1,
+        "encoder.norm.{p}": one("norm.{p}"),
+        "head.norm.{p}": one("fc_norm.{p}"),
+        "head.fc.{p}": one("head.{p}"),
+    }
+    for part in (
+        "norm1",
+        "attn.qkv",
+        "attn.q_norm",
+        "attn.k_norm",
+        "attn.proj",
+        "ls1",
+        "norm2",
+        "mlp.fc2",
+        "ls2",
+    ):
+        table[block + part + ".{p}"] = one(layer + part + ".{p}")  # timm names these as specvit does
+    return Layout(name, table)
+
+
+timm_family(
+    TimmFamily(
+        classes=("VisionTransformer",),
+        modules=frozenset(
+            {"PatchEmbed", "Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm"}
+            | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
+        ),
+        keys=None,
+        spec=_vit,
+        layout=vit_layout,
+    )
+)
