@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 __all__ = ["KVCache"]
@@ -31,9 +30,10 @@ class KVCache:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"KVCache(window=...) must be an integer >= 1 or None, got {window!r}")
         self.window = window
-        self.keys: dict[int, Tensor] = {}
+        self.keys: dict[int, Tensor] = {}  # (B, Hkv, T, hd) views into the buffers
         self.values: dict[int, Tensor] = {}
         self.seen: dict[int, int] = {}
+        self.buffers: dict[int, tuple[Tensor, Tensor, int]] = {}  # keys, values (B, Hkv, capacity, hd), start
         self.memory: dict[int, tuple[Tensor, Tensor]] = {}
 
     def length(self, layer: int) -> int:
@@ -47,21 +47,37 @@ class KVCache:
         return 0 if k is None else k.shape[2]
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new (B, Hkv, N, hd) keys/values and return all (B, Hkv, T, hd) the layer holds."""
-        if layer in self.keys:
-            k = torch.cat((self.keys[layer], k), dim=2)  # (B, Hkv, T + N, hd)
-            v = torch.cat((self.values[layer], v), dim=2)  # (B, Hkv, T + N, hd)
-        self.seen[layer] = self.seen.get(layer, 0) + k.shape[2] - self.stored(layer)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        """Append new (B, Hkv, N, hd) keys/values and return all (B, Hkv, T, hd) the layer holds.
+
+        They are written into a buffer with room to grow (its capacity doubles when full, so a step copies
+        only its own tokens, not the whole cache as a concatenation would); the returned tensors are views.
+        """
+        n, held = k.shape[2], self.stored(layer)
+        self.seen[layer] = self.seen.get(layer, 0) + n
+        buffer = self.buffers.get(layer)
+        if buffer is None or buffer[2] + held + n > buffer[0].shape[2] or buffer[0].shape[0] != k.shape[0]:
+            capacity = max(2 * (held + n), 16)
+            bk = k.new_empty(k.shape[0], k.shape[1], capacity, k.shape[3])  # (B, Hkv, capacity, hd)
+            bv = v.new_empty(v.shape[0], v.shape[1], capacity, v.shape[3])
+            if held:
+                bk[:, :, :held] = self.keys[layer]
+                bv[:, :, :held] = self.values[layer]
+            buffer = (bk, bv, 0)
+            self.buffers[layer] = buffer
+        bk, bv, start = buffer
+        end = start + held + n
+        bk[:, :, end - n : end] = k
+        bv[:, :, end - n : end] = v
+        self.keys[layer], self.values[layer] = bk[:, :, start:end], bv[:, :, start:end]  # (B, Hkv, T, hd)
+        return self.keys[layer], self.values[layer]
 
     def bound(self, layer: int, window: int | None) -> None:
         """After a forward of causal layer ``layer`` with sliding window ``window`` (None: none), keep only
         the ``min(window, self.window) - 1`` positions the next query will see besides itself."""
         bounds = [w for w in (window, self.window) if w is not None]
-        if not bounds:
-            return
-        drop = self.stored(layer) - (min(bounds) - 1)
+        drop = self.stored(layer) - (min(bounds) - 1) if bounds else 0
         if drop > 0:
-            self.keys[layer] = self.keys[layer][:, :, drop:]  # (B, Hkv, keep, hd)
-            self.values[layer] = self.values[layer][:, :, drop:]  # (B, Hkv, keep, hd)
+            bk, bv, start = self.buffers[layer]
+            self.buffers[layer] = (bk, bv, start + drop)  # the buffer is reused from its start when full
+            self.keys[layer] = self.keys[layer][:, :, drop:]  # (B, Hkv, window - 1, hd)
+            self.values[layer] = self.values[layer][:, :, drop:]
