@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         f"set: {rate_text}. 'of fp32 GEMM ceiling' is against the best fp32 path; bf16 rows also give their "
         "share of the best bf16 path. A row above 100% would mean the model's GEMMs ran faster inside it than "
         "alone (cache reuse across fused ops), which the measurement makes unlikely; none should.\n"
-        "- peak memory: the resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs) one "
-        "training step adds after warm-up, so it counts activations, gradients and AdamW's states as the "
-        "allocator really touched them (tracemalloc does not see torch's allocations).\n\n"
+        "- peak memory: measured in a fresh child process per side (`python -m benchmarks.memory <case> "
+        "<side>`): it builds the case, resets the kernel's resident-set high-water mark (/proc/self/clear_refs), "
+        "runs two training steps of one side and reports VmHWM less the resident size before them: activations, "
+        "gradients and AdamW's states as the allocator touched them (tracemalloc does not see torch's "
+        "allocations, and in one process memory an earlier run freed stays resident and hides later peaks).\n\n"
         f"{table(rows, best)}\n\n## Targets, judged from this run\n\n{verdicts}"
     )
     print(report)

@@ -74,6 +74,7 @@ def generation_rows(repeat: int, smoke: bool = False) -> list[Row]:
 def _per_token(model: torch.nn.Module, at: int, repeat: int) -> tuple[float, float]:
     """Time of producing token ``at``: one cached decoder step at position ``at`` vs a full forward of ``at`` tokens."""
     from specvit.model import DecoderModel, EncoderDecoderModel
+    from specvit.nn.cache import KVCache
 
     seq = torch.randint(2, 1000, (1, at))
     with torch.inference_mode():
@@ -84,7 +85,7 @@ def _per_token(model: torch.nn.Module, at: int, repeat: int) -> tuple[float, flo
                 return model.decode(seq, memory)
 
             def prefill() -> object:
-                cache = model.decoder.new_cache()
+                cache = KVCache()
                 model.decode(seq[:, :-1], memory, cache=cache)
                 return cache
 
@@ -97,7 +98,7 @@ def _per_token(model: torch.nn.Module, at: int, repeat: int) -> tuple[float, flo
                 return model(seq)
 
             def prefill() -> object:
-                cache = model.decoder.new_cache()
+                cache = KVCache()
                 model(seq[:, :-1], cache=cache)
                 return cache
 
