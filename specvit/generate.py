@@ -76,6 +76,7 @@ def decode_loop(
     max_new_tokens: int,
     *,
     eos_id: int | None,
+    pad_id: int | None = None,
     temperature: float,
     top_k: int | None,
     use_cache: bool,
@@ -88,7 +89,9 @@ def decode_loop(
         new_cache: makes an empty KV cache.
         tokens: (B, T0) the prompt.
         max_new_tokens: the most tokens to add.
-        eos_id: a finished sequence keeps emitting this id; stop when every sequence has finished.
+        eos_id: a row that emits this id has finished: it stops growing (later positions hold ``pad_id``);
+            stop when every row has finished. Each row's tokens equal its own generation alone.
+        pad_id: what fills a finished row's later positions; None = ``eos_id``.
         temperature: 0 for greedy.
         top_k: restrict sampling to the k most likely tokens (>= 1), or None for all.
         use_cache: feed one token per step into a KV cache instead of the whole sequence.
@@ -97,10 +100,11 @@ def decode_loop(
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).
         ValueError: an empty prompt, ``top_k`` < 1, a negative or non-finite temperature, a negative
-            ``max_new_tokens`` or ``eos_id``.
+            ``max_new_tokens``, ``eos_id`` or ``pad_id``.
     """
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", low=0)
     eos_id = None if eos_id is None else _integer(eos_id, "eos_id", low=0)
+    pad_id = eos_id if pad_id is None else _integer(pad_id, "pad_id", low=0)
     top_k = None if top_k is None else _integer(top_k, "top_k", low=1, hint="None samples from every token")
     temperature = _temperature(temperature)
     _check_prompt(tokens)
@@ -116,7 +120,8 @@ def decode_loop(
             logits = step(seq, None, 0)
         nxt = _pick(logits, temperature, top_k, generator)  # (B,)
         if eos_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            assert pad_id is not None
+            nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)  # finished rows are padded
             done = done | (nxt == eos_id)
         seq = torch.cat((seq, nxt[:, None]), dim=1)  # (B, T + 1)
         if eos_id is not None and bool(done.all()):

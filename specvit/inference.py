@@ -1,18 +1,20 @@
-"""One switch for fast inference: ``specvit.optimize(model, for_="inference")``.
+"""One switch for fast inference: ``specvit.optimize(model, example_inputs)``.
 
-What it does, and why (measured on this project's 2-core x86 CPU, docs/performance.md):
+It measures before it chooses: the candidates (eager; eager with oneDNN pre-packed weights;
+``torch.compile(fullgraph=True)`` with and without Inductor freezing; with ``precision='bf16'`` also bf16
+eager and compiled) each run once on the example inputs (the warm-up, where compilation happens), their
+outputs are compared with eager's (fp32 within 1e-4 max abs; bf16 within 5% of eager's largest output
+magnitude), the ones that agree are timed in alternating rounds, and the fastest is kept. Eager is a
+candidate, so the result is never slower than eager on the shapes it was measured at: which candidate wins
+depends on the machine (Inductor freezing gained on one of this project's CPUs and lost on another) and on
+the batch size. ``model.optimize_report`` (or ``verbose=True``) gives the table of candidates, times,
+speedups, max abs differences and warm-up seconds.
 
-- ``precision="fp32"`` (default): ``torch.compile`` (Inductor) fuses the element-wise work between the
-  GEMMs (norms, GELU, residual adds) while the GEMMs keep their BLAS path; outputs equal eager within
-  float rounding (< 1e-5 on ViT-B/16). On a CPU whose fp32 GEMM runs at the same rate through MKL and
-  oneDNN, eager is already within ~25% of the GEMM ceiling, so this is the fp32 gain available:
-  pre-packing weights for oneDNN or Inductor's freezing measured slower here. Compiling costs a warm-up
-  on the first call of each input shape (about 20 s for ViT-B/16 on 2 cores).
-- ``precision="bf16"``: weights and activations in bfloat16, which runs on AMX / AVX512-BF16 units (and
-  tensor cores on GPUs): ~3x faster than fp32 on such a CPU, at ~1% relative error in the outputs, so it
-  is an explicit choice, never the default. Inputs are cast on the way in and outputs back to float32.
+Without ``example_inputs`` the choice is made on the first call of each input shape, with that call's
+arguments, and kept per shape.
 
-The result is for inference only (eval mode, no gradients); train, save and convert the original.
+The result is for inference only (eval mode, no gradients); call it under ``torch.no_grad()`` or
+``torch.inference_mode()``; train, save and convert the original.
 
 The module is ``specvit.inference`` (not ``specvit.optimize``) so that ``specvit.optimize`` stays the
 function: importing a submodule named like a package attribute would replace that attribute.
@@ -21,93 +23,120 @@ function: importing a submodule named like a package attribute would replace tha
 from __future__ import annotations
 
 import copy
+import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-__all__ = ["optimize"]
+from specvit.tuning import Candidate, OptimizeReport, choose, default_candidates
+
+__all__ = ["OptimizeReport", "optimize"]
+
+Shapes = tuple[tuple[int, ...], ...]
 
 
-class _Cast(nn.Module):
-    """Runs ``model`` in ``dtype``: floating inputs are cast to it, floating outputs back to float32.
-
-    Args:
-        model: the model, already in ``dtype``.
-        dtype: the compute dtype.
-    """
-
-    def __init__(self, model: nn.Module, dtype: torch.dtype):
-        super().__init__()
-        self.model = model
-        self.dtype = dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        def cast(v: Any) -> Any:
-            return v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-
-        out = self.model(*(cast(a) for a in args), **{k: cast(v) for k, v in kwargs.items()})
-        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+def _shapes(args: Sequence[Any]) -> Shapes:
+    return tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
 
 
-class _WarmUp(nn.Module):
-    """Shows progress on a terminal while a compiled model's first call of each input shape compiles.
+def _describe(key: Shapes) -> str:
+    return ", ".join("x".join(map(str, k)) for k in key)
+
+
+class _PerShape(nn.Module):
+    """Chooses the fastest candidate on the first call of each input shape (with that call's arguments).
 
     Args:
-        model: the compiled model.
-        show: force the display on or off; default: when standard error is a terminal.
+        model: the eval copy, the reference.
+        select: ``select(args) -> (module, report)``.
+        show: show the measuring's progress (None: when standard error is a terminal).
     """
 
-    def __init__(self, model: nn.Module, show: bool | None):
+    def __init__(self, model: nn.Module, select: Callable[[tuple[Any, ...]], Any], show: bool | None):
         super().__init__()
         self.model = model
+        self.select = select
         self.show = show
-        self.seen: set[tuple[tuple[int, ...], ...]] = set()
+        self.chosen: dict[Shapes, nn.Module] = {}
+        self.reports: dict[Shapes, OptimizeReport] = {}
+        self.optimize_report: OptimizeReport | None = None
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from specvit.progress import stages
+    def forward(self, *args: Any) -> Any:
+        key = _shapes(args)
+        if key not in self.chosen:
+            from specvit.progress import stages
 
-        key = tuple(tuple(a.shape) for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
-        if key in self.seen:
-            return self.model(*args, **kwargs)
-        shapes = ", ".join("x".join(map(str, k)) for k in key)
-        with stages(f"optimize: first call at {shapes}", 1, show=self.show) as step:
-            step("torch.compile warm-up, once per input shape")
-            out = self.model(*args, **kwargs)
-        self.seen.add(key)
-        return out
+            with stages(f"optimize: first call at {_describe(key)}", 1, show=self.show) as step:
+                step("measuring the candidates (compiles once per input shape)")
+                self.chosen[key], self.reports[key] = self.select(args)
+            self.optimize_report = self.reports[key]
+        return self.chosen[key](*args)
 
 
 def optimize(
     model: nn.Module,
+    example_inputs: tuple[Any, ...] | None = None,
     for_: Literal["inference"] = "inference",
     *,
     precision: Literal["fp32", "bf16"] = "fp32",
     compile: bool = True,
+    repeat: int = 5,
+    verbose: bool = False,
     progress: bool | None = None,
+    candidates: Sequence[Candidate] | None = None,
+    timer: Callable[[], float] = time.perf_counter,
 ) -> nn.Module:
-    """A faster copy of ``model`` for inference; the original is left unchanged.
+    """The fastest measured way to run ``model`` for inference; the original is left unchanged.
 
     Args:
-        model: a compiled specvit model.
+        model: a compiled specvit model (any ``nn.Module`` works).
+        example_inputs: a tuple of forward arguments to measure with; the choice is made now and the chosen
+            module returned (eager: the model's eval copy itself), with ``optimize_report`` attached. None:
+            choose on the first call of each input shape instead (``optimize_report`` is the latest one,
+            ``reports`` has them by shape).
         for_: what to optimise for; ``inference`` is the one mode.
-        precision: ``fp32`` (outputs equal eager within float rounding) or ``bf16`` (about 1% relative
-            error, several times faster where the hardware has bf16 units).
-        compile: fuse with ``torch.compile`` (a warm-up on the first call of each input shape).
-        progress: show the warm-up's progress on standard error (default: when it is a terminal).
+        precision: ``fp32`` (every candidate equals eager within 1e-4) or ``bf16`` (bf16 candidates join,
+            held to 5% of eager's largest output magnitude; chosen only if faster).
+        compile: include the ``torch.compile(fullgraph=True)`` candidates (each costs a warm-up: compilation).
+        repeat: timed rounds per candidate (median); 1-2 keeps tests cheap.
+        verbose: print the report's table to standard error.
+        progress: show progress on standard error while measuring (default: when it is a terminal).
+        candidates: replace the default candidates (the first must be eager); for tests and experiments.
+        timer: the clock used to time candidates.
 
     Returns:
-        A module in eval mode to call under ``torch.inference_mode()`` or ``torch.no_grad()``.
+        A module in eval mode, to call under ``torch.inference_mode()`` or ``torch.no_grad()``.
+
+    Raises:
+        ValueError: an unknown ``for_`` or ``precision``.
     """
+    if isinstance(example_inputs, str):  # the former signature: optimize(model, "inference")
+        example_inputs, for_ = None, example_inputs
     if for_ != "inference":
         raise ValueError(f"optimize supports for_='inference', not {for_!r}")
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be 'fp32' or 'bf16', not {precision!r}")
-    fast: nn.Module = copy.deepcopy(model).eval()
-    for p in fast.parameters():
+    base: nn.Module = copy.deepcopy(model).eval()
+    for p in base.parameters():
         p.requires_grad_(False)
-    if precision == "bf16":
-        fast = _Cast(fast.to(torch.bfloat16), torch.bfloat16)
-    if not compile:
-        return fast
-    return _WarmUp(torch.compile(fast), progress)  # type: ignore[arg-type]
+    cands = list(candidates) if candidates is not None else default_candidates(precision, compile)
+
+    def select(args: tuple[Any, ...]) -> tuple[nn.Module, OptimizeReport]:
+        chosen, report = choose(base, args, cands, repeat=repeat, timer=timer)
+        report.shapes = _describe(_shapes(args))
+        if verbose:
+            print(report.table(), file=sys.stderr)
+        return chosen, report
+
+    if example_inputs is None:
+        return _PerShape(base, select, progress)
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(
+            f"example_inputs must be a tuple of forward arguments, got {type(example_inputs).__name__}"
+        )
+    chosen, report = select(example_inputs)
+    chosen.optimize_report = report  # type: ignore[assignment]
+    return chosen

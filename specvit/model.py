@@ -193,9 +193,11 @@ class DecoderModel(SpecModel):
         max_new_tokens: int,
         *,
         eos_id: int | None = None,
+        pad_id: int | None = None,
         temperature: float = 0.0,
         top_k: int | None = None,
         use_cache: bool = True,
+        cache_window: int | None = None,
         generator: torch.Generator | None = None,
     ) -> Tensor:
         """Continue ``tokens`` (B, T0): greedy when temperature is 0, else sampling (optionally top-k).
@@ -203,10 +205,15 @@ class DecoderModel(SpecModel):
         Args:
             tokens: (B, T0) prompt ids.
             max_new_tokens: the most tokens to add.
-            eos_id: stop a sequence at this id (later positions are filled with it); stop when all have.
+            eos_id: a row stops at this id (its later positions hold ``pad_id``); stop when all rows have.
+            pad_id: what fills a finished row; None = ``eos_id``.
             temperature: 0 for greedy; > 0 divides the logits before sampling.
             top_k: sample among the k most likely tokens only.
             use_cache: KV cache (one step per token) or recompute the whole sequence each step.
+            cache_window: bound the KV cache: every causal self-attention layer attends to at most this many
+                positions (itself included) and the cache holds at most ``cache_window - 1`` per layer
+                (:class:`~specvit.nn.attention.KVCache`); for ALiBi models, the ALiBi paper's sliding-window
+                evaluation. None: the layers' own windows (sliding-window layers are bounded by theirs).
             generator: random generator for sampling.
 
         Returns:
@@ -223,12 +230,16 @@ class DecoderModel(SpecModel):
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
             return self(seq, cache=cache, offset=offset)[:, -1]  # (B, V)
 
+        if cache_window is not None:
+            KVCache(cache_window)  # its argument check, before decoding
+
         return decode_loop(
             step,
-            KVCache,
+            lambda: KVCache(cache_window),
             tokens,
             max_new_tokens,
             eos_id=eos_id,
+            pad_id=pad_id,
             temperature=temperature,
             top_k=top_k,
             use_cache=use_cache,
@@ -253,6 +264,7 @@ class EncoderDecoderModel(SpecModel):
         *,
         bos_id: int,
         eos_id: int | None = None,
+        pad_id: int | None = None,
         src_key_padding_mask: Tensor | None = None,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -265,7 +277,8 @@ class EncoderDecoderModel(SpecModel):
             src: encoder input.
             max_new_tokens: the most tokens to generate after BOS.
             bos_id: the first decoder token.
-            eos_id: stop a sequence at this id.
+            eos_id: a row stops at this id (its later positions hold ``pad_id``); stop when all rows have.
+            pad_id: what fills a finished row; None = ``eos_id``.
             src_key_padding_mask: (B, S) bool, True = padding.
             temperature: 0 for greedy, else sampling temperature.
             top_k: sample among the k most likely tokens only.
@@ -295,6 +308,7 @@ class EncoderDecoderModel(SpecModel):
             start,
             max_new_tokens,
             eos_id=eos_id,
+            pad_id=pad_id,
             temperature=temperature,
             top_k=top_k,
             use_cache=use_cache,

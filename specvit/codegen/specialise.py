@@ -167,21 +167,28 @@ class _Renderer:
                 return bool(taken) and any(self.ends(s) for s in taken)
         return False
 
-    def statement(self, stmt: ast.stmt, indent: int) -> list[str]:
+    def statement(self, stmt: ast.stmt, indent: int, as_if: bool = False) -> list[str]:
+        """The lines of ``stmt``; ``as_if``: an ``elif`` whose ``if`` folded away starts a chain itself."""
         if isinstance(stmt, ast.If):
             test = self.fold.visit(_copy(stmt.test))
             if isinstance(test, ast.Constant):
                 taken = stmt.body if test.value else stmt.orelse
+                if not test.value and self._is_elif(taken):  # the elif becomes the chain's if
+                    return self.statement(taken[0], indent, as_if=True)
                 return self.block(taken, indent + _inner(stmt, self.lines)) if taken else []
         if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.FunctionDef):
-            return self.compound(stmt, indent)
+            return self.compound(stmt, indent, as_if)
         return [_dedent(line, indent) for line in self.text(stmt)]
 
-    def compound(self, stmt: Any, indent: int) -> list[str]:
+    def _is_elif(self, orelse: list[ast.stmt]) -> bool:
+        return len(orelse) == 1 and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
+
+    def compound(self, stmt: Any, indent: int, as_if: bool = False) -> list[str]:
         """A statement with a body: its header (folded), its body, and an ``else``/``elif`` if any."""
         head = self.lines[stmt.lineno - 1 : stmt.body[0].lineno - 1]
         if isinstance(stmt, ast.If):
-            kw = "elif" if self.lines[stmt.lineno - 1].lstrip().startswith("elif") else "if"
+            elif_ = self.lines[stmt.lineno - 1].lstrip().startswith("elif") and not as_if
+            kw = "elif" if elif_ else "if"
             pad = " " * (len(head[0]) - len(head[0].lstrip()))
             head = [f"{pad}{kw} {ast.unparse(self.fold.visit(_copy(stmt.test)))}:"]
         out = [_dedent(line, indent) for line in head]
@@ -189,8 +196,7 @@ class _Renderer:
         orelse = getattr(stmt, "orelse", [])
         if not orelse:
             return out
-        is_elif = len(orelse) == 1 and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
-        if isinstance(stmt, ast.If) and is_elif:
+        if isinstance(stmt, ast.If) and self._is_elif(orelse):
             branch = self.statement(orelse[0], indent)
             if not branch or branch[0].lstrip().startswith("elif"):
                 return [*out, *branch]

@@ -27,36 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specvit.nn.cache import KVCache
 from specvit.nn.position import apply_rope
 
 QkNorm = Literal["layernorm", "rmsnorm"]
-
-
-class KVCache:
-    """The keys and values of every attention layer of a model, by the layer's index (HF's ``layer_idx``).
-
-    Self-attention layers append the keys/values (after QK-norm and RoPE) of the tokens they see; a
-    cross-attention layer stores its memory's keys/values once and reuses them. One object serves the
-    whole model: pass it to every forward of a decoding loop.
-    """
-
-    def __init__(self) -> None:
-        self.keys: dict[int, Tensor] = {}
-        self.values: dict[int, Tensor] = {}
-        self.memory: dict[int, tuple[Tensor, Tensor]] = {}
-
-    def length(self, layer: int) -> int:
-        """Number of positions cached for self-attention layer ``layer``."""
-        k = self.keys.get(layer)
-        return 0 if k is None else k.shape[2]
-
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new (B, Hkv, N, hd) keys/values and return all (B, Hkv, T + N, hd) of the layer."""
-        if layer in self.keys:
-            k = torch.cat((self.keys[layer], k), dim=2)  # (B, Hkv, T + N, hd)
-            v = torch.cat((self.values[layer], v), dim=2)  # (B, Hkv, T + N, hd)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
 
 
 def _head_norm(
@@ -123,8 +97,8 @@ def _three(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
 
 
 def _visible(n: int, t: int, past: int, causal: bool, window: int | None, device: torch.device) -> Tensor:
-    """(N, T) bool: query i (absolute position past + i) may see key j; causal: j <= past + i; a window
-    keeps the keys less than ``window`` positions away."""
+    """(N, T) bool: query i, ``past`` positions after key 0 (at position past + i if key 0 is at 0), may see
+    key j; causal: j <= past + i; a window keeps the keys less than ``window`` positions away."""
     visible = torch.ones(n, t, dtype=torch.bool, device=device)
     if causal:
         visible = visible.tril(diagonal=past)
@@ -309,27 +283,34 @@ class SelfAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        past = 0
+        past, first = 0, 0  # query i sits at absolute position past + i, key j at first + j
         if cache is not None:
             past = cache.length(self.layer_idx)
             k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
+            first = past + n - k.shape[2]
         t = k.shape[2]
+        if bias is not None and bias.shape[-1] != t:
+            bias = bias[..., -t:]  # the keys still held: (B or 1, H, N or 1, T)
 
         visible: Tensor | None = None  # broadcastable to (B, 1, N, T), True = may attend
         is_causal = False
-        if self.causal and past == 0 and mask is None and bias is None and self.window is None:
+        if cache is not None and self.causal and cache.window is not None:
+            window = cache.window if self.window is None else min(self.window, cache.window)
+            visible = _visible(n, t, past - first, True, window, x.device)  # (N, T)
+        elif self.causal and past == 0 and mask is None and bias is None and self.window is None:
             is_causal = True
-        elif self.causal or self.window is not None:
-            # query i sits at absolute position past + i
-            visible = _visible(n, t, past, self.causal, self.window, x.device)  # (N, T)
+        elif self.window is not None or (self.causal and n > 1):  # causal, one new token: it sees every key
+            visible = _visible(n, t, past - first, self.causal, self.window, x.device)  # (N, T)
         if mask is not None:
-            if mask.shape != (b, t):
-                raise ValueError(f"mask must have shape (B, T)=({b}, {t}), got {tuple(mask.shape)}")
-            keep = ~mask[:, None, None, :]  # (B, 1, 1, T)
+            if mask.shape != (b, past + n):
+                raise ValueError(f"mask must have shape (B, T)=({b}, {past + n}), got {tuple(mask.shape)}")
+            keep = ~mask[:, None, None, past + n - t :]  # (B, 1, 1, T)
             visible = keep if visible is None else visible & keep  # (B, 1, N, T)
 
         dropout_p = self.attn_drop if self.training else 0.0
         out = _attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, H, N, hd)
+        if cache is not None and self.causal:
+            cache.bound(self.layer_idx, self.window)
         out = out.transpose(1, 2).reshape(b, n, h * hd)  # (B, N, H*hd)
         return self.proj_drop(self.proj(out))  # (B, N, D)
 

@@ -1,0 +1,277 @@
+"""The measurement behind ``specvit.optimize``: candidate ways to run a model, checked and timed here.
+
+Each candidate builds a module from the model's eval copy. :func:`choose` runs every candidate once to warm
+it up (compilation happens then), compares its outputs with eager's, times the ones that agree in alternating
+rounds (median per candidate) and keeps the fastest. Eager is always a candidate, so the choice is never
+slower than eager on the inputs it was measured with.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["Candidate", "OptimizeReport", "Trial", "choose", "default_candidates"]
+
+FP32_ATOL = 1e-4
+"""fp32 candidates must match eager within this max abs difference."""
+BF16_RTOL = 5e-2
+"""bf16 candidates must match eager within this fraction of eager's largest output magnitude: bf16 keeps 8
+mantissa bits (3.9e-3 relative per rounding), and a deep model accumulates a few percent of its output scale."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the model.
+
+    Args:
+        name: shown in the report.
+        build: makes the runnable module from the model's eval copy (may share its parameters).
+        precision: ``fp32`` candidates are held to ``FP32_ATOL``, ``bf16`` ones to ``BF16_RTOL``.
+    """
+
+    name: str
+    build: Callable[[nn.Module], nn.Module]
+    precision: Literal["fp32", "bf16"] = "fp32"
+
+
+@dataclass
+class Trial:
+    """What one candidate measured: median seconds per call, first-call seconds, max abs diff vs eager."""
+
+    name: str
+    seconds: float | None = None
+    warmup_seconds: float | None = None
+    max_abs_diff: float | None = None
+    rejected: str | None = None  # why it was not eligible (wrong outputs, an error)
+
+
+@dataclass
+class OptimizeReport:
+    """The candidates tried, their measurements and the one chosen."""
+
+    trials: list[Trial]
+    chosen: str
+    shapes: str = ""
+    modules: dict[str, nn.Module] = field(default_factory=dict, repr=False)
+
+    @property
+    def eager_seconds(self) -> float:
+        eager = next(t for t in self.trials if t.name == "eager")
+        assert eager.seconds is not None
+        return eager.seconds
+
+    @property
+    def speedup(self) -> float:
+        """Eager's time over the chosen candidate's (>= 1.0)."""
+        chosen = next(t for t in self.trials if t.name == self.chosen)
+        assert chosen.seconds is not None
+        return self.eager_seconds / chosen.seconds
+
+    def table(self) -> str:
+        """A text table: candidate, median time, speedup over eager, max abs diff, warm-up, verdict."""
+        head = f"{'candidate':<28} {'time':>10} {'speedup':>8} {'max abs diff':>13} {'warm-up':>9}  verdict"
+        lines = [
+            f"specvit.optimize at input shapes {self.shapes}" if self.shapes else "specvit.optimize",
+            head,
+        ]
+        for t in self.trials:
+            time_s = f"{t.seconds * 1e3:.2f} ms" if t.seconds is not None else "-"
+            speed = f"{self.eager_seconds / t.seconds:.2f}x" if t.seconds else "-"
+            diff = f"{t.max_abs_diff:.1e}" if t.max_abs_diff is not None else "-"
+            warm = f"{t.warmup_seconds:.2f} s" if t.warmup_seconds is not None else "-"
+            verdict = (
+                "chosen" if t.name == self.chosen else (f"rejected: {t.rejected}" if t.rejected else "slower")
+            )
+            lines.append(f"{t.name:<28} {time_s:>10} {speed:>8} {diff:>13} {warm:>9}  {verdict}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+class Cast(nn.Module):
+    """Runs ``model`` in ``dtype``: floating inputs are cast to it, floating outputs back to float32.
+
+    Args:
+        model: the model, already in ``dtype``.
+        dtype: the compute dtype.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        def cast(v: Any) -> Any:
+            return v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+
+        out = self.model(*(cast(a) for a in args), **{k: cast(v) for k, v in kwargs.items()})
+        return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+class PackedLinear(nn.Module):
+    """A Linear whose weight is pre-packed once into oneDNN's blocked layout (eager, no compiler).
+
+    Args:
+        linear: the layer to pack (its weight is read, not kept).
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.out_features = linear.out_features
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+        self.register_buffer("packed", packed, persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def prepack(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every fp32 ``nn.Linear`` replaced by a :class:`PackedLinear`."""
+    import copy
+
+    packed = copy.deepcopy(model)
+    for module in list(packed.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
+                setattr(module, child_name, PackedLinear(child))
+    return packed
+
+
+def _compiled(freezing: bool) -> Callable[[nn.Module], nn.Module]:
+    def build(model: nn.Module) -> nn.Module:
+        options: dict[str, str | int | bool | Callable[..., Any]] | None = (
+            {"freezing": True} if freezing else None
+        )
+        return torch.compile(model, fullgraph=True, options=options)  # type: ignore[return-value]
+
+    return build
+
+
+def default_candidates(precision: Literal["fp32", "bf16"], compile: bool) -> list[Candidate]:
+    """Eager, oneDNN pre-packed weights, and with ``compile`` Inductor (fullgraph) with and without freezing
+    (freezing folds the weights into the graph as constants and pre-packs them for oneDNN); with
+    ``precision='bf16'`` also the bf16 casts of eager and of compiled Inductor."""
+    found = [Candidate("eager", lambda m: m)]
+    if torch.backends.mkldnn.is_available():
+        found.append(Candidate("eager, oneDNN pre-packed", prepack))
+    if compile:
+        found += [Candidate("compile", _compiled(False)), Candidate("compile + freezing", _compiled(True))]
+    if precision == "bf16":
+        import copy
+
+        def bf16(m: nn.Module) -> nn.Module:
+            return Cast(copy.deepcopy(m).to(torch.bfloat16), torch.bfloat16)
+
+        found.append(Candidate("bf16", bf16, "bf16"))
+        if compile:
+            found.append(Candidate("bf16, compile", lambda m: _compiled(False)(bf16(m)), "bf16"))
+    return found
+
+
+def _max_abs_diff(got: Any, want: Any) -> float:
+    """Largest abs difference over the floating tensors of two outputs (inf when their structure differs)."""
+    a, b = tree_leaves(got), tree_leaves(want)
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        if isinstance(y, torch.Tensor):
+            if not isinstance(x, torch.Tensor) or x.shape != y.shape:
+                return float("inf")
+            if y.is_floating_point():
+                worst = max(worst, (x.double() - y.double()).abs().max().item() if y.numel() else 0.0)
+            elif not torch.equal(x, y):
+                return float("inf")
+    return worst
+
+
+def _scale(out: Any) -> float:
+    leaves = [
+        t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()
+    ]
+    return max((t.abs().max().item() for t in leaves), default=0.0)
+
+
+def choose(
+    model: nn.Module,
+    args: Sequence[Any],
+    candidates: Sequence[Candidate],
+    *,
+    repeat: int = 5,
+    timer: Callable[[], float] = time.perf_counter,
+) -> tuple[nn.Module, OptimizeReport]:
+    """Check and time ``candidates`` on ``model(*args)``; return the fastest one that agrees with eager.
+
+    Args:
+        model: the eval-mode model; eager (``candidates`` named ``eager``) is its reference.
+        args: forward arguments.
+        candidates: the ways to try; the first must be ``eager``.
+        repeat: timed rounds after the warm-up; each round calls every eligible candidate once, so a drift of
+            the machine's speed hits all alike; the median of the rounds counts.
+        timer: the clock (seconds).
+
+    Returns:
+        The chosen module and the report.
+    """
+    if not candidates or candidates[0].name != "eager":
+        raise ValueError("the first candidate must be 'eager', the reference")
+    with torch.no_grad():
+        reference = model(*args)
+        scale = _scale(reference)
+        trials, runners = _warm_up(model, args, candidates, reference, scale, timer)
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(max(1, repeat)):
+            for name, runner in runners.items():
+                start = timer()
+                runner(*args)
+                times[name].append(timer() - start)
+    for t in trials:
+        if t.name in times:
+            t.seconds = statistics.median(times[t.name])
+    chosen = min((t for t in trials if t.seconds is not None), key=lambda t: t.seconds or 0.0)
+    return runners[chosen.name], OptimizeReport(trials, chosen.name, modules=runners)
+
+
+def _warm_up(
+    model: nn.Module,
+    args: Sequence[Any],
+    candidates: Sequence[Candidate],
+    reference: Any,
+    scale: float,
+    timer: Callable[[], float],
+) -> tuple[list[Trial], dict[str, nn.Module]]:
+    """Build and call each candidate once (its warm-up), keeping those whose outputs match the reference."""
+    trials, runners = [], {}
+    for cand in candidates:
+        trial = Trial(cand.name)
+        trials.append(trial)
+        start = timer()
+        try:
+            runner = cand.build(model)
+            out = runner(*args)
+        except Exception as error:  # a candidate this machine or model cannot run is not chosen
+            trial.rejected = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:80] if str(error) else ''}"
+            )
+            continue
+        trial.warmup_seconds = timer() - start
+        trial.max_abs_diff = _max_abs_diff(out, reference)
+        bound = FP32_ATOL if cand.precision == "fp32" else BF16_RTOL * max(scale, 1e-30)
+        if not trial.max_abs_diff <= bound:
+            trial.rejected = f"outputs differ from eager by {trial.max_abs_diff:.1e} > {bound:.1e}"
+            continue
+        runners[cand.name] = runner
+    if "eager" not in runners:
+        raise RuntimeError("eager, the reference, did not run: " + str(trials[0].rejected))
+    return trials, runners

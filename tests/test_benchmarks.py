@@ -1,0 +1,71 @@
+"""The benchmark helpers that can be checked cheaply: CPU description, GEMM shapes, ceilings, memory."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+import specvit
+from benchmarks.common import Row, cpu_info
+from benchmarks.cuda import mfu
+from benchmarks.gemm import ceilings, gemm_shapes, shape_rates
+from benchmarks.memory import status_kib
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse avx2
+"""
+
+
+def test_cpu_info_reads_the_model_and_the_isa_extensions() -> None:
+    info = cpu_info(CPUINFO)
+    assert info == {
+        "model": "Intel(R) Xeon(R) Platinum 8480+",
+        "isa": "AVX2, AVX-512, AVX512-BF16, AVX512-VNNI, AMX, AMX-BF16, AMX-INT8",
+    }
+    assert cpu_info("model name\t: Old CPU\nflags\t: fpu sse2\n") == {"model": "Old CPU", "isa": "none found"}
+
+
+def test_gemm_shapes_of_a_small_vit() -> None:
+    model = specvit.build_model(
+        "vit_tiny_patch16_224", overrides={"encoder.depth": 2, "encoder.width": 64, "encoder.block.heads": 2}
+    ).eval()
+    shapes = gemm_shapes(model, (torch.randn(2, 3, 224, 224),))
+    tokens = 2 * 197  # batch x (196 patches + class token)
+    assert shapes == Counter(
+        {
+            (2 * 196, 3 * 16 * 16, 64): 1,  # the patch embedding, a stride-16 conv
+            (tokens, 64, 3 * 64): 2,  # qkv
+            (tokens, 64, 64): 2,  # attention output
+            (tokens, 64, 256): 2,  # MLP up
+            (tokens, 256, 64): 2,  # MLP down
+            (2, 64, 1000): 1,  # the head, on the class token
+        }
+    )
+    assert not model._forward_hooks and all(not m._forward_hooks for m in model.modules())
+
+
+def test_shape_rates_and_ceilings() -> None:
+    rates = shape_rates(Counter({(16, 32, 8): 2, (4, 8, 16): 1}), repeat=1)
+    assert {"fp32 torch.mm (MKL)", "fp32 F.linear", "bf16 torch.mm"} <= set(rates)
+    assert all(r > 0 for r in rates.values())
+    best = ceilings({"fp32 a": 10.0, "fp32 b": 12.0, "bf16 a": 30.0})
+    assert best == {"fp32": 12.0, "bf16": 30.0}
+
+
+def test_status_fields() -> None:
+    status = "Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n"
+    assert status_kib("VmHWM", status) == 204800 and status_kib("VmRSS", status) == 102400
+    assert status_kib("VmSwap", status) is None
+
+
+def test_row_text_and_mfu() -> None:
+    row = Row("s", "w", 2.0, 4.0, "peer", ours_mem=100 * 2**20, peer_mem=200 * 2**20)
+    assert row.ratio() == "0.50" and row.mem() == "100 MiB vs 200 MiB (0.50)"
+    assert mfu(312 * 10**12, 2.0, "NVIDIA A100-SXM4-80GB") == 0.5
+    assert mfu(1, 1.0, "unknown GPU") is None
