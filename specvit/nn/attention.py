@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.cache import KVCache
+from specvit.nn.functional import sdpa_layout
 from specvit.nn.position import apply_rope
 
 QkNorm = Literal["layernorm", "rmsnorm"]
@@ -171,12 +172,8 @@ def _attend(
     )  # (B, H, N, hd)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
-    if mask is not None and torch.compiler.is_exporting():
-        # ONNX export (torch 2.13) decomposes an SDPA with a float mask into the math kernel, whose output
-        # strides differ from the fused kernel's the trace saw: copied to the layout the callers' transpose +
-        # reshape expects ((B, N, H, hd) in memory), the reshape stays a valid view (BEiT's relative bias).
-        # Eager runs never copy.
-        out = out.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
+    if mask is not None:  # a masked SDPA's layout while exporting: see sdpa_layout
+        out = sdpa_layout(out)
     return out
 
 

@@ -69,3 +69,16 @@ def merge_2x2(x: Tensor, grid: tuple[int, int]) -> Tensor:
     gh, gw = grid
     x = x.view(b, gh // 2, 2, gw // 2, 2, c)  # (B, gh/2, 2, gw/2, 2, C)
     return x.permute(0, 1, 3, 4, 2, 5).reshape(b, gh * gw // 4, 4 * c)  # (B, N/4, 4C)
+
+
+def sdpa_layout(out: Tensor) -> Tensor:
+    """SDPA's output (B, H, N, hd), laid out in memory as (B, N, H, hd) while exporting, as its fused CPU
+    kernels lay it out in eager runs.
+
+    ONNX export (torch 2.13) swaps an SDPA with a float mask for the math kernel, whose output is laid out
+    (B, H, N, hd): the caller's transpose and reshape, traced as a view on the fused kernel's layout, would
+    then be invalid. Eager runs never copy.
+    """
+    if torch.compiler.is_exporting():
+        return out.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
+    return out

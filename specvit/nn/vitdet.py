@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specvit.nn.functional import sdpa_layout
+
 __all__ = ["GridAttention", "LayerNorm2d", "Neck", "decomposed_bias", "relative_rows"]
 
 
@@ -106,10 +108,7 @@ class GridAttention(nn.Module):
         bias = decomposed_bias(q, self.rel_pos_h, self.rel_pos_w, (qh, qw)) if self.rel_pos else None
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
-        # SDPA's output strides with a mask differ between its kernel and its export-time fake: copy, then view
-        out = (
-            out.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(bw, length, c)
-        )  # (Bw, L, C)
+        out = sdpa_layout(out).transpose(1, 2).reshape(bw, length, c)  # (Bw, L, C)
         out = self.proj_drop(self.proj(out))
         if m is not None:  # the windows back into the padded grid, the padding cropped
             out = out.view(b, hp // m, wp // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.attention import _packed, _project
+from specvit.nn.functional import sdpa_layout
 
 __all__ = ["WindowAttention", "cpb_coords", "relative_position_index", "shift_mask"]
 
@@ -181,9 +182,9 @@ class WindowAttention(nn.Module):
         bias = self._bias(x.device, x.dtype).expand(nw, h, m * m, m * m).reshape(1, nw * h, m * m, m * m)
         dropout = self.attn_drop if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=scale)
-        # SDPA's output strides differ between its kernels and their export-time fake: copy, then view
-        out = out.view(b, nw, h, m * m, hd).transpose(2, 3).clone(memory_format=torch.contiguous_format)
-        out = out.view(b, nw, m * m, c)  # (B, nW, L, C)
+        out = (
+            sdpa_layout(out).view(b, nw, h, m * m, hd).transpose(2, 3).reshape(b, nw, m * m, c)
+        )  # (B, nW, L, C)
         out = self.proj_drop(self.proj(out))
         out = (
             out.view(b, gh // m, gw // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, gh, gw, c)
