@@ -29,8 +29,7 @@ from specvit.parallel import default_mesh, full_state_dict, memory_estimate, mem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dist_worker as worker  # tests/ is not a package: import the worker from beside this file
-
-from tests.timm_cases import CONVERTED, converted_checkpoint
+from timm_cases import CONVERTED, converted_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")

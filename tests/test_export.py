@@ -12,11 +12,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from reference import converted, timm_model
+from timm_cases import CONVERTED
 
 import specvit
 from specvit.export import example_inputs, export_onnx, export_program
-from tests.reference import converted, timm_model
-from tests.timm_cases import CONVERTED
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import timm
 import torch
+from reference import converted, timm_model, timm_parity
 from timm.layers import SwiGLU
 
 import specvit
 from specvit.errors import SpecError
-from tests.reference import converted, timm_model, timm_parity
 
 VIT: dict[str, tuple[str, dict[str, Any]]] = {
     "vit_tiny": ("vit_tiny_patch16_224", {"depth": 2, "img_size": 64, "num_classes": 10}),

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+from reference import converted, timm_model, timm_parity
 
 import specvit
 from specvit.diagram import to_dot
 from specvit.errors import SpecError
-from tests.reference import converted, timm_model, timm_parity
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "beit_base_patch16_224"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from reference import timm_model, timm_parity
 from torch import nn
 
 import specvit
@@ -19,7 +20,6 @@ from specvit.diagram import to_dot
 from specvit.errors import SpecError
 from specvit.nn.attention import SelfAttention
 from specvit.nn.cait import ClassAttention, TalkingHeadsAttention
-from tests.reference import timm_model, timm_parity
 
 CASES: dict[str, dict[str, Any]] = {
     "tiny": {"depth": 2, "img_size": 32, "embed_dim": 64, "num_heads": 4, "num_classes": 10},

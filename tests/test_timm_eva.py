@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import torch
+from reference import converted, timm_model, timm_parity
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
 
 import specvit
 from specvit.diagram import to_dot
 from specvit.errors import SpecError
 from specvit.nn.position import Rope2d, apply_rope
-from tests.reference import converted, timm_model, timm_parity
 
 ROOT = Path(__file__).resolve().parents[1]
 

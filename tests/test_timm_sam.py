@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 import torch
+from reference import timm_model, timm_parity
 
 import specvit
 from specvit.diagram import to_dot
 from specvit.errors import SpecError
 from specvit.graph import build_graph
 from specvit.nn.vitdet import GridAttention
-from tests.reference import timm_model, timm_parity
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from reference import converted, timm_model, timm_parity
 
 import specvit
 from specvit.errors import SpecError
 from specvit.graph import build_graph
 from specvit.nn.window import cpb_coords
-from tests.reference import converted, timm_model, timm_parity
 
 CASES: dict[str, dict[str, Any]] = {
     # four stages, the last one's 4x4 grid smaller than the 8x8 window (one window, never shifted)

@@ -57,8 +57,9 @@ CONVERTED: dict[str, tuple[str, dict[str, Any]]] = {
 def converted_checkpoint(name: str, directory: Any) -> None:
     """Build the timm model ``name`` of :data:`CONVERTED` (seeded, perturbed), read it with
     ``specvit.from_timm``, convert its weights and ``save_pretrained`` the result into ``directory``."""
+    from reference import converted, timm_model
+
     import specvit
-    from tests.reference import converted, timm_model
 
     timm_name, kwargs = CONVERTED[name]
     ref = timm_model(timm_name, seed=3, **kwargs)
