@@ -17,7 +17,7 @@ from typing import Any
 
 from specvit.interop.layout import Entry, Layout, cat, check_blocks, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import _mlp, image_input
+from specvit.interop.timm_vit import image_input, mlp_spec
 from specvit.spec.schema import ImageInput, Spec
 
 __all__ = ["beit_block", "beit_layout"]
@@ -43,7 +43,7 @@ def beit_block(r: Reader, path: str) -> dict[str, Any]:
         "heads": heads,
         "head_dim": head_dim,
         "norm": {**norm, "placement": "pre"},
-        "mlp": _mlp(r, f"{path}.mlp"),
+        "mlp": mlp_spec(r, f"{path}.mlp"),
         "qkv_bias": qkv_bias,
         "proj_bias": r.at(f"{attn}.proj").bias is not None,
         "attention_scale": r.scale(attn, head_dim),

@@ -16,26 +16,12 @@ from typing import Any
 
 from specvit.interop.layout import Entry, Layout, one, patches, same
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import image_input
+from specvit.interop.timm_vit import image_input, mlp_spec
 from specvit.spec.schema import ImageInput, Spec
 
 __all__ = ["cait_layout"]
 
 _SA_CLASS, _CA_CLASS = "LayerScaleBlock", "LayerScaleBlockClassAttn"
-
-
-def _mlp(r: Reader, path: str) -> dict[str, Any]:
-    if type(r.at(path)).__name__ != "Mlp":
-        raise r.refuse(path, type(r.at(path)).__name__, "specvit reads CaiT's Mlp", "use timm's Mlp")
-    r.absent(f"{path}.norm", "a norm inside the MLP")
-    fc1, fc2 = r.at(f"{path}.fc1"), r.at(f"{path}.fc2")
-    if (fc1.bias is None) != (fc2.bias is None):
-        raise r.refuse(f"{path}.fc1.bias", "one of two", "specvit's MLP biases are both on or both off", "")
-    return {
-        "hidden": fc1.out_features,
-        "activation": r.activation(f"{path}.act"),
-        "bias": fc2.bias is not None,
-    }
 
 
 def _block(r: Reader, path: str, kind: str, attn: str) -> dict[str, Any]:
@@ -64,7 +50,7 @@ def _block(r: Reader, path: str, kind: str, attn: str) -> dict[str, Any]:
         "heads": heads,
         "head_dim": head_dim,
         "norm": {**r.norm(f"{path}.norm1"), "placement": "pre"},
-        "mlp": _mlp(r, f"{path}.mlp"),
+        "mlp": mlp_spec(r, f"{path}.mlp"),
         "qkv_bias": projection.bias is not None,
         "proj_bias": r.at(f"{path}.attn.proj").bias is not None,
         "attention_scale": r.scale(f"{path}.attn", head_dim),

@@ -14,7 +14,7 @@ from typing import Any
 
 from specvit.interop.layout import Layout, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import _vit, vit_layout
+from specvit.interop.timm_vit import vit_layout, vit_spec
 from specvit.spec.schema import Spec
 
 __all__ = ["deit_layout"]
@@ -32,7 +32,7 @@ def _deit(r: Reader) -> dict[str, Any]:
         raise r.refuse("cls_token", None, "the distilled head reads the class token", "class_token=True")
     if m.num_classes == 0:
         raise r.refuse("num_classes", 0, "the distilled head's features have no spec", "give it classes")
-    spec = _vit(r)
+    spec = vit_spec(r)
     spec["name"] = "timm_deit_distilled"
     spec["description"] = "timm VisionTransformerDistilled, imported by specvit.from_timm."
     spec["encoder"]["prefix"] = {"cls": True, "distillation": True}

@@ -10,7 +10,7 @@ from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patche
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.spec.schema import ImageInput, Spec
 
-__all__ = ["image_input", "vit_block", "vit_layout"]
+__all__ = ["image_input", "mlp_spec", "vit_block", "vit_layout", "vit_spec"]
 
 
 def image_input(r: Reader) -> dict[str, Any]:
@@ -35,7 +35,8 @@ def image_input(r: Reader) -> dict[str, Any]:
     }
 
 
-def _mlp(r: Reader, path: str) -> dict[str, Any]:
+def mlp_spec(r: Reader, path: str) -> dict[str, Any]:
+    """The spec ``mlp:`` of a timm ``Mlp``, ``SwiGLU`` or ``SwiGLUPacked`` at ``path``."""
     name = type(r.at(path)).__name__
     r.absent(f"{path}.norm", "a norm inside the MLP (scale_mlp_norm)")
     if name == "SwiGLU":  # split gate and value: fc1_g, fc1_x
@@ -85,7 +86,7 @@ def vit_block(r: Reader, path: str) -> dict[str, Any]:
         "heads": heads,
         "head_dim": head_dim,
         "norm": {**r.norm(f"{path}.norm1"), "placement": "pre"},
-        "mlp": _mlp(r, f"{path}.mlp"),
+        "mlp": mlp_spec(r, f"{path}.mlp"),
         "qkv_bias": _bias(r, f"{attn}.qkv"),
         "proj_bias": _bias(r, f"{attn}.proj"),
         "qk_norm": qk_norm,
@@ -103,7 +104,8 @@ def vit_block(r: Reader, path: str) -> dict[str, Any]:
     return block
 
 
-def _vit(r: Reader) -> dict[str, Any]:
+def vit_spec(r: Reader) -> dict[str, Any]:
+    """The spec fields of a timm ``VisionTransformer``."""
     m = r.model
     r.only("global_pool", ["token", "avg", ""], "specvit pools by the class token or the mean")
     r.only("pool_include_prefix", [False], "specvit's mean pool leaves the prefix tokens out")
@@ -219,7 +221,7 @@ timm_family(
             | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
         ),
         keys=None,
-        spec=_vit,
+        spec=vit_spec,
         layout=vit_layout,
     )
 )
