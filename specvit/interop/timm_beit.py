@@ -11,14 +11,13 @@ sqrt(2 * (layer + 1))) is not part of the architecture: the spec's ``init`` conv
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, cat, check_blocks, one
+from specvit.interop.layout import Layout, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import image_input, mlp_spec
-from specvit.spec.schema import ImageInput, Spec
+from specvit.interop.timm_vit import image_input, mlp_spec, vit_blocks
+from specvit.spec.schema import Spec
 
 __all__ = ["beit_block", "beit_layout"]
 
@@ -142,18 +141,8 @@ def beit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     """timm ``Beit`` keys: ``q_bias``/``v_bias`` beside a bias-free ``qkv``, ``gamma_1``/``gamma_2``, the
     per-block ``attn.relative_position_bias_table`` or the shared ``rel_pos_bias``, ``fc_norm``."""
     name = "timm Beit"
-    stack = spec.stacks[spec.output_stack]
-    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
-        raise ValueError(
-            f"source 'timm' converts Beit state dicts (image encoders); spec {spec.name!r} is "
-            f"a {spec.model} model reading {stack.input.kind}"
-        )
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    _, fc1 = vit_blocks(spec, keys, name)
     block, layer = "encoder.blocks.{i}.", "blocks.{i}."
-    if any(re.fullmatch(r"blocks\.\d+\.mlp\.fc1_g\.weight", k) for k in keys):  # SwiGLU: split gate/value
-        fc1: Entry = ((layer + "mlp.fc1_g.{p}", layer + "mlp.fc1_x.{p}"), cat)
-    else:
-        fc1 = one(layer + "mlp.fc1.{p}")
     table = {
         "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}"),
         "encoder.prefix.cls_token": one("cls_token"),

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patches, same
+from specvit.interop.layout import Entry, Layout, cat, one, patches, same
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import image_input
-from specvit.spec.schema import ImageInput, Spec
+from specvit.interop.timm_vit import image_input, vit_blocks
+from specvit.spec.schema import Spec
 
 __all__ = ["eva_block", "eva_layout"]
 
@@ -178,18 +178,9 @@ def eva_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     """timm ``Eva`` keys: fused ``qkv`` with ``q_bias``/``v_bias`` or separate ``q_proj``/``k_proj``/
     ``v_proj``, ``gamma_1``/``gamma_2``, packed ``GluMlp`` or split ``SwiGLU`` with ``mlp.norm``."""
     name = "timm Eva"
-    stack = spec.stacks[spec.output_stack]
-    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
-        raise ValueError(
-            f"source 'timm' converts Eva state dicts (image encoders); spec {spec.name!r} is not one"
-        )
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    image, fc1 = vit_blocks(spec, keys, name)
     block, layer = "encoder.blocks.{i}.", "blocks.{i}.attn."
     separate = any(".attn.q_proj." in k for k in keys)
-    if any(".mlp.fc1_g." in k for k in keys):  # SwiGLU: split gate and value
-        fc1: Entry = (("blocks.{i}.mlp.fc1_g.{p}", "blocks.{i}.mlp.fc1_x.{p}"), cat)
-    else:
-        fc1 = one("blocks.{i}.mlp.fc1.{p}")
     if separate:
         qkv: Entry = ((layer + "q_proj.weight", layer + "k_proj.weight", layer + "v_proj.weight"), cat)
         q_bias, v_bias = one(layer + "q_proj.bias"), one(layer + "v_proj.bias")
@@ -197,7 +188,7 @@ def eva_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         qkv, q_bias, v_bias = one(layer + "qkv.weight"), one(layer + "q_bias"), one(layer + "v_bias")
     table = {
         "encoder.patch_embed.proj.{p}": one(
-            "patch_embed.proj.{p}", patches if stack.input.projection == "linear" else same
+            "patch_embed.proj.{p}", patches if image.projection == "linear" else same
         ),
         "encoder.prefix.cls_token": one("cls_token"),
         "encoder.prefix.reg_token": one("reg_token"),

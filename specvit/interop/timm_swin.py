@@ -8,9 +8,9 @@ from typing import Any
 from specvit.interop.layout import Entry, Layout, check_blocks, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.ops.window import block_window
-from specvit.spec.schema import Spec
+from specvit.spec.schema import Spec, StackSpec
 
-__all__ = ["swin_common"]
+__all__ = ["swin_common", "swin_table"]
 
 
 def _windows(r: Reader, blocks: list[str], size: int) -> None:
@@ -107,11 +107,15 @@ def _swin(r: Reader) -> dict[str, Any]:
     }
 
 
-def swin_layout(spec: Spec, keys: Sequence[str]) -> Layout:
-    """timm ``SwinTransformer`` keys."""
-    name = "timm SwinTransformer"
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
-    stack = spec.stacks["encoder"]
+def swin_table(stack: StackSpec, block_params: Sequence[str]) -> dict[str, Entry]:
+    """The keys every timm Swin names as specvit does: patch embedding, final norm, head, each stage's patch
+    merging and its blocks' norms, projections and MLP, plus ``block_params``: each block's parameters or
+    modules (``{p}`` for a module's parameters) named alike, such as ``attn.relative_position_bias_table``.
+
+    Args:
+        stack: the spec's encoder.
+        block_params: the version's own per-block parameter names.
+    """
     table: dict[str, Entry] = {
         "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}"),
         "encoder.embed_norm.{p}": one("patch_embed.norm.{p}"),
@@ -124,9 +128,16 @@ def swin_layout(spec: Spec, keys: Sequence[str]) -> Layout:
             table[ours + part + ".{p}"] = one(theirs + part + ".{p}")
         for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
             table[ours + "blocks.{i}." + part + ".{p}"] = one(theirs + "blocks.{i}." + part + ".{p}")
-        table[ours + "blocks.{i}.attn.relative_position_bias_table"] = one(
-            theirs + "blocks.{i}.attn.relative_position_bias_table"
-        )
+        for param in block_params:
+            table[ours + "blocks.{i}." + param] = one(theirs + "blocks.{i}." + param)
+    return table
+
+
+def swin_layout(spec: Spec, keys: Sequence[str]) -> Layout:
+    """timm ``SwinTransformer`` keys."""
+    name = "timm SwinTransformer"
+    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    table = swin_table(spec.stacks["encoder"], ("attn.relative_position_bias_table",))
     # buffers some timm versions save: derived from the window size, recomputed by specvit
     ignore = (
         r"layers\.\d+\.blocks\.\d+\.attn\.relative_position_index",

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, check_blocks, one
+from specvit.interop.layout import Layout, check_blocks
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_swin import swin_common
+from specvit.interop.timm_swin import swin_common, swin_table
 from specvit.spec.schema import Spec
 
 __all__ = ["swinv2_layout"]
@@ -70,22 +70,8 @@ def swinv2_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     """timm ``SwinTransformerV2`` keys."""
     name = "timm SwinTransformerV2"
     stack = check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "res_post")
-    table: dict[str, Entry] = {
-        "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}"),
-        "encoder.embed_norm.{p}": one("patch_embed.norm.{p}"),
-        "encoder.norm.{p}": one("norm.{p}"),
-        "head.fc.{p}": one("head.fc.{p}"),
-    }
-    for s in range(len(stack.stage_depths)):
-        ours, theirs = f"encoder.stages.{s}.", f"layers.{s}."
-        for part in ("downsample.norm", "downsample.reduction"):
-            table[ours + part + ".{p}"] = one(theirs + part + ".{p}")
-        for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
-            table[ours + "blocks.{i}." + part + ".{p}"] = one(theirs + "blocks.{i}." + part + ".{p}")
-        for part in ("attn.cpb_mlp.0", "attn.cpb_mlp.2"):
-            table[ours + "blocks.{i}." + part + ".{p}"] = one(theirs + "blocks.{i}." + part + ".{p}")
-        for param in ("attn.q_bias", "attn.v_bias", "attn.logit_scale"):
-            table[ours + "blocks.{i}." + param] = one(theirs + "blocks.{i}." + param)
+    own = ("attn.cpb_mlp.0.{p}", "attn.cpb_mlp.2.{p}", "attn.q_bias", "attn.v_bias", "attn.logit_scale")
+    table = swin_table(stack, own)
     # buffers some timm versions save: derived from the window size, recomputed by specvit
     ignore = (
         r"layers\.\d+\.blocks\.\d+\.attn\.(relative_position_index|relative_coords_table|k_bias)",

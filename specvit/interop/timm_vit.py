@@ -10,7 +10,7 @@ from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patche
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.spec.schema import ImageInput, Spec
 
-__all__ = ["image_input", "mlp_spec", "vit_block", "vit_layout", "vit_spec"]
+__all__ = ["image_input", "mlp_spec", "vit_block", "vit_blocks", "vit_layout", "vit_spec"]
 
 
 def image_input(r: Reader) -> dict[str, Any]:
@@ -170,23 +170,36 @@ def _norm_only(block: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in block["norm"].items() if k != "placement"}
 
 
+def vit_blocks(spec: Spec, keys: Sequence[str], name: str) -> tuple[ImageInput, Entry]:
+    """The checks every ViT-like timm layout shares, and where its blocks' ``mlp.fc1`` comes from.
+
+    Args:
+        spec: the target spec: an image encoder of pre-norm ``[self_attention, mlp]`` blocks, else ValueError.
+        keys: the state dict's keys; split SwiGLU gate and value (``fc1_g``, ``fc1_x``) are concatenated.
+        name: the source format, for messages.
+
+    Returns:
+        The spec's image input and the ``fc1`` entry.
+    """
+    stack = spec.stacks[spec.output_stack]
+    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
+        raise ValueError(
+            f"source 'timm' converts {name.removeprefix('timm ')} state dicts (image encoders); spec "
+            f"{spec.name!r} is a {spec.model} model reading {stack.input.kind}"
+        )
+    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    if any(re.fullmatch(r"blocks\.\d+\.mlp\.fc1_g\.weight", k) for k in keys):  # SwiGLU: split gate/value
+        return stack.input, (("blocks.{i}.mlp.fc1_g.{p}", "blocks.{i}.mlp.fc1_x.{p}"), cat)
+    return stack.input, one("blocks.{i}.mlp.fc1.{p}")
+
+
 def vit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     """timm ``VisionTransformer`` keys: class and register tokens, learned positions with or without the
     prefix, ``norm_pre``, layer scale, QK-norm, ``fc_norm``, packed or split gated MLPs."""
     name = "timm VisionTransformer"
-    stack = spec.stacks[spec.output_stack]
-    if spec.model != "encoder" or not isinstance(stack.input, ImageInput):
-        raise ValueError(
-            f"source 'timm' converts VisionTransformer state dicts (image encoders); spec {spec.name!r} is "
-            f"a {spec.model} model reading {stack.input.kind}"
-        )
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
+    image, fc1 = vit_blocks(spec, keys, name)
     block, layer = "encoder.blocks.{i}.", "blocks.{i}."
-    if any(re.fullmatch(r"blocks\.\d+\.mlp\.fc1_g\.weight", k) for k in keys):  # SwiGLU: split gate/value
-        fc1: Entry = ((layer + "mlp.fc1_g.{p}", layer + "mlp.fc1_x.{p}"), cat)
-    else:
-        fc1 = one(layer + "mlp.fc1.{p}")
-    patch = patches if stack.input.projection == "linear" else same
+    patch = patches if image.projection == "linear" else same
     table = {
         "encoder.patch_embed.proj.{p}": one("patch_embed.proj.{p}", patch),
         "encoder.prefix.cls_token": one("cls_token"),
