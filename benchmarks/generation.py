@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, target, timeit
+from benchmarks.common import Row, target, timeit, timeit_pair
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 ROOT = SPECS.parent
@@ -43,11 +43,12 @@ def generation_rows(repeat: int, smoke: bool = False) -> list[Row]:
         ("encoder-decoder 6+6x512", seq2seq, {"bos_id": 1}),
     ):
         gen = model.generate  # type: ignore[operator]
-        t_cache = timeit(
-            lambda gen=gen, kwargs=kwargs: gen(prompt, n_new, use_cache=True, **kwargs), max(1, repeat // 3)
-        )
-        t_full = timeit(
-            lambda gen=gen, kwargs=kwargs: gen(prompt, n_new, use_cache=False, **kwargs), 1, warmup=0
+        t_cache, t_full = (
+            timeit_pair(  # alternating: this machine's speed drifts by more than 10% over seconds
+                lambda gen=gen, kwargs=kwargs: gen(prompt, n_new, use_cache=True, **kwargs),
+                lambda gen=gen, kwargs=kwargs: gen(prompt, n_new, use_cache=False, **kwargs),
+                max(1, repeat // 2),
+            )
         )
         rows.append(
             Row(
@@ -72,12 +73,14 @@ def generation_rows(repeat: int, smoke: bool = False) -> list[Row]:
 
 
 def _per_token(model: torch.nn.Module, at: int, repeat: int) -> tuple[float, float]:
-    """Time of producing token ``at``: one cached decoder step at position ``at`` vs a full forward of ``at`` tokens."""
+    """Time of producing token ``at``: one cached decoder step at position ``at`` vs a full forward of ``at``
+    tokens, the linears packed as ``generate`` packs them."""
     from specvit.model import DecoderModel, EncoderDecoderModel
     from specvit.nn.cache import KVCache
+    from specvit.nn.packed import packed_linears
 
     seq = torch.randint(2, 1000, (1, at))
-    with torch.inference_mode():
+    with torch.inference_mode(), packed_linears(model):
         if isinstance(model, EncoderDecoderModel):
             memory = model.encode(torch.randint(2, 1000, (1, 8)))
 

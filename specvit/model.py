@@ -244,6 +244,7 @@ class DecoderModel(SpecModel):
             top_k=top_k,
             use_cache=use_cache,
             generator=generator,
+            stepped=(self,),
         )
 
 
@@ -313,6 +314,7 @@ class EncoderDecoderModel(SpecModel):
             top_k=top_k,
             use_cache=use_cache,
             generator=generator,
+            stepped=(self.decoder, self.head),  # type: ignore[arg-type]  # generated submodules
         )
 
 

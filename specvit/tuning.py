@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["Candidate", "OptimizeReport", "Trial", "choose", "default_candidates"]
+from specvit.nn.packed import pack_linears
+
+__all__ = ["Candidate", "OptimizeReport", "Trial", "choose", "default_candidates", "prepack"]
 
 FP32_ATOL = 1e-4
 """fp32 candidates must match eager within this max abs difference."""
@@ -118,33 +120,12 @@ class Cast(nn.Module):
         return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
 
-class PackedLinear(nn.Module):
-    """A Linear whose weight is pre-packed once into oneDNN's blocked layout (eager, no compiler).
-
-    Args:
-        linear: the layer to pack (its weight is read, not kept).
-    """
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.out_features = linear.out_features
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.register_buffer("packed", packed, persistent=False)
-        self.bias = None if linear.bias is None else linear.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-
-
 def prepack(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every fp32 ``nn.Linear`` replaced by a :class:`PackedLinear`."""
     import copy
 
     packed = copy.deepcopy(model)
-    for module in list(packed.modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, child_name, PackedLinear(child))
+    pack_linears(packed)
     return packed
 
 

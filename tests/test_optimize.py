@@ -11,7 +11,8 @@ from torch import nn
 
 import specvit
 from specvit.inference import optimize
-from specvit.tuning import Candidate, PackedLinear, default_candidates, prepack
+from specvit.nn.packed import PackedLinear
+from specvit.tuning import Candidate, default_candidates, prepack
 
 ROOT = Path(__file__).resolve().parents[1]
 

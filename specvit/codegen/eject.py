@@ -109,9 +109,11 @@ class _Ejector:
             params = self.varying(self.names[scope]) if block_container(scope) else {}
             rel = path[len(scope) + 1 :]
             cls = resolve(g.op(path).module_for(g[path]["p"]))
-            folded = (
+            folded = (  # constants the specialiser folds into the class's own __init__
                 set(self.facts(cls).init)
-                if cls in self.leaf_classes and not cls.__module__.startswith("torch.")
+                if cls in self.leaf_classes
+                and not cls.__module__.startswith("torch.")
+                and "__init__" in vars(cls)
                 else set()
             )
             return _ctor(

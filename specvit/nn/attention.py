@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from specvit.nn.cache import KVCache
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.position import apply_rope
 
 QkNorm = Literal["layernorm", "rmsnorm"]
@@ -63,7 +64,7 @@ def _packed(
     """A Linear packing ``parts``. When only some parts have a bias (BEiT: q and v, no k), the Linear has
     none and ``owner`` gets a parameter ``{name}_bias`` per part that has one (timm's names)."""
     has = {h for _, _, h in parts}
-    linear = nn.Linear(dim, sum(w for _, w, _ in parts), bias=has == {True}, device=device, dtype=dtype)
+    linear = Linear(dim, sum(w for _, w, _ in parts), bias=has == {True}, device=device, dtype=dtype)
     if len(has) == 2:
         for name, width, h in parts:
             if h:
@@ -87,7 +88,7 @@ def _project(
             for name, width, h in parts
         ]
         bias = torch.cat(pieces)  # ((H + 2Hkv) * hd,) or (2Hkv * hd,)
-    return F.linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
+    return onednn_linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
 
 
 def _three(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
@@ -235,7 +236,7 @@ class SelfAttention(nn.Module):
         self.qkv = _packed(self, dim, self.parts, device, dtype)
         self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.proj = nn.Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = _dropout(proj_drop)
 
     def forward(
@@ -366,12 +367,12 @@ class CrossAttention(nn.Module):
         self.attn_drop = attn_drop
         hd, h, hkv = self.head_dim, num_heads, self.num_kv_heads
         bq, bk, bv = _three(qkv_bias)
-        self.q = nn.Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
+        self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
         self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * hd, bv))
         self.kv = _packed(self, dim if memory_dim is None else memory_dim, self.parts, device, dtype)
         self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.proj = nn.Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = _dropout(proj_drop)
 
     def _memory_kv(

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.attention import QkNorm, QkvBias, _dropout, _head_norm, _resolve_heads, _three
+from specvit.nn.linear import Linear
 from specvit.nn.position import apply_rope
 
 __all__ = ["ClassAttention", "TalkingHeadsAttention", "class_token", "join_class_token"]
@@ -70,13 +71,13 @@ class TalkingHeadsAttention(nn.Module):
         biases = set(_three(qkv_bias))
         if len(biases) > 1:
             raise ValueError("talking-heads attention has one bias flag for q, k and v")
-        self.qkv = nn.Linear(dim, 3 * h * hd, bias=biases.pop(), device=device, dtype=dtype)
+        self.qkv = Linear(dim, 3 * h * hd, bias=biases.pop(), device=device, dtype=dtype)
         self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
         self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
         self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
         self.attn_drop = _dropout(attn_drop)
-        self.proj = nn.Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = _dropout(proj_drop)
 
     def forward(
@@ -157,10 +158,10 @@ class ClassAttention(nn.Module):
         self.num_heads, self.scale, self.attn_drop = num_heads, scale, attn_drop
         inner = num_heads * self.head_dim
         bq, bk, bv = _three(qkv_bias)
-        self.q = nn.Linear(dim, inner, bias=bq, device=device, dtype=dtype)
-        self.k = nn.Linear(dim, inner, bias=bk, device=device, dtype=dtype)
-        self.v = nn.Linear(dim, inner, bias=bv, device=device, dtype=dtype)
-        self.proj = nn.Linear(inner, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.q = Linear(dim, inner, bias=bq, device=device, dtype=dtype)
+        self.k = Linear(dim, inner, bias=bk, device=device, dtype=dtype)
+        self.v = Linear(dim, inner, bias=bv, device=device, dtype=dtype)
+        self.proj = Linear(inner, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = _dropout(proj_drop)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:

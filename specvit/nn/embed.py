@@ -12,6 +12,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from specvit.nn.linear import Linear
+
 
 class PatchEmbed(nn.Module):
     """Split an image into non-overlapping patches and project each to D channels.
@@ -56,7 +58,7 @@ class PatchEmbed(nn.Module):
                 in_chans, dim, kernel_size=patch, stride=patch, bias=bias, device=device, dtype=dtype
             )
         elif projection == "linear":
-            self.proj = nn.Linear(in_chans * patch[0] * patch[1], dim, bias=bias, device=device, dtype=dtype)
+            self.proj = Linear(in_chans * patch[0] * patch[1], dim, bias=bias, device=device, dtype=dtype)
         else:
             raise ValueError(f"projection must be 'conv' or 'linear', got {projection!r}")
 

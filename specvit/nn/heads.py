@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from specvit.nn.linear import Linear
+
 
 class BoxMlp(nn.Module):
     """DETR's box regressor: Linear-ReLU repeated, a last Linear to 4, then a sigmoid.
@@ -28,7 +30,7 @@ class BoxMlp(nn.Module):
     ) -> None:
         super().__init__()
         outs = [dim] * (layers - 1) + [4]
-        self.layers = nn.ModuleList(nn.Linear(dim, o, device=device, dtype=dtype) for o in outs)
+        self.layers = nn.ModuleList(Linear(dim, o, device=device, dtype=dtype) for o in outs)
 
     def forward(self, x: Tensor) -> Tensor:
         for i, layer in enumerate(self.layers):

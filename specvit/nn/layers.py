@@ -6,8 +6,9 @@ Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M me
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from specvit.nn.linear import onednn_linear
 
 
 class DropPath(nn.Module):
@@ -118,4 +119,4 @@ class TiedLinear(nn.Module):
         return self._source[0].weight
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)  # (B, S, V)
+        return onednn_linear(x, self.weight, self.bias)  # (B, S, V)

@@ -11,6 +11,8 @@ from typing import Literal, cast, get_args
 import torch
 from torch import Tensor, nn
 
+from specvit.nn.linear import Linear
+
 PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu"]
 GluActivation = Literal["swiglu", "geglu", "geglu_tanh"]
 MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
@@ -95,11 +97,11 @@ class Mlp(nn.Module):
         if activation not in get_args(PlainActivation):
             raise ValueError(f"Mlp activation must be one of {get_args(PlainActivation)}, got {activation!r}")
         self.activation = activation
-        self.fc1 = nn.Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.fc1 = Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
         self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
-        self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -145,11 +147,11 @@ class GluMlp(nn.Module):
             raise ValueError(
                 f"GluMlp activation must be one of {get_args(GluActivation)}, got {activation!r}"
             )
-        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
+        self.fc1 = Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
         self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
-        self.fc2 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.linear import Linear
 
 __all__ = ["GridAttention", "LayerNorm2d", "Neck", "decomposed_bias", "relative_rows"]
 
@@ -84,8 +85,8 @@ class GridAttention(nn.Module):
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         self.grid, self.window, self.rel_pos, self.scale = grid, window, rel_pos, scale
         self.attn_drop = attn_drop
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
+        self.proj = Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         if rel_pos:
             qh, qw = (window, window) if window is not None else grid

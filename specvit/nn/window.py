@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from specvit.nn.attention import _packed, _project
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.linear import Linear
 
 __all__ = ["WindowAttention", "cpb_coords", "relative_position_index", "shift_mask"]
 
@@ -141,7 +142,7 @@ class WindowAttention(nn.Module):
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * window - 1) ** 2, num_heads, device=device, dtype=dtype)
             )  # ((2M-1)^2, H)
-        self.proj = nn.Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
+        self.proj = Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
     def _bias(self, device: torch.device, dtype: torch.dtype) -> Tensor:

@@ -278,7 +278,7 @@ class Linear(Op):
     kind = "linear"
     params_type = LinearParams
     category = "embedding"
-    module = "torch.nn:Linear"
+    module = "specvit.nn.linear:Linear"
 
     def shape(self, p: LinearParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         x = inputs["x"]
@@ -297,7 +297,7 @@ class Linear(Op):
     def module_for(self, p: LinearParams) -> str:
         if p.shared_with:
             return "specvit.nn.layers:Shared"
-        return "specvit.nn.layers:TiedLinear" if p.tied_to else "torch.nn:Linear"
+        return "specvit.nn.layers:TiedLinear" if p.tied_to else "specvit.nn.linear:Linear"
 
     def ctor(self, p: LinearParams) -> dict[str, Any]:
         if p.shared_with:

@@ -1,0 +1,102 @@
+"""specvit's Linear: oneDNN for float32 training on CPU, equal to F.linear's values and gradients; nn.Linear
+everywhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import specvit
+from specvit.nn.linear import MIN_ROWS, Linear, uses_onednn
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+
+
+@contextmanager
+def _mkldnn_off() -> Iterator[None]:
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = True
+
+
+def _grads(layer: torch.nn.Linear, x: torch.Tensor, fn: object) -> list[torch.Tensor]:
+    x = x.detach().requires_grad_()
+    layer.zero_grad()
+    out = fn(x)  # type: ignore[operator]
+    g = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+    out.backward(g)
+    return [out.detach(), x.grad] + [p.grad for p in layer.parameters()]  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_training_path_equals_f_linear(bias: bool) -> None:
+    torch.manual_seed(0)
+    layer = Linear(48, 80, bias=bias)
+    x = torch.randn(4, 70, 48)  # 280 rows: enough to repay the reorder
+    assert uses_onednn(x, layer.weight)
+    assert type(layer(x).grad_fn).__name__ == "_OneDnnLinearBackward"
+    got = _grads(layer, x, layer)
+    want = _grads(layer, x, lambda v: F.linear(v, layer.weight, layer.bias))
+    assert len(got) == len(want) == 4 + bias - 1
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_frozen_weight_or_input_without_grad() -> None:
+    layer = Linear(16, 8)
+    x = torch.randn(MIN_ROWS, 16, requires_grad=True)
+    assert uses_onednn(x, layer.weight) and not uses_onednn(x[1:], layer.weight)  # too few rows
+    layer.weight.requires_grad_(False)
+    assert not uses_onednn(x, layer.weight)  # a frozen layer is inference: plain F.linear
+    layer.weight.requires_grad_(True)
+    out = layer(torch.randn(MIN_ROWS, 16))  # the input needs no gradient: only the weight's is computed
+    out.sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.shape == (8, 16)
+
+
+def test_everywhere_else_it_is_nn_linear() -> None:
+    layer = Linear(16, 8)
+    x = torch.randn(MIN_ROWS, 16)
+    assert uses_onednn(x, layer.weight)
+    with torch.no_grad():
+        assert not uses_onednn(x, layer.weight)
+    assert not uses_onednn(x.double(), layer.weight.double())
+    assert not uses_onednn(torch.randn(16, MIN_ROWS).t(), layer.weight)  # not contiguous
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not uses_onednn(x, layer.weight)
+        assert layer(x).dtype == torch.bfloat16  # autocast still applies
+    with FlopCounterMode(display=False) as counter:
+        assert not uses_onednn(x, layer.weight)
+        layer(x).sum().backward()
+    assert counter.get_total_flops() == 2 * 2 * MIN_ROWS * 16 * 8  # the forward and the weight's gradient
+    with _mkldnn_off():
+        assert not uses_onednn(x, layer.weight)
+
+
+def test_a_training_step_equals_the_mkl_one() -> None:
+    torch.manual_seed(0)
+    model = specvit.build_model(ROOT / "specs" / "vit_tiny_patch16_224.yaml", overrides={"encoder.depth": 2})
+    x, y = torch.randn(2, 3, 224, 224), torch.tensor([3, 7])
+
+    def step() -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+    loss, grads = step()
+    with _mkldnn_off():  # every linear through F.linear (MKL)
+        want_loss, want_grads = step()
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for got, want in zip(grads, want_grads, strict=True):
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
