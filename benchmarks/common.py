@@ -11,7 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NOTES", "TARGETS", "Row", "cpu_info", "fmt_time", "target", "timeit", "timeit_pair"]
+__all__ = [
+    "MALLOC_KEEP",
+    "NOTES",
+    "TARGETS",
+    "Row",
+    "cpu_info",
+    "fmt_time",
+    "target",
+    "timeit",
+    "timeit_pair",
+]
 
 # transformers and timm import torchvision, whose C++ ops do not load with the CPU-only torch wheel: define
 # the two op schemas it registers fake kernels for first (as tests/conftest.py does).
@@ -21,6 +31,11 @@ except (AttributeError, RuntimeError):
     _TORCHVISION = torch.library.Library("torchvision", "DEF")
     _TORCHVISION.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     _TORCHVISION.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+# Timed runs keep freed memory in the process (glibc's malloc otherwise returns every large block to the
+# kernel, and the next step page-faults it back in zeroed): page faults took 10-25% of a training step on
+# this project's VMs and varied by more than the differences measured. Both sides of every row run with it.
+MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
 
 NOTES: list[str] = []
 TARGETS: list[Callable[[float], str]] = []  # each takes the fp32 GEMM ceiling and returns a verdict line

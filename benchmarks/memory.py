@@ -35,7 +35,10 @@ def status_kib(field: str, text: str | None = None) -> int | None:
 
 def child_peak(case: str, side: str, smoke: bool) -> int | None:
     """Peak bytes one training step of ``side`` (``ours`` / ``peer``) of ``case`` adds, from a child process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    from benchmarks.common import MALLOC_KEEP
+
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}  # the default allocator's peak
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     args = [sys.executable, "-m", "benchmarks.memory", case, side] + (["--smoke"] if smoke else [])
     run = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     last = run.stdout.strip().splitlines()[-1:] or [""]

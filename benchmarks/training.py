@@ -111,10 +111,12 @@ def llama_case(smoke: bool) -> Case:
     )
     peer = LlamaForCausalLM(config).train()
     tokens = torch.randint(0, vocab, (batch, seq))
-    ce = nn.functional.cross_entropy
+    # HF's loss from labels: next-token cross-entropy, the labels shifted and padded with the ignored index
+    # rather than the logits sliced (a copy of (B, S, V) and its gradient)
+    labels = nn.functional.pad(tokens[:, 1:], (0, 1), value=-100).flatten()
 
-    def ours_loss() -> torch.Tensor:  # the loss HF computes from labels: next-token cross-entropy
-        return ce(ours(tokens)[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    def ours_loss() -> torch.Tensor:
+        return nn.functional.cross_entropy(ours(tokens).flatten(0, 1), labels)
 
     steps = {
         "ours": step_fn(ours, ours_loss),

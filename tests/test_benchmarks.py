@@ -54,6 +54,9 @@ def test_shape_rates_and_ceilings() -> None:
     rates = shape_rates(Counter({(16, 32, 8): 2, (4, 8, 16): 1}), repeat=1)
     assert {"fp32 torch.mm (MKL)", "fp32 F.linear", "bf16 torch.mm"} <= set(rates)
     assert all(r > 0 for r in rates.values())
+    for dtype in ("fp32", "bf16"):  # the fastest path of each shape is at least as fast as any one path
+        paths = [r for name, r in rates.items() if name.startswith(dtype + " ") and "per shape" not in name]
+        assert rates[f"{dtype} best path per shape"] >= max(paths) * (1 - 1e-9)
     best = ceilings({"fp32 a": 10.0, "fp32 b": 12.0, "bf16 a": 30.0})
     assert best == {"fp32": 12.0, "bf16": 30.0}
 
