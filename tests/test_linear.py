@@ -52,24 +52,28 @@ def test_training_path_equals_f_linear(bias: bool) -> None:
         assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
-def test_frozen_weight_or_input_without_grad() -> None:
+def test_inference_frozen_weight_and_input_without_grad() -> None:
+    torch.manual_seed(0)
     layer = Linear(16, 8)
-    x = torch.randn(MIN_ROWS, 16, requires_grad=True)
-    assert uses_onednn(x, layer.weight) and not uses_onednn(x[1:], layer.weight)  # too few rows
+    x = torch.randn(MIN_ROWS, 16)
+    want = F.linear(x, layer.weight, layer.bias).detach()
+    with torch.no_grad():  # inference: oneDNN without autograd
+        got = layer(x)
+    assert got.grad_fn is None and (got - want).abs().max().item() <= 1e-5
     layer.weight.requires_grad_(False)
-    assert not uses_onednn(x, layer.weight)  # a frozen layer is inference: plain F.linear
+    layer.bias.requires_grad_(False)
+    xg = x.clone().requires_grad_()
+    layer(xg).sum().backward()  # a frozen layer still passes the input's gradient
+    assert torch.allclose(xg.grad, layer.weight.sum(0).expand(MIN_ROWS, 16), atol=1e-6)  # type: ignore[arg-type]
     layer.weight.requires_grad_(True)
-    out = layer(torch.randn(MIN_ROWS, 16))  # the input needs no gradient: only the weight's is computed
-    out.sum().backward()
+    layer(x).sum().backward()  # the input needs no gradient: only the weight's is computed
     assert layer.weight.grad is not None and layer.weight.grad.shape == (8, 16)
 
 
 def test_everywhere_else_it_is_nn_linear() -> None:
     layer = Linear(16, 8)
     x = torch.randn(MIN_ROWS, 16)
-    assert uses_onednn(x, layer.weight)
-    with torch.no_grad():
-        assert not uses_onednn(x, layer.weight)
+    assert uses_onednn(x, layer.weight) and not uses_onednn(x[1:], layer.weight)  # too few rows
     assert not uses_onednn(x.double(), layer.weight.double())
     assert not uses_onednn(torch.randn(16, MIN_ROWS).t(), layer.weight)  # not contiguous
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -1,14 +1,14 @@
-"""The linear layer of every compiled model: ``nn.Linear``, with a faster path for float32 training on CPU.
+"""The linear layer of every compiled model: ``nn.Linear``, with a faster path for float32 on CPU.
 
 On CPU, ``F.linear`` hands the weight to MKL as it is stored. oneDNN with the weight reordered once into its
-blocked layout runs the same products faster: on the AVX-512 machines this project measures on, ViT-B/16's
+blocked layout runs the same products faster: on the 2-core AVX-512 AMD EPYC of docs/performance.md, ViT-B/16's
 GEMMs at batch 8 run about 1.2x faster, and a whole training step (forward, backward, AdamW) about 1.1x
-faster, the reorders included (``python -m benchmarks``). :class:`Linear` takes that path for the forward
-while training in float32 on a CPU; both gradients stay MKL products (oneDNN gains nothing on the input's once
-the transposed weight is reordered, which costs 10x the plain reorder). Everywhere else (inference, other
-dtypes and devices, autocast, sharded weights, torch.compile and export, which pick their own kernels, and
-under dispatch modes such as ``FlopCounterMode``) it is exactly ``nn.Linear``. Results agree with
-``F.linear`` to float32 rounding.
+faster, the reorders included (``python -m benchmarks``). :class:`Linear` takes that path for its float32
+forward on a CPU, in training and inference alike, from ``MIN_ROWS`` input rows on; both gradients stay MKL
+products (oneDNN gains nothing on the input's once the transposed weight is reordered, which costs 10x the
+plain reorder). Everywhere else (fewer rows, other dtypes and devices, autocast, DTensor weights,
+torch.compile and export, which pick their own kernels, and under dispatch modes such as
+``FlopCounterMode``) it is exactly ``nn.Linear``. Results agree with ``F.linear`` to float32 rounding.
 """
 
 from __future__ import annotations
@@ -55,14 +55,12 @@ MIN_ROWS = 256
 
 
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`onednn_linear` takes the oneDNN path for these tensors: float32 training on a CPU with
-    oneDNN, eager (not compiling or exporting, no dispatch mode such as ``FlopCounterMode`` active), no
-    autocast, contiguous tensors, at least ``MIN_ROWS`` rows, the weight a plain tensor that needs a gradient."""
+    """Whether :func:`onednn_linear` takes the oneDNN path for these tensors: float32 on a CPU with oneDNN,
+    eager (not compiling or exporting, no dispatch mode such as ``FlopCounterMode`` active), no autocast,
+    contiguous tensors, at least ``MIN_ROWS`` rows, the weight a plain tensor (not a DTensor)."""
     return (
         not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
         and _get_current_dispatch_mode() is None  # FlopCounterMode, fake tensors ...: they see aten::mm
-        and torch.is_grad_enabled()
-        and weight.requires_grad
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and x.dim() >= 2
@@ -87,13 +85,15 @@ def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     Returns:
         (..., out).
     """
-    if uses_onednn(x, weight):
+    if not uses_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return _OneDnnLinear.apply(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return _onednn(x, weight, bias)
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, state_dict and init) whose training forward on CPU uses oneDNN: see
+    """``nn.Linear`` (same parameters, state_dict and init) whose float32 forward on CPU uses oneDNN: see
     :func:`onednn_linear`."""
 
     def forward(self, x: Tensor) -> Tensor:

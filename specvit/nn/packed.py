@@ -2,8 +2,8 @@
 
 On CPU, ``F.linear`` hands a float32 weight to MKL as it is stored; at the one-token steps of generation
 (a matrix-vector product per layer) that reads weights at a fraction of the memory bandwidth. oneDNN with the
-weight reordered once into its blocked layout runs the same products about 1.6-2x faster on the AVX-512
-machines this project measures on (``python -m benchmarks``). :class:`PackedLinear` is such a layer;
+weight reordered once into its blocked layout runs the same products about 1.6-2x faster on the 2-core
+AVX-512 AMD EPYC of docs/performance.md (``python -m benchmarks``). :class:`PackedLinear` is such a layer;
 :func:`packed_linears` swaps every eligible ``nn.Linear`` of a model for one while a block of inference
 code runs (``generate`` does), and :func:`specvit.tuning.prepack` keeps the swap in a copy.
 """
