@@ -1,5 +1,5 @@
-"""specvit's Linear: oneDNN for float32 training on CPU, equal to F.linear's values and gradients; nn.Linear
-everywhere else."""
+"""specvit's Linear (oneDNN for float32 on CPU, equal to F.linear's values and gradients; nn.Linear
+everywhere else) and Dropout (float32 CPU training masks from uniform draws, nn.Dropout's distribution)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import specvit
+from specvit.nn.layers import Dropout
 from specvit.nn.linear import MIN_ROWS, Linear, uses_onednn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,3 +105,25 @@ def test_a_training_step_equals_the_mkl_one() -> None:
     assert loss == pytest.approx(want_loss, rel=1e-6)
     for got, want in zip(grads, want_grads, strict=True):
         assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+
+
+def test_dropout_keeps_one_minus_p_scaled_and_its_gradient_is_the_mask() -> None:
+    drop = Dropout(0.3)
+    x = torch.rand(200, 500) + 1.0  # no zeros: a kept element is never 0
+    torch.manual_seed(0)
+    xg = x.clone().requires_grad_()
+    out = drop(xg)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01  # 100k draws: 5 standard deviations is 0.007
+    assert torch.allclose(out[kept], x[kept] / 0.7)
+    out.sum().backward()
+    assert torch.equal(xg.grad, kept.float() / 0.7)  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), out.detach())  # the global generator draws the masks: seeds reproduce them
+    drop.eval()
+    assert torch.equal(drop(x), x)
+    drop.train()
+    torch.manual_seed(0)
+    want = F.dropout(x.double(), 0.3, True)
+    torch.manual_seed(0)
+    assert torch.equal(drop(x.double()), want)  # other dtypes: exactly nn.Dropout

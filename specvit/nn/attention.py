@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from specvit.nn.cache import KVCache
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.position import apply_rope
 
@@ -112,7 +113,7 @@ def _visible(n: int, t: int, past: int, causal: bool, window: int | None, device
 
 
 def _dropout(p: float) -> nn.Module:
-    return nn.Dropout(p) if p > 0.0 else nn.Identity()
+    return Dropout(p) if p > 0.0 else nn.Identity()
 
 
 def _resolve_heads(

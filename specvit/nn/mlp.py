@@ -11,6 +11,7 @@ from typing import Literal, cast, get_args
 import torch
 from torch import Tensor, nn
 
+from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
 
 PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu"]
@@ -40,7 +41,7 @@ def _activation(name: str) -> nn.Module:
 
 
 def _dropout(p: float) -> nn.Module:
-    return nn.Dropout(p) if p > 0.0 else nn.Identity()
+    return Dropout(p) if p > 0.0 else nn.Identity()
 
 
 InnerNorm = Literal["layernorm", "rmsnorm"]

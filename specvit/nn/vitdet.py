@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
 
 __all__ = ["GridAttention", "LayerNorm2d", "Neck", "decomposed_bias", "relative_rows"]
@@ -87,7 +88,7 @@ class GridAttention(nn.Module):
         self.attn_drop = attn_drop
         self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
         self.proj = Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+        self.proj_drop = Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
         if rel_pos:
             qh, qw = (window, window) if window is not None else grid
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, self.head_dim, device=device, dtype=dtype))

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from specvit.nn.attention import _packed, _project
 from specvit.nn.functional import sdpa_layout
+from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
 
 __all__ = ["WindowAttention", "cpb_coords", "relative_position_index", "shift_mask"]
@@ -143,7 +144,7 @@ class WindowAttention(nn.Module):
                 torch.zeros((2 * window - 1) ** 2, num_heads, device=device, dtype=dtype)
             )  # ((2M-1)^2, H)
         self.proj = Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
+        self.proj_drop = Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
 
     def _bias(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """(nW or 1, H, L, L) relative position bias plus, for shifted windows, the region mask."""

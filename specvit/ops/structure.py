@@ -133,7 +133,7 @@ class DropParams(Params):
 class Dropout(Op):
     kind = "dropout"
     params_type = DropParams
-    module = "torch.nn:Dropout"
+    module = "specvit.nn.layers:Dropout"
 
     def label(self, p: DropParams) -> tuple[str, ...]:
         return (f"p {_show(p.p)}",)
