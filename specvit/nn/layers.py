@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from specvit.nn.linear import onednn_linear
+from specvit.nn.linear import eager_cpu_float32, onednn_linear
 
 
 class _UniformDropout(torch.autograd.Function):
@@ -42,15 +41,7 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if (
-            not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
-            and self.training
-            and 0.0 < self.p < 1.0
-            and not self.inplace
-            and x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and _get_current_dispatch_mode() is None
-        ):
+        if self.training and 0.0 < self.p < 1.0 and not self.inplace and eager_cpu_float32(x):
             return _UniformDropout.apply(x, self.p)
         return F.dropout(x, self.p, self.training, self.inplace)
 

@@ -21,13 +21,33 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["Linear", "onednn_linear", "uses_onednn"]
+__all__ = ["Linear", "eager_cpu_float32", "onednn_available", "onednn_linear", "packed_linear", "uses_onednn"]
+
+
+def onednn_available() -> bool:
+    """oneDNN is built in and not disabled (``torch.backends.mkldnn.enabled``)."""
+    return torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
+
+
+def eager_cpu_float32(x: Tensor) -> bool:
+    """``x`` is a float32 CPU tensor seen by eager code: not traced by a compiler or exporter (they pick their
+    own kernels), and no dispatch mode active (``FlopCounterMode``, fake tensors ... see the aten ops)."""
+    return (
+        not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
+        and _get_current_dispatch_mode() is None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+    )
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T + bias`` by oneDNN, from the weight already in its blocked layout (``packed``)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (..., out)
 
 
 def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ weight.T + bias`` by oneDNN, ``weight`` reordered into its blocked layout first."""
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # (..., out)
+    return packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), bias)  # (..., out)
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -59,17 +79,14 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     eager (not compiling or exporting, no dispatch mode such as ``FlopCounterMode`` active), no autocast,
     contiguous tensors, at least ``MIN_ROWS`` rows, the weight a plain tensor (not a DTensor)."""
     return (
-        not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
-        and _get_current_dispatch_mode() is None  # FlopCounterMode, fake tensors ...: they see aten::mm
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
+        eager_cpu_float32(x)
+        and weight.dtype == torch.float32
         and x.dim() >= 2
         and x.numel() >= MIN_ROWS * weight.shape[1]
         and x.is_contiguous()
         and type(weight) in (nn.Parameter, Tensor)
         and weight.is_contiguous()
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.backends.mkldnn.enabled)
+        and onednn_available()
         and not torch.is_autocast_enabled("cpu")
     )
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from specvit.nn.layers import TiedLinear
-from specvit.nn.linear import Linear
+from specvit.nn.linear import Linear, onednn_available, packed_linear
 
 __all__ = ["PackedLinear", "can_pack", "pack_linears", "packed_linears", "unpack_linears"]
 
@@ -36,6 +36,8 @@ class PackedLinear(nn.Module):
         linear: the layer to pack: an ``nn.Linear`` or a :class:`~specvit.nn.layers.TiedLinear` output layer.
     """
 
+    packed: Tensor  # the weight in oneDNN's blocked layout
+
     def __init__(self, linear: Packable):
         super().__init__()
         self.out_features, self.in_features = linear.weight.shape
@@ -46,8 +48,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")  # (..., out)
+        return packed_linear(x, self.packed, None if self.bias is None else self.bias.detach())  # (..., out)
 
     def extra_repr(self) -> str:
         return (
@@ -63,8 +64,7 @@ def can_pack(module: nn.Module) -> bool:
         and isinstance(module.weight, Tensor)
         and module.weight.dtype == torch.float32
         and module.weight.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and bool(torch.backends.mkldnn.enabled)
+        and onednn_available()
     )
 
 
