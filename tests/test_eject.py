@@ -78,7 +78,7 @@ def test_ejected_decoder_decodes_with_its_own_cache() -> None:
 
 def test_ejected_layers_keep_only_the_branches_the_spec_uses() -> None:
     vit = eject(ROOT / "specs" / "vit_tiny_patch16_224.yaml")
-    start = vit.index("\nclass SelfAttention")
+    start = vit.index("\nclass Attention")
     attention = vit[start : vit.index("\nclass ", start + 1)]
     forward = attention[attention.index("def forward") : attention.index("def extra_repr")]
     assert forward.startswith("def forward(self, x: Tensor) -> Tensor:")

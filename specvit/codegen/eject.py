@@ -10,6 +10,8 @@ arguments and has the compiled model's state_dict keys.
 from __future__ import annotations
 
 import ast
+import functools
+import importlib
 import inspect
 import textwrap
 import types
@@ -255,8 +257,8 @@ def _dependencies(sources: Iterable[tuple[str, types.ModuleType]]) -> tuple[list
                 imports.add(_import_module(name, value))
                 continue
             home = module
-            if name in _module_constants(module):  # MASKED = -100.0, QkNorm = Literal[...]
-                definitions[name] = _module_constants(module)[name]
+            if (constant := _constant(module, name)) is not None:  # MASKED = -100.0, QkNorm = Literal[...]
+                definitions[name], home = constant
             elif origin.startswith("specvit.") and (inspect.isfunction(value) or inspect.isclass(value)):
                 definitions[name] = textwrap.dedent(inspect.getsource(value))
                 home = inspect.getmodule(value) or module  # its own names are resolved where it is defined
@@ -294,6 +296,26 @@ def _import_module(name: str, module: types.ModuleType) -> str:
     return f"from {head} import {tail}" if tail == name else f"import {module.__name__} as {name}"
 
 
+def _constant(module: types.ModuleType, name: str) -> tuple[str, types.ModuleType] | None:
+    """The assignment defining ``name`` in ``module``, or in the specvit module it imports it from, and that
+    module."""
+    if name in _module_constants(module):
+        return _module_constants(module)[name], module
+    origin = _specvit_imports(module).get(name)
+    return _constant(importlib.import_module(origin), name) if origin else None
+
+
+@functools.cache
+def _specvit_imports(module: types.ModuleType) -> dict[str, str]:
+    """The names ``module`` imports from other specvit modules, and the module of each."""
+    out = {}
+    for stmt in ast.parse(inspect.getsource(module)).body:
+        if isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith("specvit."):
+            out.update({alias.name: stmt.module or "" for alias in stmt.names if alias.asname is None})
+    return out
+
+
+@functools.cache
 def _module_constants(module: types.ModuleType) -> dict[str, str]:
     """Module-level assignments of ``module`` (``MASKED = -100.0``, type aliases), by name."""
     source = inspect.getsource(module)

@@ -48,6 +48,14 @@ class _Fold(ast.NodeTransformer):
     def __init__(self, names: dict[str, Any], attrs: dict[str, Any]):
         self.names, self.attrs = names, attrs
 
+    def forget(self, stmt: ast.stmt) -> None:
+        """A kept statement assigns these names: they are no longer the constants they started as."""
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        for target in targets:
+            for node in ast.walk(target) if target is not None else ():
+                if isinstance(node, ast.Name):
+                    self.names.pop(node.id, None)
+
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if isinstance(node.ctx, ast.Load) and node.id in self.names:
             return ast.copy_location(ast.Constant(self.names[node.id]), node)
@@ -178,7 +186,9 @@ class _Renderer:
                 return self.block(taken, indent + _inner(stmt, self.lines)) if taken else []
         if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.FunctionDef):
             return self.compound(stmt, indent, as_if)
-        return [_dedent(line, indent) for line in self.text(stmt)]
+        lines = [_dedent(line, indent) for line in self.text(stmt)]
+        self.fold.forget(stmt)
+        return lines
 
     def _is_elif(self, orelse: list[ast.stmt]) -> bool:
         return len(orelse) == 1 and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
@@ -317,7 +327,33 @@ def specialise(cls: type, facts: Facts) -> str:
             out += _docstring(item, drop, r.lines)
             body = body[1:]
         out += r.block(body, 0) or [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
-    return _drop_dead_stores("\n".join(out) + "\n")
+    return _drop_unused_methods(_drop_dead_stores("\n".join(out) + "\n"))
+
+
+def _drop_unused_methods(source: str) -> str:
+    """Remove private methods (``_memory``) that no kept line of the class calls any more."""
+    while True:
+        klass = ast.parse(source).body[0]
+        assert isinstance(klass, ast.ClassDef)
+        methods = [f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")]
+        for fn in methods:
+            if fn.name.startswith("__"):
+                continue
+            used = any(
+                isinstance(n, ast.Attribute) and n.attr == fn.name and isinstance(n.value, ast.Name)
+                for other in klass.body
+                if other is not fn
+                for n in ast.walk(other)
+            )
+            if not used:
+                lines = source.splitlines()
+                first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+                while first > 1 and not lines[first - 2].strip():  # the blank lines before it
+                    first -= 1
+                source = "\n".join(lines[: first - 1] + lines[fn.end_lineno or fn.lineno :]) + "\n"
+                break
+        else:
+            return source
 
 
 def _drop_dead_stores(source: str) -> str:

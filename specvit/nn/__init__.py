@@ -1,7 +1,7 @@
 """PyTorch building blocks of specvit models (no dependency on ``specvit.spec``, ``specvit.ops`` or
 ``specvit.graph``): each forward takes its main input positionally and everything else by keyword."""
 
-from specvit.nn.attention import CrossAttention, KVCache, SelfAttention
+from specvit.nn.attention import Attention, CrossAttention, KVCache, SelfAttention
 from specvit.nn.embed import PatchEmbed, PrefixTokens, QueryEmbed, TokenEmbed, TypeEmbed
 from specvit.nn.functional import cls_pool, extend_mask, mean_pool, merge_2x2
 from specvit.nn.heads import BoxMlp
@@ -23,6 +23,7 @@ from specvit.nn.position import (
 from specvit.nn.window import WindowAttention
 
 __all__ = [
+    "Attention",
     "BoxMlp",
     "CrossAttention",
     "DropPath",

@@ -1,204 +1,121 @@
-"""Multi-head self- and cross-attention on top of ``F.scaled_dot_product_attention``, with GQA/MQA,
-optional QK-norm, RoPE and KV caches.
+"""One attention core whose parts are data (:class:`Attention`), on top of ``F.scaled_dot_product_attention``.
 
-Masks: ``key_padding_mask`` / ``memory_padding_mask`` are boolean with True = padding (ignored key), the
-torch ``nn.MultiheadAttention`` convention. A query row that ends up with no visible key (e.g. every key of
+The parts, each a constructor argument:
+
+- **Projections**: a packed ``qkv`` linear, or ``q``, ``k``, ``v`` apart (``projection="split"``); with
+  ``memory_dim`` the keys and values come from a memory (cross-attention: ``q`` and a packed ``kv``). Each of
+  q, k, v has a bias or not (BEiT, Whisper: q and v only).
+- **Heads**: H query heads, Hkv key/value heads (GQA/MQA, SDPA's ``enable_gqa``), any head width.
+- **Queries and keys**: a per-head QK-norm, rotary tables (``rope``), DETR's positions added to their
+  inputs (``pos``), cosine attention with a learned per-head scale (Swin-V2).
+- **Scores**, in this order: ``q·k`` times ``scale``; talking heads mix them across heads (CaiT); additive
+  biases (a ``bias`` input such as ALiBi or T5's buckets; a relative table of the layer's own: Swin's,
+  Swin-V2's continuous one, or MViTv2's decomposed one); soft-capping (Gemma 2); the masks (causal, a sliding
+  window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again.
+- **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
+- **Partition**: with a token ``grid`` and ``grid_window`` M, the grid is cut into M x M windows (rolled by
+  ``shift``, or padded) around plain attention (:mod:`specvit.nn.partition`).
+
+SDPA's fused kernels run whenever no part needs the scores themselves (talking heads, soft-capping); the math
+path computes the same thing otherwise.
+
+Masks: ``mask`` / ``memory_mask`` are boolean with True = padding (ignored key), the torch
+``nn.MultiheadAttention`` convention. A query row that ends up with no visible key (e.g. every key of
 that sample is padding) outputs zeros from the attention (so the module returns ``proj(0) = proj.bias``)
 instead of NaN, independently of the SDPA backend; its gradients are finite too.
-
-GQA/MQA uses SDPA's ``enable_gqa=True``: no repeated k/v copies in the fused kernels, bitwise equal to
-repeating k/v heads, and counted like plain MHA by ``FlopCounterMode`` under the MATH backend.
 
 Caches: one :class:`KVCache` per model; each attention layer reads and writes its own entry by its
 ``layer_idx``, as HF's ``Cache`` objects do.
 
 Every forward takes the tokens positionally and everything else by keyword (``mask``, ``rope``, ``bias``,
-``pos``, ``cache``; cross-attention also ``memory`` and its ``memory_mask``, ``memory_pos``, ``memory_rope``).
+``pos``, ``cache``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
 
-Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens.
+Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens, G windows per
+sample (1 without a partition), L tokens per window (N without one), Nq query tokens.
 T is the number of keys a self-attention query sees (N, or cached + N with a KV cache); Dm memory width.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specvit.nn.attend import (
+    Parts,
+    QkNorm,
+    QkvBias,
+    attend,
+    attend_math,
+    dropout,
+    head_norm,
+    packed_projection,
+    project,
+    resolve_heads,
+    split_heads,
+    three_biases,
+    visible_keys,
+)
 from specvit.nn.cache import KVCache
-from specvit.nn.functional import sdpa_layout
-from specvit.nn.layers import Dropout
-from specvit.nn.linear import Linear, onednn_linear
+from specvit.nn.linear import Linear
+from specvit.nn.partition import padded_grid, window_merge, window_split
 from specvit.nn.position import apply_rope
+from specvit.nn.scores import (
+    MAX_LOGIT_SCALE,
+    cpb_coords,
+    decomposed_bias,
+    relative_position_index,
+    shift_mask,
+)
 
-QkNorm = Literal["layernorm", "rmsnorm"]
+__all__ = ["Attention", "CrossAttention", "KVCache", "QkNorm", "RelativeBias", "SelfAttention"]
 
-
-def _head_norm(
-    kind: QkNorm | None,
-    head_dim: int,
-    eps: float,
-    bias: bool,
-    device: torch.device | str | None,
-    dtype: torch.dtype | None,
-) -> nn.Module:
-    if kind is None:
-        return nn.Identity()
-    if kind == "layernorm":
-        return nn.LayerNorm(head_dim, eps=eps, bias=bias, device=device, dtype=dtype)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(head_dim, eps=eps, device=device, dtype=dtype)
-    raise ValueError(f"qk_norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
+RelativeBias = Literal["table", "cpb", "decomposed"]
+"""A relative position bias a layer owns: Swin's learned table over its windows, Swin-V2's continuous
+position bias MLP, or MViTv2's decomposed tables (ViTDet, SAM)."""
 
 
-QkvBias = bool | tuple[bool, ...]
-
-
-Parts = tuple[tuple[str, int, bool], ...]  # (name, rows, has a bias) of each part of a packed projection
-
-
-def _packed(
-    owner: nn.Module, dim: int, parts: Parts, device: torch.device | str | None, dtype: torch.dtype | None
-) -> nn.Linear:
-    """A Linear packing ``parts``. When only some parts have a bias (BEiT: q and v, no k), the Linear has
-    none and ``owner`` gets a parameter ``{name}_bias`` per part that has one (timm's names)."""
-    has = {h for _, _, h in parts}
-    linear = Linear(dim, sum(w for _, w, _ in parts), bias=has == {True}, device=device, dtype=dtype)
-    if len(has) == 2:
-        for name, width, h in parts:
-            if h:
-                owner.register_parameter(
-                    f"{name}_bias", nn.Parameter(torch.zeros(width, device=device, dtype=dtype))
-                )
-    return linear
-
-
-def _project(
-    owner: nn.Module, x: Tensor, linear: nn.Linear, parts: Parts, rows: slice = slice(None)
-) -> Tensor:
-    """``linear(x)`` restricted to output ``rows``, with the parts' own biases when they have them."""
-    separate = linear.bias is None and any(h for _, _, h in parts)
-    if not separate and rows == slice(None):
-        return linear(x)
-    bias: Tensor | None = linear.bias
-    if separate:
-        pieces = [
-            getattr(owner, f"{name}_bias") if h else linear.weight.new_zeros(width)
-            for name, width, h in parts
-        ]
-        bias = torch.cat(pieces)  # ((H + 2Hkv) * hd,) or (2Hkv * hd,)
-    return onednn_linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
-
-
-def _three(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
-    if isinstance(qkv_bias, bool):
-        return (qkv_bias, qkv_bias, qkv_bias)
-    q, k, v = qkv_bias
-    return (q, k, v)
-
-
-def _visible(n: int, t: int, past: int, causal: bool, window: int | None, device: torch.device) -> Tensor:
-    """(N, T) bool: query i, ``past`` positions after key 0 (at position past + i if key 0 is at 0), may see
-    key j; causal: j <= past + i; a window keeps the keys less than ``window`` positions away."""
-    visible = torch.ones(n, t, dtype=torch.bool, device=device)
-    if causal:
-        visible = visible.tril(diagonal=past)
-    if window is not None:
-        visible = visible.triu(diagonal=past - window + 1)
-        if not causal:
-            visible = visible.tril(diagonal=past + window - 1)
-    return visible  # (N, T)
-
-
-def _dropout(p: float) -> nn.Module:
-    return Dropout(p) if p > 0.0 else nn.Identity()
-
-
-def _resolve_heads(
-    dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
-) -> tuple[int, int]:
-    """Return (Hkv, hd) after validating the head configuration."""
-    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    if kv_heads < 1 or num_heads % kv_heads != 0:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({kv_heads})")
-    if head_dim is None:
-        if dim % num_heads != 0:
-            raise ValueError(
-                f"dim ({dim}) must be divisible by num_heads ({num_heads}) when head_dim is unset"
-            )
-        head_dim = dim // num_heads
-    return kv_heads, head_dim
-
-
-def _attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    visible: Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-    bias: Tensor | None = None,
-    scale: float | None = None,
-) -> Tensor:
-    """SDPA where query rows without any visible key output zeros instead of NaN.
-
-    Args:
-        q: (B, H, N, hd) queries.
-        k: (B, Hkv, T, hd) keys.
-        v: (B, Hkv, T, hd) values.
-        visible: boolean mask broadcastable to (B, 1, N, T), True = may attend; None = all visible.
-        is_causal: let SDPA apply its own causal mask (only when ``visible`` and ``bias`` are None and N == T).
-        dropout_p: attention-probability dropout.
-        bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions), or None.
-        scale: the factor of q·k; None = 1/sqrt(hd).
-    """
-    has_key = None
-    mask: Tensor | None = visible
-    if visible is not None:
-        has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
-        mask = visible | ~has_key  # rows with nothing visible attend everywhere; zeroed below
-    if bias is not None:
-        bias = bias.to(q.dtype)
-        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))  # (B or 1, H, N, T)
-    out = F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )  # (B, H, N, hd)
-    if has_key is not None:
-        out = out.masked_fill(~has_key, 0.0)
-    if mask is not None:  # a masked SDPA's layout while exporting: see sdpa_layout
-        out = sdpa_layout(out)
-    return out
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with GQA/MQA, optional QK-norm, RoPE, an additive bias, causal masking
-    and a KV cache.
+class Attention(nn.Module):
+    """Multi-head attention whose parts are data: see the module docstring for each part and its order.
 
     Args:
         dim: token width D.
         num_heads: number of query heads H.
         num_kv_heads: number of key/value heads Hkv (divides H); None = H (plain MHA), 1 = MQA.
         head_dim: per-head width hd; None = D // H.
-        qkv_bias: bias of the packed ``qkv`` projection: one for all, or (q, k, v); with some but not all,
-            the module has ``q_bias`` / ``k_bias`` / ``v_bias`` parameters for those that have one.
+        memory_dim: the keys and values come from a memory of this width (cross-attention: projections
+            ``q`` and a packed ``kv``); None = from the tokens themselves.
+        projection: ``packed``: one ``qkv`` linear (``q`` and ``kv`` with a memory); ``split``: ``q``, ``k``
+            and ``v`` linears (CaiT's class attention).
+        qkv_bias: biases of q, k and v: one for all, or (q, k, v); in a packed projection with some but not
+            all, the module has ``q_bias`` / ``k_bias`` / ``v_bias`` parameters for those that have one.
         proj_bias: bias of the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
         norm_eps: epsilon of the QK norms.
+        scale: factor of q·k; None = 1/sqrt(hd) (T5 uses 1).
+        cosine: cosine attention (Swin-V2): cos(q, k) times a learned per-head ``logit_scale``,
+            exp(min(logit_scale, log 100)), instead of q·k times ``scale``.
+        talking_heads: the logits and the weights are mixed across heads by learned H x H maps ``proj_l``
+            (before the softmax) and ``proj_w`` (after it) (CaiT).
+        relative: the layer's own relative position bias: ``table`` (Swin: ``relative_position_bias_table``,
+            ((2M-1)^2, H)), ``cpb`` (Swin-V2: the MLP ``cpb_mlp``, 2 -> ``cpb_hidden`` -> H, 16 * sigmoid),
+            ``decomposed`` (MViTv2: ``rel_pos_h``, ``rel_pos_w`` sized to the window, or the grid), or None.
+        cpb_hidden: the hidden width of the ``cpb`` MLP.
+        pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for the window.
+        softcap: soft-capping of the logits, ``softcap * tanh(logits / softcap)`` (Gemma 2), or None.
+        causal: query i only sees keys at positions <= its own.
+        window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
+        queries: only the first ``queries`` tokens query (CaiT's class attention: 1); None = every token.
+        grid: the (gh, gw) token grid, for ``grid_window`` and decomposed relative positions.
+        grid_window: attend within M x M windows of the grid (padded to a multiple of M when M does not
+            divide it, as ViTDet's), or None.
+        shift: cyclic shift of the grid before windowing (M/2 in every second Swin block), with a region mask.
         attn_drop: dropout on the attention probabilities (training only).
         proj_drop: dropout after the output projection.
-        causal: query i only sees keys at positions <= its own.
-        scale: factor of q·k; None = 1/sqrt(hd) (T5 uses 1).
-        window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
         layer_idx: this layer's entry in a :class:`KVCache`.
         device: parameter device.
         dtype: parameter dtype.
@@ -211,34 +128,217 @@ class SelfAttention(nn.Module):
         *,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        memory_dim: int | None = None,
+        projection: Literal["packed", "split"] = "packed",
         qkv_bias: QkvBias = True,
         proj_bias: bool = True,
         qk_norm: QkNorm | None = None,
         qk_norm_bias: bool = True,
         norm_eps: float = 1e-6,
+        scale: float | None = None,
+        cosine: bool = False,
+        talking_heads: bool = False,
+        relative: RelativeBias | None = None,
+        cpb_hidden: int = 512,
+        pretrained: int = 0,
+        softcap: float | None = None,
+        causal: bool = False,
+        window: int | None = None,
+        queries: int | None = None,
+        grid: tuple[int, int] | None = None,
+        grid_window: int | None = None,
+        shift: int = 0,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        causal: bool = False,
-        scale: float | None = None,
-        window: int | None = None,
         layer_idx: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        _check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal)
         self.num_heads = num_heads
-        self.num_kv_heads, self.head_dim = _resolve_heads(dim, num_heads, num_kv_heads, head_dim)
-        self.causal, self.scale, self.window = causal, scale, window
-        self.layer_idx = layer_idx
-        self.attn_drop = attn_drop
-        hd, h, hkv = self.head_dim, num_heads, self.num_kv_heads
-        bq, bk, bv = _three(qkv_bias)
-        self.parts: Parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * hd, bv))
-        self.qkv = _packed(self, dim, self.parts, device, dtype)
-        self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
+        self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
+        self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
+        self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
+        self.scale = 1.0 if cosine else scale  # cosine attention folds its learned scale into the queries
+        self.cosine, self.talking_heads, self.softcap = cosine, talking_heads, softcap
+        self.relative, self.pretrained = relative, pretrained
+        self.grid, self.grid_window, self.shift = grid, grid_window, shift
+        hd, h = self.head_dim, num_heads
+        self._projections(dim, memory_dim, qkv_bias, device, dtype)
+        self.q_norm = head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
+        self.k_norm = head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
+        if cosine:
+            self.logit_scale = nn.Parameter(
+                torch.full((h, 1, 1), math.log(10.0), device=device, dtype=dtype)
+            )  # (H, 1, 1)
+        if relative == "cpb":
+            self.cpb_mlp = nn.Sequential(
+                nn.Linear(2, cpb_hidden, device=device, dtype=dtype),
+                nn.ReLU(inplace=True),
+                nn.Linear(cpb_hidden, h, bias=False, device=device, dtype=dtype),
+            )
+        elif relative == "table":
+            m = grid_window or 0
+            self.relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * m - 1) ** 2, h, device=device, dtype=dtype)
+            )
+        if talking_heads:
+            self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
+            self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
         self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = _dropout(proj_drop)
+        self.proj_drop = dropout(proj_drop)
+        if relative == "decomposed":
+            qh, qw = self._extent
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * qw - 1, hd, device=device, dtype=dtype))
+
+    def _projections(
+        self,
+        dim: int,
+        memory_dim: int | None,
+        qkv_bias: QkvBias,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+    ) -> None:
+        """The q/k/v projections: ``qkv``; ``q`` and ``kv`` with a memory; or ``q``, ``k``, ``v`` (split)."""
+        hd, h, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        bq, bk, bv = three_biases(qkv_bias)
+        if self.projection == "split":
+            self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
+            self.k = Linear(dim, hkv * hd, bias=bk, device=device, dtype=dtype)
+            self.v = Linear(dim, hkv * hd, bias=bv, device=device, dtype=dtype)
+        elif self.cross:
+            self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
+            self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * hd, bv))
+            self.kv = packed_projection(self, memory_dim or dim, self.parts, device, dtype)
+        else:
+            self.parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * hd, bv))
+            self.qkv = packed_projection(self, dim, self.parts, device, dtype)
+
+    @property
+    def _extent(self) -> tuple[int, int]:
+        """What one query attends over on the grid: its window, or the whole grid."""
+        if self.grid_window is not None:
+            return (self.grid_window, self.grid_window)
+        assert self.grid is not None
+        return self.grid
+
+    def _qkv(self, x: Tensor, pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, [G,] H, Nq, hd), keys and values (B, [G,] Hkv, L, hd) of the tokens x: (B, [G,] L, D)."""
+        h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.projection == "split":
+            q = self.q(x if self.queries is None else x[..., : self.queries, :])
+            return split_heads(q, hd), split_heads(self.k(x), hd), split_heads(self.v(x), hd)
+        if pos is None:
+            qkv = project(self, x, self.qkv, self.parts)  # (B, N, (H + 2Hkv) * hd)
+        else:
+            rows = (h + hkv) * hd  # q and k rows of the packed weight read x + pos; v rows read x
+            qk = project(self, x + pos, self.qkv, self.parts, slice(None, rows))
+            v_in = project(self, x, self.qkv, self.parts, slice(rows, None))
+            qkv = torch.cat((qk, v_in), dim=-1)  # (B, N, (H + 2Hkv) * hd)
+        q, k, v = split_heads(qkv, hd).split((h, hkv, hkv), dim=-3)  # (B, [G,] H or Hkv, L, hd)
+        return (q if self.queries is None else q[..., : self.queries, :]), k, v
+
+    def _memory(
+        self,
+        memory: Tensor | None,
+        memory_pos: Tensor | None,
+        memory_rope: tuple[Tensor, Tensor] | None,
+        cache: KVCache | None,
+    ) -> tuple[Tensor, Tensor]:
+        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values; with a cache, computed once."""
+        if cache is not None and self.layer_idx in cache.memory:
+            return cache.memory[self.layer_idx]
+        assert memory is not None
+        hkv, hd = self.num_kv_heads, self.head_dim
+        if memory_pos is None:
+            kv_flat = project(self, memory, self.kv, self.parts)  # (B, M, 2 * Hkv * hd)
+        else:
+            rows = hkv * hd  # k rows of the packed weight read memory + pos; v rows read memory
+            k_in = project(self, memory + memory_pos, self.kv, self.parts, slice(None, rows))
+            v_in = project(self, memory, self.kv, self.parts, slice(rows, None))
+            kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
+        k, v = split_heads(kv_flat, hd).split((hkv, hkv), dim=-3)  # (B, Hkv, M, hd)
+        k = self.k_norm(k)
+        if memory_rope is not None:
+            k = apply_rope(k, *memory_rope)
+        if cache is not None:
+            cache.memory[self.layer_idx] = (k, v)
+        return k, v
+
+    def _relative_bias(self, q: Tensor) -> Tensor:
+        """The layer's own relative position bias for queries q: (B, G*H, L, hd) -> broadcastable to the
+        (B, G*H, L, L) scores (plus the region mask of shifted windows)."""
+        h, (qh, qw) = self.num_heads, self._extent
+        length = qh * qw
+        if self.relative == "decomposed":
+            per_window = q.reshape(-1, h, length, self.head_dim)  # (B*G, H, L, hd)
+            bias = decomposed_bias(per_window, self.rel_pos_h, self.rel_pos_w, (qh, qw))  # (B*G, H, L, L)
+            return bias.view(q.shape[0], -1, length, length)  # (B, G*H, L, L)
+        index = relative_position_index(qh, q.device)  # (L, L)
+        if self.relative == "cpb":
+            table = self.cpb_mlp(cpb_coords(qh, self.pretrained, q.device).to(q.dtype))  # ((2M-1)^2, H)
+        else:
+            table = self.relative_position_bias_table
+        bias = table[index.view(-1)].view(length, length, -1).permute(2, 0, 1)  # (H, L, L)
+        if self.relative == "cpb":
+            bias = 16 * torch.sigmoid(bias)
+        groups = q.shape[1] // h
+        if self.shift:
+            assert self.grid is not None
+            regions = shift_mask(self.grid, qh, self.shift, q.device).to(q.dtype)  # (G, L, L)
+            return (bias[None] + regions[:, None]).reshape(1, groups * h, length, length)
+        return bias[None].expand(groups, h, length, length).reshape(1, groups * h, length, length)
+
+    def _visible(
+        self,
+        b: int,
+        n: int,
+        t: int,
+        past: int,
+        first: int,
+        mask: Tensor | None,
+        memory_mask: Tensor | None,
+        cache: KVCache | None,
+        unbiased: bool,
+        device: torch.device,
+    ) -> tuple[Tensor | None, bool]:
+        """Which of the T keys each of the N queries (at positions past .. past + N - 1; key 0 at ``first``)
+        sees, broadcastable to (B, 1, N, T) with True = may attend, or None for all; or SDPA's own causal mask
+        (True) where nothing else hides a key (``unbiased``: no additive bias either)."""
+        visible: Tensor | None = None
+        is_causal = False
+        if cache is not None and self.causal and cache.window is not None:
+            window = cache.window if self.window is None else min(self.window, cache.window)
+            visible = visible_keys(n, t, past - first, True, window, device)  # (N, T)
+        elif self.causal and past == 0 and mask is None and unbiased and self.window is None:
+            is_causal = True
+        elif self.window is not None or (self.causal and n > 1):  # causal, one new token: it sees every key
+            visible = visible_keys(n, t, past - first, self.causal, self.window, device)  # (N, T)
+        if mask is not None:
+            if mask.shape != (b, past + n):
+                raise ValueError(f"mask must have shape (B, T)=({b}, {past + n}), got {tuple(mask.shape)}")
+            keep = ~mask[:, None, None, past + n - t :]  # (B, 1, 1, T)
+            visible = keep if visible is None else visible & keep  # (B, 1, N, T)
+        if memory_mask is not None:
+            if memory_mask.shape != (b, t):
+                raise ValueError(
+                    f"memory_mask must have shape (B, M)=({b}, {t}), got {tuple(memory_mask.shape)}"
+                )
+            visible = ~memory_mask[:, None, None, :]  # (B, 1, 1, M)
+        return visible, is_causal
+
+    def _output(self, out: Tensor, b: int) -> Tensor:
+        """The heads' outputs (B, G*H, Nq, hd) through the output projection, the windows merged: (B, Nq, D)."""
+        h, hd = self.num_heads, self.head_dim
+        if self.grid_window is not None:
+            out = out.unflatten(1, (-1, h)).transpose(2, 3).flatten(3)  # (B, G, L, H*hd)
+            return window_merge(
+                self.proj_drop(self.proj(out)), self.grid or (0, 0), self.grid_window, self.shift
+            )
+        out = out.transpose(1, 2).reshape(b, out.shape[2], h * hd)  # (B, Nq, H*hd)
+        return self.proj_drop(self.proj(out))  # (B, Nq, D)
 
     def forward(
         self,
@@ -249,209 +349,125 @@ class SelfAttention(nn.Module):
         bias: Tensor | None = None,
         pos: Tensor | None = None,
         cache: KVCache | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        memory_pos: Tensor | None = None,
+        memory_rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        """Attend x to itself (and to the cached tokens).
+        """Attend x to itself (and to the cached tokens), or to the memory.
 
         Args:
             x: (B, N, D) tokens.
-            mask: (B, T) bool, True = padding key; T counts the cached keys too when a cache is given
-                (T = cached + N). Queries are not masked: a padded query still gets an output.
-            rope: ``(cos, sin)`` tables for the N new tokens (absolute positions cached .. cached + N - 1),
-                from :class:`~specvit.nn.position.Rope` or :class:`~specvit.nn.position.Rope2d`.
+            mask: (B, T) bool, True = padding key; T = cached + N with a cache. Queries are not masked.
+            rope: ``(cos, sin)`` tables for the N new tokens (absolute positions cached .. cached + N - 1).
             bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions).
-            pos: (B or 1, N, D) positions added to the input of the queries and keys only, not of the values
-                (DETR); the projections cost what the fused one does.
-            cache: the model's KV cache; this layer's new keys/values are appended to its entry. Masking is
-                unchanged by the cache: a causal layer lets query i (absolute position cached + i) see keys
+            pos: (B or 1, N, D) positions added to the input of the queries and keys only (DETR).
+            cache: the model's KV cache; this layer's new keys/values are appended to its entry (a memory's
+                are computed once). A causal layer lets query i (absolute position cached + i) see keys
                 j <= cached + i, a non-causal one lets the new tokens see every cached and new key.
+            memory: (B, M, Dm) memory tokens (with ``memory_dim``); not read once cached.
+            memory_mask: (B, M) bool, True = padding memory token.
+            memory_pos: (B or 1, M, Dm) positions added to the keys' input, not the values' (DETR).
+            memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys (CroCo).
 
         Returns:
-            (B, N, D).
+            (B, Nq, D): N tokens, or the first ``queries``.
         """
         b, n, _ = x.shape
-        h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        if pos is None:
-            qkv = _project(self, x, self.qkv, self.parts)  # (B, N, (H + 2Hkv) * hd)
+        hd = self.head_dim
+        if self.grid_window is not None:
+            x = window_split(x, self.grid or (0, 0), self.grid_window, self.shift)  # (B, G, L, D)
+        if self.cross:
+            q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
+            k, v = self._memory(memory, memory_pos, memory_rope, cache)  # (B, Hkv, M, hd)
         else:
-            rows = (h + hkv) * hd  # q and k rows of the packed weight read x + pos; v rows read x
-            qk = _project(self, x + pos, self.qkv, self.parts, slice(None, rows))
-            v_in = _project(self, x, self.qkv, self.parts, slice(rows, None))
-            qkv = torch.cat((qk, v_in), dim=-1)  # (B, N, (H + 2Hkv) * hd)
-        qkv = qkv.view(b, n, h + 2 * hkv, hd).transpose(1, 2)  # (B, H + 2Hkv, N, hd)
-        q, k, v = qkv.split((h, hkv, hkv), dim=1)  # (B, H, N, hd), (B, Hkv, N, hd), (B, Hkv, N, hd)
-        q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
+            k = self.k_norm(k)
+        q = self.q_norm(q)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q = apply_rope(q, *rope)
+            k = k if self.cross else apply_rope(k, *rope)
+        if self.cosine:  # cos(q, k) * exp(logit scale): the scale is folded into the unit queries
+            logit_scale = torch.clamp(self.logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
+            q, k = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1)
+        if self.grid_window is not None:  # windows and heads as one 4D attention, which every SDPA takes
+            q, k, v = q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2)  # (B, G*H, L, hd)
         past, first = 0, 0  # query i sits at absolute position past + i, key j at first + j
-        if cache is not None:
+        if cache is not None and not self.cross:
             past = cache.length(self.layer_idx)
             k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
             first = past + n - k.shape[2]
         t = k.shape[2]
         if bias is not None and bias.shape[-1] != t:
             bias = bias[..., -t:]  # the keys still held: (B or 1, H, N or 1, T)
+        if self.relative is not None:
+            own = self._relative_bias(q)  # (1 or B, G*H, L, L)
+            bias = own if bias is None else bias + own
 
-        visible: Tensor | None = None  # broadcastable to (B, 1, N, T), True = may attend
-        is_causal = False
-        if cache is not None and self.causal and cache.window is not None:
-            window = cache.window if self.window is None else min(self.window, cache.window)
-            visible = _visible(n, t, past - first, True, window, x.device)  # (N, T)
-        elif self.causal and past == 0 and mask is None and bias is None and self.window is None:
-            is_causal = True
-        elif self.window is not None or (self.causal and n > 1):  # causal, one new token: it sees every key
-            visible = _visible(n, t, past - first, self.causal, self.window, x.device)  # (N, T)
-        if mask is not None:
-            if mask.shape != (b, past + n):
-                raise ValueError(f"mask must have shape (B, T)=({b}, {past + n}), got {tuple(mask.shape)}")
-            keep = ~mask[:, None, None, past + n - t :]  # (B, 1, 1, T)
-            visible = keep if visible is None else visible & keep  # (B, 1, N, T)
-
+        visible, is_causal = None, False  # visible: broadcastable to (B, 1, N, T), True = may attend
+        if self.causal or self.window is not None or mask is not None or memory_mask is not None:
+            visible, is_causal = self._visible(
+                b, n, t, past, first, mask, memory_mask, cache, bias is None, q.device
+            )
         dropout_p = self.attn_drop if self.training else 0.0
-        out = _attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, H, N, hd)
+        if self.talking_heads or self.softcap is not None:
+            mix = (self.proj_l, self.proj_w) if self.talking_heads else None
+            out = attend_math(q, k, v, visible, is_causal, dropout_p, bias, self.scale, self.softcap, mix)
+        else:
+            out = attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, G*H, Nq, hd)
         if cache is not None and self.causal:
             cache.bound(self.layer_idx, self.window)
-        out = out.transpose(1, 2).reshape(b, n, h * hd)  # (B, N, H*hd)
-        return self.proj_drop(self.proj(out))  # (B, N, D)
+        return self._output(out, b)  # (B, Nq, D)
 
     def extra_repr(self) -> str:
-        return (
-            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}"
-        )
+        parts = [f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"]
+        if self.cross:
+            parts.append("memory=True")
+        parts.append(f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}")
+        for name in ("queries", "grid", "grid_window", "relative", "softcap"):
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)}")
+        parts += [name for name in ("cosine", "talking_heads") if getattr(self, name)]
+        if self.shift:
+            parts.append(f"shift={self.shift}")
+        return ", ".join(parts)
 
 
-class CrossAttention(nn.Module):
-    """Multi-head cross-attention from tokens to a memory, with GQA/MQA, optional QK-norm, RoPE and a KV cache.
+def _check_parts(
+    memory_dim: int | None,
+    projection: str,
+    relative: str | None,
+    grid: tuple[int, int] | None,
+    grid_window: int | None,
+    shift: int,
+    queries: int | None,
+    causal: bool,
+) -> None:
+    """Refuse the combinations of parts the core does not compute."""
+    problems = []
+    if memory_dim is not None and (projection != "packed" or grid_window is not None or queries is not None):
+        problems.append("keys and values from a memory take the packed projection, no windows, all queries")
+    if queries is not None and causal:
+        problems.append("a subset of queries is never causal")
+    if relative is not None and grid is None:
+        problems.append(f"a {relative} relative bias needs the token grid")
+    if relative in ("table", "cpb") and grid_window is None:
+        problems.append(f"a {relative} relative bias is over windows: set grid_window")
+    if grid_window is not None and grid is None:
+        problems.append("windows need the token grid")
+    if shift and (grid is None or grid_window is None or padded_grid(grid, grid_window) != grid):
+        problems.append("shifted windows need a grid divisible by the window")
+    if problems:
+        raise ValueError("; ".join(problems))
 
-    Args:
-        dim: query token width D.
-        num_heads: number of query heads H.
-        memory_dim: memory width Dm; None = D.
-        num_kv_heads: number of key/value heads Hkv (divides H); None = H.
-        head_dim: per-head width hd; None = D // H.
-        qkv_bias: biases of the ``q`` and ``kv`` projections: one for all, or (q, k, v).
-        proj_bias: bias of the output projection.
-        qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
-        qk_norm_bias: the QK LayerNorms have a bias.
-        norm_eps: epsilon of the QK norms.
-        attn_drop: dropout on the attention probabilities (training only).
-        proj_drop: dropout after the output projection.
-        layer_idx: this layer's entry in a :class:`KVCache`.
-        device: parameter device.
-        dtype: parameter dtype.
-    """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        memory_dim: int | None = None,
-        num_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        qkv_bias: QkvBias = True,
-        proj_bias: bool = True,
-        qk_norm: QkNorm | None = None,
-        qk_norm_bias: bool = True,
-        norm_eps: float = 1e-6,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        scale: float | None = None,
-        layer_idx: int = 0,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.num_kv_heads, self.head_dim = _resolve_heads(dim, num_heads, num_kv_heads, head_dim)
-        self.layer_idx, self.scale = layer_idx, scale
-        self.attn_drop = attn_drop
-        hd, h, hkv = self.head_dim, num_heads, self.num_kv_heads
-        bq, bk, bv = _three(qkv_bias)
-        self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
-        self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * hd, bv))
-        self.kv = _packed(self, dim if memory_dim is None else memory_dim, self.parts, device, dtype)
-        self.q_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.k_norm = _head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = _dropout(proj_drop)
+SelfAttention = Attention
+"""The core with its defaults is multi-head self-attention (the name models and tests have used)."""
 
-    def _memory_kv(
-        self, memory: Tensor, memory_pos: Tensor | None, memory_rope: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor]:
-        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values."""
-        b, m, _ = memory.shape
-        hkv, hd = self.num_kv_heads, self.head_dim
-        if memory_pos is None:
-            kv_flat = _project(self, memory, self.kv, self.parts)  # (B, M, 2 * Hkv * hd)
-        else:
-            rows = hkv * hd  # k rows of the packed weight read memory + pos; v rows read memory
-            k_in = _project(self, memory + memory_pos, self.kv, self.parts, slice(None, rows))
-            v_in = _project(self, memory, self.kv, self.parts, slice(rows, None))
-            kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
-        kv = kv_flat.view(b, m, 2, hkv, hd).permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, hd)
-        k, v = self.k_norm(kv[0]), kv[1]  # (B, Hkv, M, hd)
-        if memory_rope is not None:
-            k = apply_rope(k, *memory_rope)
-        return k, v
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        memory: Tensor,
-        memory_mask: Tensor | None = None,
-        pos: Tensor | None = None,
-        memory_pos: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-        memory_rope: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """Attend x to the memory.
+class CrossAttention(Attention):
+    """The core attending from the tokens to a memory of width ``memory_dim`` (None = D); keyword
+    arguments as :class:`Attention`'s."""
 
-        Args:
-            x: (B, N, D) query tokens.
-            memory: (B, M, Dm) memory tokens; not read when ``cache`` already holds this layer's keys/values.
-            memory_mask: (B, M) bool, True = padding memory token.
-            pos: (B or 1, N, D) positions added to the queries' input (DETR's query embeddings).
-            memory_pos: (B or 1, M, Dm) positions added to the keys' input, not the values' (DETR).
-            rope: ``(cos, sin)`` tables of the N queries: RoPE rotates the queries (CroCo), or None.
-            memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys before they are
-                cached (CroCo), or None.
-            cache: the model's KV cache: this layer's memory keys/values are computed once, then reused.
-
-        Returns:
-            (B, N, D).
-        """
-        b, n, _ = x.shape
-        h, hd = self.num_heads, self.head_dim
-        q = self.q_norm(
-            self.q(x if pos is None else x + pos).view(b, n, h, hd).transpose(1, 2)
-        )  # (B, H, N, hd)
-        if rope is not None:
-            q = apply_rope(q, *rope)
-        if cache is None:
-            k, v = self._memory_kv(memory, memory_pos, memory_rope)  # (B, Hkv, M, hd)
-        else:
-            if self.layer_idx not in cache.memory:
-                cache.memory[self.layer_idx] = self._memory_kv(memory, memory_pos, memory_rope)
-            k, v = cache.memory[self.layer_idx]  # (B, Hkv, M, hd)
-
-        visible = None
-        if memory_mask is not None:
-            if memory_mask.shape != (b, k.shape[2]):
-                raise ValueError(
-                    f"memory_mask must have shape (B, M)=({b}, {k.shape[2]}), got {tuple(memory_mask.shape)}"
-                )
-            visible = ~memory_mask[:, None, None, :]  # (B, 1, 1, M)
-
-        dropout_p = self.attn_drop if self.training else 0.0
-        out = _attend(q, k, v, visible, False, dropout_p, scale=self.scale)  # (B, H, N, hd)
-        out = out.transpose(1, 2).reshape(b, n, h * hd)  # (B, N, H*hd)
-        return self.proj_drop(self.proj(out))  # (B, N, D)
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"attn_drop={self.attn_drop}"
-        )
+    def __init__(self, dim: int, num_heads: int, *, memory_dim: int | None = None, **kwargs: Any) -> None:
+        super().__init__(dim, num_heads, memory_dim=dim if memory_dim is None else memory_dim, **kwargs)

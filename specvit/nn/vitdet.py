@@ -14,40 +14,22 @@ layer attends over (M x M or the grid), L = qh*qw tokens per window, Bw = B * wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specvit.nn.functional import sdpa_layout
-from specvit.nn.layers import Dropout
-from specvit.nn.linear import Linear
+from specvit.nn.attention import Attention, RelativeBias
+from specvit.nn.scores import decomposed_bias, relative_rows
 
 __all__ = ["GridAttention", "LayerNorm2d", "Neck", "decomposed_bias", "relative_rows"]
 
 
-def relative_rows(size: int, table: Tensor) -> Tensor:
-    """(size, size, hd) rows of a (2*size - 1, hd) table for every (query, key) pair: row q - k + size - 1."""
-    coords = torch.arange(size, device=table.device)
-    return table[coords[:, None] - coords[None, :] + (size - 1)]  # (size, size, hd)
-
-
-def decomposed_bias(q: Tensor, rel_h: Tensor, rel_w: Tensor, extent: tuple[int, int]) -> Tensor:
-    """The decomposed relative position bias of queries ``q`` (Bw, H, L, hd) on a (qh, qw) extent.
-
-    Returns:
-        (Bw, H, L, L): ``q · Rh[i - k] + q · Rw[j - l]`` for query (i, j) and key (k, l).
-    """
-    qh, qw = extent
-    bw, h, _, hd = q.shape
-    grid_q = q.reshape(bw * h, qh, qw, hd)  # (Bw*H, qh, qw, hd)
-    along_h = torch.einsum("bhwc,hkc->bhwk", grid_q, relative_rows(qh, rel_h))  # (Bw*H, qh, qw, qh)
-    along_w = torch.einsum("bhwc,wkc->bhwk", grid_q, relative_rows(qw, rel_w))  # (Bw*H, qh, qw, qw)
-    bias = along_h[:, :, :, :, None] + along_w[:, :, :, None, :]  # (Bw*H, qh, qw, qh, qw)
-    return bias.reshape(bw, h, qh * qw, qh * qw)
-
-
-class GridAttention(nn.Module):
-    """Multi-head self-attention over a token grid: global, or in padded M x M windows (ViTDet, SAM).
+class GridAttention(Attention):
+    """Multi-head self-attention over a token grid: global, or in padded M x M windows (ViTDet, SAM). A
+    configuration of the attention core: ``Attention(..., grid=grid, grid_window=window, relative=
+    "decomposed" if rel_pos else None)``.
 
     Args:
         dim: width C.
@@ -55,13 +37,7 @@ class GridAttention(nn.Module):
         grid: (gh, gw) token grid.
         window: window side M, or None to attend over the whole grid.
         rel_pos: add decomposed relative positions (tables ``rel_pos_h``, ``rel_pos_w``).
-        qkv_bias: biases in the fused qkv projection.
-        proj_bias: bias in the output projection.
-        scale: factor of q·k, or None for 1/sqrt(hd).
-        attn_drop: dropout on the attention weights (training only).
-        proj_drop: dropout after the output projection.
-        device: parameter device.
-        dtype: parameter dtype.
+        kwargs: the other arguments of :class:`~specvit.nn.attention.Attention`.
     """
 
     def __init__(
@@ -71,55 +47,10 @@ class GridAttention(nn.Module):
         grid: tuple[int, int],
         window: int | None = None,
         rel_pos: bool = False,
-        *,
-        qkv_bias: bool = True,
-        proj_bias: bool = True,
-        scale: float | None = None,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by {num_heads} heads")
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.grid, self.window, self.rel_pos, self.scale = grid, window, rel_pos, scale
-        self.attn_drop = attn_drop
-        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, device=device, dtype=dtype)
-        self.proj = Linear(dim, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = Dropout(proj_drop) if proj_drop > 0 else nn.Identity()
-        if rel_pos:
-            qh, qw = (window, window) if window is not None else grid
-            self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, self.head_dim, device=device, dtype=dtype))
-            self.rel_pos_w = nn.Parameter(torch.zeros(2 * qw - 1, self.head_dim, device=device, dtype=dtype))
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Attend over the grid or within its windows. x: (B, N, C) -> (B, N, C)."""
-        b, n, c = x.shape
-        (gh, gw), m = self.grid, self.window
-        grid = x.view(b, gh, gw, c)
-        if m is not None:  # pad to a multiple of M, then cut into windows
-            hp, wp = gh + (-gh) % m, gw + (-gw) % m
-            grid = F.pad(grid, (0, 0, 0, wp - gw, 0, hp - gh))  # (B, hp, wp, C)
-            grid = grid.view(b, hp // m, m, wp // m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, m, m, c)
-        bw, qh, qw, _ = grid.shape  # (Bw, qh, qw, C)
-        length, h, hd = qh * qw, self.num_heads, self.head_dim
-        qkv = self.qkv(grid.reshape(bw, length, c)).view(bw, length, 3, h, hd).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # (Bw, H, L, hd)
-        bias = decomposed_bias(q, self.rel_pos_h, self.rel_pos_w, (qh, qw)) if self.rel_pos else None
-        dropout = self.attn_drop if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout, scale=self.scale)
-        out = sdpa_layout(out).transpose(1, 2).reshape(bw, length, c)  # (Bw, L, C)
-        out = self.proj_drop(self.proj(out))
-        if m is not None:  # the windows back into the padded grid, the padding cropped
-            out = out.view(b, hp // m, wp // m, m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
-            out = out[:, :gh, :gw]  # (B, gh, gw, C)
-        return out.reshape(b, n, c)
-
-    def extra_repr(self) -> str:
-        where = f"window={self.window}" if self.window is not None else "global"
-        return f"heads={self.num_heads}, grid={self.grid}, {where}, rel_pos={self.rel_pos}"
+        relative: RelativeBias | None = "decomposed" if rel_pos else None
+        super().__init__(dim, num_heads, grid=grid, grid_window=window, relative=relative, **kwargs)
 
 
 class LayerNorm2d(nn.LayerNorm):

@@ -14,6 +14,7 @@ from typing import Any
 
 from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, op
 from specvit.ops.block import BlockCtx, Sublayer, sublayer
+from specvit.ops.core import ATTENTION_MODULE, core_args
 from specvit.ops.norm import norm_params
 
 __all__ = ["AttentionParams", "CrossAttentionParams"]
@@ -119,7 +120,7 @@ class SelfAttention(Op):
     kind = "self_attention"
     params_type = AttentionParams
     category = "attention"
-    module = "specvit.nn.attention:SelfAttention"
+    module = ATTENTION_MODULE
     ports = ("x", *_SELF_SIDE)
 
     def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
@@ -139,7 +140,7 @@ class SelfAttention(Op):
         return linear_flops(b * n, p.dim, qkv) + scores + linear_flops(b * n, p.heads * p.head_dim, p.dim)
 
     def ctor(self, p: AttentionParams) -> dict[str, Any]:
-        return {**p.common(), "causal": p.causal, "window": p.window}
+        return core_args(**p.common(), causal=p.causal, window=p.window)
 
     def init(self, module: Any, p: AttentionParams, fill: Any) -> None:
         _init_biases(module, fill)
@@ -160,7 +161,7 @@ class CrossAttention(Op):
     kind = "cross_attention"
     params_type = CrossAttentionParams
     category = "attention"
-    module = "specvit.nn.attention:CrossAttention"
+    module = ATTENTION_MODULE
     ports = ("x", *_CROSS_SIDE)
     required = ("x", "memory")
 
@@ -181,7 +182,7 @@ class CrossAttention(Op):
         )
 
     def ctor(self, p: CrossAttentionParams) -> dict[str, Any]:
-        return {**p.common(), "memory_dim": p.memory_dim}
+        return core_args(**p.common(), memory_dim=p.memory_dim)
 
     def init(self, module: Any, p: CrossAttentionParams, fill: Any) -> None:
         _init_biases(module, fill)

@@ -26,6 +26,7 @@ from specvit.ops.attention import (
 )
 from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, op
 from specvit.ops.block import BlockCtx, Sublayer, sublayer
+from specvit.ops.core import ATTENTION_MODULE, core_args
 
 __all__ = ["TALKING_SIDE", "ClassTokenParams"]
 
@@ -41,7 +42,7 @@ class TalkingHeadsAttention(Op):
     kind = "talking_heads_attention"
     params_type = AttentionParams
     category = "attention"
-    module = "specvit.nn.cait:TalkingHeadsAttention"
+    module = ATTENTION_MODULE
     ports = ("x", *TALKING_SIDE)
 
     def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
@@ -56,8 +57,8 @@ class TalkingHeadsAttention(Op):
 
     def ctor(self, p: AttentionParams) -> dict[str, Any]:
         args = p.common()
-        del args["num_kv_heads"], args["layer_idx"]
-        return args
+        del args["layer_idx"]
+        return core_args(**args, talking_heads=True)
 
     def label(self, p: AttentionParams) -> tuple[str, ...]:
         return _heads_line(p), " · ".join(["talking heads (mixed before and after softmax)", *_flags(p)])
@@ -68,7 +69,7 @@ class ClassAttention(Op):
     kind = "class_attention"
     params_type = AttentionParams
     category = "attention"
-    module = "specvit.nn.cait:ClassAttention"
+    module = ATTENTION_MODULE
     ports = ("x", "mask")
 
     def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
@@ -92,7 +93,7 @@ class ClassAttention(Op):
         args = p.common()
         for unused in ("num_kv_heads", "layer_idx", "qk_norm", "qk_norm_bias", "norm_eps"):
             del args[unused]
-        return args
+        return core_args(**args, projection="split", queries=1)
 
     def label(self, p: AttentionParams) -> tuple[str, ...]:
         return _heads_line(p), " · ".join(["class token queries all tokens", *_flags(p)])

@@ -32,6 +32,7 @@ from specvit.ops.base import (
     op,
 )
 from specvit.ops.block import BlockCtx
+from specvit.ops.core import ATTENTION_MODULE, core_args
 from specvit.ops.embed import LinearParams
 from specvit.ops.heads import HeadFragment
 from specvit.ops.position import Phase, PositionFragment
@@ -87,7 +88,7 @@ class GridAttention(Op):
     kind = "grid_attention"
     params_type = GridAttentionParams
     category = "attention"
-    module = "specvit.nn.vitdet:GridAttention"
+    module = ATTENTION_MODULE
 
     def params(self, p: GridAttentionParams) -> int:
         d, (qh, qw) = p.dim, p.extent
@@ -103,18 +104,18 @@ class GridAttention(Op):
         return linear_flops(tokens, d, 3 * d) + scores + rel + linear_flops(tokens, d, d)
 
     def ctor(self, p: GridAttentionParams) -> dict[str, Any]:
-        return {
-            "dim": p.dim,
-            "num_heads": p.heads,
-            "grid": p.grid,
-            "window": p.window,
-            "rel_pos": p.rel_pos,
-            "qkv_bias": p.qkv_bias,
-            "proj_bias": p.proj_bias,
-            "scale": p.scale,
-            "attn_drop": p.attn_drop,
-            "proj_drop": p.proj_drop,
-        }
+        return core_args(
+            dim=p.dim,
+            num_heads=p.heads,
+            grid=p.grid,
+            grid_window=p.window,
+            relative="decomposed" if p.rel_pos else None,
+            qkv_bias=p.qkv_bias,
+            proj_bias=p.proj_bias,
+            scale=p.scale,
+            attn_drop=p.attn_drop,
+            proj_drop=p.proj_drop,
+        )
 
     def init(self, module: Any, p: GridAttentionParams, fill: Any) -> None:
         from torch.nn.init import trunc_normal_

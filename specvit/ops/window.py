@@ -10,6 +10,7 @@ from typing import Any
 
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, linear_flops, op
 from specvit.ops.block import BlockCtx
+from specvit.ops.core import ATTENTION_MODULE, core_args
 from specvit.ops.embed import LinearParams
 from specvit.ops.norm import NormParams
 
@@ -57,7 +58,7 @@ class WindowAttention(Op):
     kind = "window_attention"
     params_type = WindowParams
     category = "attention"
-    module = "specvit.nn.window:WindowAttention"
+    module = ATTENTION_MODULE
 
     def params(self, p: WindowParams) -> int:
         d, h = p.dim, p.heads
@@ -76,20 +77,21 @@ class WindowAttention(Op):
         )
 
     def ctor(self, p: WindowParams) -> dict[str, Any]:
-        return {
-            "dim": p.dim,
-            "num_heads": p.heads,
-            "grid": p.grid,
-            "window": p.window,
-            "shift": p.shift,
-            "qkv_bias": p.qkv_bias[0] if len(set(p.qkv_bias)) == 1 else p.qkv_bias,
-            "proj_bias": p.proj_bias,
-            "attn_drop": p.attn_drop,
-            "proj_drop": p.proj_drop,
-            "cosine": p.cosine,
-            "cpb_hidden": p.cpb_hidden,
-            "pretrained": p.pretrained,
-        }
+        return core_args(
+            dim=p.dim,
+            num_heads=p.heads,
+            grid=p.grid,
+            grid_window=p.window,
+            shift=p.shift,
+            qkv_bias=p.qkv_bias[0] if len(set(p.qkv_bias)) == 1 else p.qkv_bias,
+            proj_bias=p.proj_bias,
+            attn_drop=p.attn_drop,
+            proj_drop=p.proj_drop,
+            cosine=p.cosine,
+            relative="cpb" if p.cpb_hidden else "table",
+            cpb_hidden=p.cpb_hidden or 512,
+            pretrained=p.pretrained,
+        )
 
     def init(self, module: Any, p: WindowParams, fill: Any) -> None:
         from torch.nn.init import trunc_normal_

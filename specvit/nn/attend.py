@@ -1,0 +1,237 @@
+"""The functional side of the attention core (:mod:`specvit.nn.attention`): projections with a bias per
+part, the masks of keys a query may see, and attention itself, through SDPA or, when a part needs the scores,
+the math path.
+
+Dim legend: B batch, N query tokens, T keys, H heads, Hkv kv heads, hd head dim, G windows per sample.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specvit.nn.functional import sdpa_layout
+from specvit.nn.layers import Dropout
+from specvit.nn.linear import Linear, onednn_linear
+from specvit.nn.scores import mix_heads, tanh_cap
+
+__all__ = [
+    "Parts",
+    "QkNorm",
+    "QkvBias",
+    "attend",
+    "attend_math",
+    "dropout",
+    "head_norm",
+    "packed_projection",
+    "project",
+    "resolve_heads",
+    "split_heads",
+    "three_biases",
+    "visible_keys",
+]
+
+QkNorm = Literal["layernorm", "rmsnorm"]
+
+
+def head_norm(
+    kind: QkNorm | None,
+    head_dim: int,
+    eps: float,
+    bias: bool,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> nn.Module:
+    if kind is None:
+        return nn.Identity()
+    if kind == "layernorm":
+        return nn.LayerNorm(head_dim, eps=eps, bias=bias, device=device, dtype=dtype)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(head_dim, eps=eps, device=device, dtype=dtype)
+    raise ValueError(f"qk_norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
+
+
+QkvBias = bool | tuple[bool, ...]
+
+
+Parts = tuple[tuple[str, int, bool], ...]  # (name, rows, has a bias) of each part of a packed projection
+
+
+def packed_projection(
+    owner: nn.Module, dim: int, parts: Parts, device: torch.device | str | None, dtype: torch.dtype | None
+) -> nn.Linear:
+    """A Linear packing ``parts``. When only some parts have a bias (BEiT: q and v, no k), the Linear has
+    none and ``owner`` gets a parameter ``{name}_bias`` per part that has one (timm's names)."""
+    has = {h for _, _, h in parts}
+    linear = Linear(dim, sum(w for _, w, _ in parts), bias=has == {True}, device=device, dtype=dtype)
+    if len(has) == 2:
+        for name, width, h in parts:
+            if h:
+                owner.register_parameter(
+                    f"{name}_bias", nn.Parameter(torch.zeros(width, device=device, dtype=dtype))
+                )
+    return linear
+
+
+def project(
+    owner: nn.Module, x: Tensor, linear: nn.Linear, parts: Parts, rows: slice = slice(None)
+) -> Tensor:
+    """``linear(x)`` restricted to output ``rows``, with the parts' own biases when they have them."""
+    separate = linear.bias is None and any(h for _, _, h in parts)
+    if not separate and rows == slice(None):
+        return linear(x)
+    bias: Tensor | None = linear.bias
+    if separate:
+        pieces = [
+            getattr(owner, f"{name}_bias") if h else linear.weight.new_zeros(width)
+            for name, width, h in parts
+        ]
+        bias = torch.cat(pieces)  # ((H + 2Hkv) * hd,) or (2Hkv * hd,)
+    return onednn_linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
+
+
+def three_biases(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
+    if isinstance(qkv_bias, bool):
+        return (qkv_bias, qkv_bias, qkv_bias)
+    q, k, v = qkv_bias
+    return (q, k, v)
+
+
+def visible_keys(n: int, t: int, past: int, causal: bool, window: int | None, device: torch.device) -> Tensor:
+    """(N, T) bool: query i, ``past`` positions after key 0 (at position past + i if key 0 is at 0), may see
+    key j; causal: j <= past + i; a window keeps the keys less than ``window`` positions away."""
+    visible = torch.ones(n, t, dtype=torch.bool, device=device)
+    if causal:
+        visible = visible.tril(diagonal=past)
+    if window is not None:
+        visible = visible.triu(diagonal=past - window + 1)
+        if not causal:
+            visible = visible.tril(diagonal=past + window - 1)
+    return visible  # (N, T)
+
+
+def dropout(p: float) -> nn.Module:
+    return Dropout(p) if p > 0.0 else nn.Identity()
+
+
+def resolve_heads(
+    dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None
+) -> tuple[int, int]:
+    """Return (Hkv, hd) after validating the head configuration."""
+    kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if kv_heads < 1 or num_heads % kv_heads != 0:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({kv_heads})")
+    if head_dim is None:
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"dim ({dim}) must be divisible by num_heads ({num_heads}) when head_dim is unset"
+            )
+        head_dim = dim // num_heads
+    return kv_heads, head_dim
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    visible: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """SDPA where query rows without any visible key output zeros instead of NaN.
+
+    Args:
+        q: (B, H, N, hd) queries.
+        k: (B, Hkv, T, hd) keys.
+        v: (B, Hkv, T, hd) values.
+        visible: boolean mask broadcastable to (B, 1, N, T), True = may attend; None = all visible.
+        is_causal: let SDPA apply its own causal mask (only when ``visible`` and ``bias`` are None and N == T).
+        dropout_p: attention-probability dropout.
+        bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions), or None.
+        scale: the factor of q·k; None = 1/sqrt(hd).
+    """
+    has_key = None
+    mask: Tensor | None = visible
+    if visible is not None:
+        has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
+        mask = visible | ~has_key  # rows with nothing visible attend everywhere; zeroed below
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))  # (B or 1, H, N, T)
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # (B, H, N, hd)
+    if has_key is not None:
+        out = out.masked_fill(~has_key, 0.0)
+    if mask is not None:  # a masked SDPA's layout while exporting: see sdpa_layout
+        out = sdpa_layout(out)
+    return out
+
+
+def attend_math(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    visible: Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    bias: Tensor | None,
+    scale: float | None,
+    cap: float | None,
+    mix: tuple[nn.Linear, nn.Linear] | None,
+) -> Tensor:
+    """What :func:`attend` computes, with the parts that need the scores themselves: talking heads mix the
+    logits and the weights across heads, soft-capping squashes the logits before the masks.
+
+    Args:
+        q: (B, G*H, N, hd) queries.
+        k: (B, G*Hkv, T, hd) keys.
+        v: (B, G*Hkv, T, hd) values.
+        visible: boolean mask broadcastable to (B, 1, N, T), True = may attend; None = all visible.
+        is_causal: query i sees keys j <= i (N == T).
+        dropout_p: attention-probability dropout.
+        bias: additive attention bias broadcastable to (B, G*H, N, T), or None.
+        scale: the factor of q·k; None = 1/sqrt(hd).
+        cap: soft-capping of the logits, ``cap * tanh(logits / cap)``, or None.
+        mix: the (before, after the softmax) H -> H maps of talking heads, or None.
+    """
+    if k.shape[1] != q.shape[1]:  # GQA: query head i reads kv head i // (H / Hkv), as SDPA's enable_gqa
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))  # (B, G*H, T, hd)
+    if is_causal:
+        visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()  # (N, T)
+    logits = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)  # (B, G*H, N, T)
+    heads = mix[0].in_features if mix is not None else 0
+    if mix is not None:
+        logits = mix_heads(logits, mix[0], heads)
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    if cap is not None:
+        logits = tanh_cap(logits, cap)
+    has_key = None
+    if visible is not None:
+        has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
+        logits = logits.masked_fill(~(visible | ~has_key), float("-inf"))  # rows with nothing visible: zeroed
+    weights = logits.softmax(dim=-1)  # (B, G*H, N, T)
+    if mix is not None:
+        weights = mix_heads(weights, mix[1], heads)
+    if dropout_p:
+        weights = F.dropout(weights, dropout_p)
+    out = weights @ v  # (B, G*H, N, hd)
+    return out if has_key is None else out.masked_fill(~has_key, 0.0)
+
+
+def split_heads(t: Tensor, head_dim: int) -> Tensor:
+    """(..., L, heads * hd) projections -> (..., heads, L, hd)."""
+    return t.unflatten(-1, (-1, head_dim)).transpose(-3, -2)
