@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from specvit.errors import SpecError
 from specvit.graph.ir import ArchGraph
 from specvit.ops.base import MAX_LEN
-from specvit.spec.schema import LearnedPosition, Spec
+from specvit.spec.schema import Spec
 
 if TYPE_CHECKING:
     import torch
@@ -61,11 +61,7 @@ def sequence_limits(spec: Spec) -> dict[str, int]:
     out = {}
     for symbol in symbols:
         stack = spec.stacks.get(_STACK_OF.get(symbol, spec.output_stack))
-        limit = MAX_LEN
-        if stack is not None and isinstance(stack.position, LearnedPosition) and stack.position.max_len:
-            covered = stack.num_prefix if stack.position.include_prefix else 0
-            limit = stack.position.max_len - covered
-        out[symbol] = limit
+        out[symbol] = stack.max_len if stack is not None else MAX_LEN
     return out
 
 

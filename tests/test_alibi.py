@@ -4,6 +4,7 @@ and biases equal BLOOM's, attention with it equals the paper's formula, and a KV
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,3 +91,24 @@ def test_alibi_needs_a_sequence() -> None:
         specvit.parse_spec(
             bad.replace("model: decoder", "model: decoder").replace("head: {kind: lm, tied: true}", "")
         )
+
+
+def test_a_learned_table_beside_alibi_bounds_the_length_once() -> None:
+    """The learned table's length holds wherever it is listed among the positions: the lowering's length, the
+    input check and ``generate`` read the one resolved limit (a table listed before ALiBi was missed, so a
+    20-token call failed inside torch)."""
+    from specvit.inputs import InputError, sequence_limits
+    from specvit.spec.loader import parse_spec
+
+    text = (Path(__file__).parents[1] / "docs" / "examples" / "alibi_lm.yaml").read_text()
+    table = "[{kind: learned, max_len: 16}, alibi]"
+    for positions, limit in ((table, 16), ("[alibi, {kind: learned, max_len: 16}]", 16), ("alibi", 1 << 20)):
+        spec = parse_spec(text.replace("position: alibi", f"position: {positions}"))
+        assert spec.decoder.max_len == sequence_limits(spec)["S"] == limit
+        assert specvit.build_graph(spec).dims["S"] == min(limit, 128)
+    model = specvit.build_model(parse_spec(text.replace("position: alibi", f"position: {table}"))).eval()
+    with pytest.raises(InputError, match=r"tokens: 20 positions are more than alibi_lm takes \(S <= 16"):
+        model(torch.zeros(1, 20, dtype=torch.long))
+    with pytest.raises(InputError, match="ask for at most 12 new tokens"):
+        model.generate(torch.zeros(1, 4, dtype=torch.long), 20)
+    assert model.generate(torch.zeros(1, 4, dtype=torch.long), 12).shape == (1, 16)

@@ -26,7 +26,7 @@ from specvit.ops.structure import DropParams, InputParams, MaskParams
 from specvit.ops.window import block_window, lower_merge
 from specvit.patterns.residual import expand, lower_steps
 from specvit.spec.loader import load_spec, parse_spec
-from specvit.spec.schema import LearnedPosition, Spec, StackSpec
+from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["DEFAULT_SEQ_LEN", "build_graph", "graph_of"]
 
@@ -297,10 +297,7 @@ def build_graph(
     """
 
     def default(stack: StackSpec | None) -> int:
-        for pos in stack.positions if stack is not None else []:
-            if isinstance(pos, LearnedPosition) and pos.max_len is not None:
-                return min(pos.max_len, DEFAULT_SEQ_LEN)
-        return DEFAULT_SEQ_LEN
+        return min(stack.max_len, DEFAULT_SEQ_LEN) if stack is not None else DEFAULT_SEQ_LEN
 
     dims = {"B": batch}
     if spec.model == "encoder_decoder":

@@ -42,6 +42,7 @@ class AttentionParams(Params):
         causal: a query sees only keys at or before its own position.
         scale: factor of q·k, or None for 1/sqrt(head_dim).
         window: keys further than ``window - 1`` positions away are hidden (a sliding window), or None.
+        softcap: the logits soft-capped to ``softcap * tanh(logits / softcap)`` before the masks, or None.
         layer: the layer's index in a KV cache.
     """
 
@@ -59,6 +60,7 @@ class AttentionParams(Params):
     causal: bool = False
     scale: float | None = None
     window: int | None = None
+    softcap: float | None = None
     layer: int = field(default=0, metadata={"varies": True})
 
     @property
@@ -79,6 +81,7 @@ class AttentionParams(Params):
             "attn_drop": self.attn_drop,
             "proj_drop": self.proj_drop,
             "scale": self.scale,
+            "softcap": self.softcap,
             "layer_idx": self.layer,
         }
 
@@ -102,6 +105,8 @@ def _flags(p: AttentionParams) -> list[str]:
         flags.append(f"sliding window {p.window}")
     if p.scale is not None:
         flags.append(f"scale {p.scale:g}")
+    if p.softcap is not None:
+        flags.append(f"softcap {p.softcap:g}")
     if len(set(p.qkv_bias)) > 1:
         flags.append("bias " + "".join(c for c, b in zip("qkv", p.qkv_bias, strict=True) if b))
     return flags
@@ -209,6 +214,7 @@ def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> 
         attn_drop=s.dropout.attention,
         proj_drop=s.dropout.projection,
         scale=spec.attention_scale,
+        softcap=spec.attention_softcap,
         layer=b.next_layer() if "cache" in b.side else 0,  # only cached layers need an index
         **extra,
     )

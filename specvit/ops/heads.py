@@ -26,7 +26,7 @@ from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
-from specvit.ops.structure import DropParams, OutputParams, ScaleParams
+from specvit.ops.structure import DropParams, OutputParams, ScaleParams, SoftcapParams
 
 __all__ = ["BoxMlpParams", "HeadFragment", "PoolParams"]
 
@@ -176,6 +176,12 @@ class LMHead(HeadFragment):
         le=100.0,
         description="Multiply the tokens by this before the head (T5 tied: width**-0.5).",
     )
+    softcap: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="Soft-cap the logits: softcap * tanh(logits / softcap) (Gemma 2: 30); null = none.",
+    )
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if stack.input.kind != "tokens":
@@ -202,7 +208,11 @@ class LMHead(HeadFragment):
         tied = f"{owner}.tok_embed" if self.tied else None
         if self.scale is not None:
             x = _add(ctx, "head.scale", "scale", ScaleParams(self.scale), {"x": x}, "head.scale")
-        _output(ctx, {"x": _fc(ctx, x, self.vocab or stack.input.vocab, self.bias, tied_to=tied)})
+        logits = _fc(ctx, x, self.vocab or stack.input.vocab, self.bias, tied_to=tied)
+        if self.softcap is not None:
+            p = SoftcapParams(self.softcap)
+            logits = _add(ctx, "head.softcap", "softcap", p, {"x": logits}, "head.softcap")
+        _output(ctx, {"x": logits})
 
 
 @dataclass(frozen=True)

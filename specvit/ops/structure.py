@@ -260,6 +260,26 @@ class Call(Op):
 
 
 @dataclass(frozen=True)
+class SoftcapParams(Params):
+    """Squash into (-cap, cap): ``cap * tanh(x / cap)`` (Gemma 2's final-logit soft-capping)."""
+
+    cap: float
+
+
+@op
+class Softcap(Op):
+    kind = "softcap"
+    params_type = SoftcapParams
+    helpers = ("specvit.nn.scores:tanh_cap",)
+
+    def code(self, p: SoftcapParams, args: Mapping[str, str]) -> str:
+        return f"tanh_cap({args['x']}, {p.cap!r})"
+
+    def label(self, p: SoftcapParams) -> tuple[str, ...]:
+        return (f"{p.cap:g} · tanh(x / {p.cap:g})",)
+
+
+@dataclass(frozen=True)
 class ScaleParams(Params):
     """Multiply by a constant (T5 scales the last hidden state by width**-0.5 before its tied head)."""
 

@@ -58,6 +58,7 @@ class GridAttentionParams(Params):
         scale: factor of q·k, or None for 1/sqrt(head_dim).
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
+        softcap: soft-capping of the logits, or None.
     """
 
     dim: int
@@ -70,6 +71,7 @@ class GridAttentionParams(Params):
     scale: float | None = None
     attn_drop: float = 0.0
     proj_drop: float = 0.0
+    softcap: float | None = None
 
     @property
     def padded(self) -> tuple[int, int]:
@@ -115,6 +117,7 @@ class GridAttention(Op):
             scale=p.scale,
             attn_drop=p.attn_drop,
             proj_drop=p.proj_drop,
+            softcap=p.softcap,
         )
 
     def init(self, module: Any, p: GridAttentionParams, fill: Any) -> None:
@@ -136,6 +139,8 @@ class GridAttention(Op):
         if p.rel_pos:
             (qh, qw), hd = p.extent, p.dim // p.heads
             lines.append(f"decomposed rel. pos · h {2 * qh - 1}x{hd} · w {2 * qw - 1}x{hd}")
+        if p.softcap is not None:
+            lines.append(f"softcap {p.softcap:g}")
         return tuple(lines)
 
 
@@ -161,6 +166,7 @@ def lower_grid_attention(b: BlockCtx, x: str, name: str) -> str | None:
         b.spec.attention_scale,
         s.dropout.attention,
         s.dropout.projection,
+        b.spec.attention_softcap,
     )
     source = f"{b.stack.role}.block.window" if window is not None else f"{b.stack.role}.position"
     return b.add(name, "grid_attention", p, {"x": x}, source=source)

@@ -37,6 +37,7 @@ class WindowParams(Params):
         cosine: Swin-V2's cosine attention with a learned per-head logit scale.
         cpb_hidden: hidden width of Swin-V2's continuous position bias MLP, or 0 for Swin's bias table.
         pretrained: the window side the bias MLP's coordinates are normalised by, 0 for ``window``.
+        softcap: soft-capping of the logits, or None.
     """
 
     dim: int
@@ -51,6 +52,7 @@ class WindowParams(Params):
     cosine: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
+    softcap: float | None = None
 
 
 @op
@@ -91,6 +93,7 @@ class WindowAttention(Op):
             relative="cpb" if p.cpb_hidden else "table",
             cpb_hidden=p.cpb_hidden or 512,
             pretrained=p.pretrained,
+            softcap=p.softcap,
         )
 
     def init(self, module: Any, p: WindowParams, fill: Any) -> None:
@@ -119,6 +122,8 @@ class WindowAttention(Op):
             lines.append("cosine attention · logit scale ≤ 100")
         if len(set(p.qkv_bias)) > 1:
             lines.append("bias " + "".join(c for c, b in zip("qkv", p.qkv_bias, strict=True) if b))
+        if p.softcap is not None:
+            lines.append(f"softcap {p.softcap:g}")
         return tuple(lines)
 
 
@@ -149,6 +154,7 @@ def window_params(b: BlockCtx) -> WindowParams:
         w.cosine,
         (w.cpb_hidden or CPB_HIDDEN) if w.bias == "cpb" else 0,
         _pretrained(w.pretrained, s.input.grid, b.grid),
+        b.spec.attention_softcap,
     )
 
 

@@ -184,6 +184,13 @@ class BlockSpec(Node):
     attention_scale: float | None = Field(
         None, gt=0.0, le=100.0, description="Scale of q·k; null = 1/sqrt(head_dim). T5 uses 1."
     )
+    attention_softcap: float | None = Field(
+        None,
+        gt=0.0,
+        le=1000.0,
+        description="Soft-cap the attention logits before the masks: softcap * tanh(logits / softcap) "
+        "(Gemma 2: 50). Runs the math path, not fused SDPA; null = none.",
+    )
     sliding_window: int | None = Field(
         None,
         ge=1,

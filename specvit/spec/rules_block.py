@@ -110,6 +110,14 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                     "use it in a stack with input: {kind: feature_map, channels: C, size: [H, W]}",
                 )
             )
+        if layer == "sagan_attention" and b.attention_softcap is not None:
+            out.append(
+                Problem(
+                    f"{at}.attention_softcap",
+                    "sagan_attention has no soft-capping (it is SAGAN's own layer, not the attention core)",
+                    "remove attention_softcap, or use self_attention",
+                )
+            )
         if layer == "self_attention" and spec.model == "decoder":
             out.append(
                 Problem(

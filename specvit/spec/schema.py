@@ -316,6 +316,16 @@ class StackSpec(Node):
         return self.prefix.count
 
     @property
+    def max_len(self) -> int:
+        """The longest sequence the stack takes: the rows of a learned position table (whichever of the
+        stack's positions it is) less the prefix tokens it covers, else :data:`MAX_LEN`. The one place this
+        is derived: input checks, ``generate`` and the lowering's default length read it."""
+        for position in self.positions:
+            if isinstance(position, LearnedPosition) and position.max_len is not None:
+                return position.max_len - (self.num_prefix if position.include_prefix else 0)
+        return MAX_LEN
+
+    @property
     def prefix_at(self) -> int:
         """The index of the first block that sees the prefix tokens (0 unless ``prefix.at`` says later)."""
         return self.prefix.at or 0
