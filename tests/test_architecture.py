@@ -112,3 +112,14 @@ def test_no_stage_keeps_its_own_list_of_kinds(path: Path) -> None:
         if isinstance(n, ast.Constant) and isinstance(n.value, str)
     }
     assert strings & kinds == set()
+
+
+def test_core_args_state_the_attention_cores_defaults() -> None:
+    """specvit.ops.core lists the core's parts without importing torch; the list must be the module's own
+    defaults, so a part an op leaves unsaid is off in the built layer as in the ejected one."""
+    from specvit.nn.attention import Attention
+    from specvit.ops.core import core_args
+
+    defaults = inspect.signature(Attention.__init__).parameters
+    stated = core_args()
+    assert stated and {k: defaults[k].default for k in stated} == stated

@@ -26,8 +26,10 @@ __all__ = [
     "attend_math",
     "dropout",
     "head_norm",
+    "open_empty_rows",
     "packed_projection",
     "project",
+    "project_positioned",
     "resolve_heads",
     "split_heads",
     "three_biases",
@@ -93,6 +95,17 @@ def project(
     return onednn_linear(x, linear.weight[rows], bias[rows] if bias is not None else None)
 
 
+def project_positioned(
+    owner: nn.Module, x: Tensor, pos: Tensor | None, linear: nn.Linear, parts: Parts, rows: int
+) -> Tensor:
+    """``project(owner, x, linear, parts)`` where the first ``rows`` outputs (queries and keys) read
+    ``x + pos`` and the rest (values) read ``x`` (DETR's positions); the cost of the fused projection."""
+    if pos is None:
+        return project(owner, x, linear, parts)
+    positioned = project(owner, x + pos, linear, parts, slice(None, rows))
+    return torch.cat((positioned, project(owner, x, linear, parts, slice(rows, None))), dim=-1)
+
+
 def three_biases(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
     if isinstance(qkv_bias, bool):
         return (qkv_bias, qkv_bias, qkv_bias)
@@ -133,6 +146,16 @@ def resolve_heads(
     return kv_heads, head_dim
 
 
+def open_empty_rows(visible: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """``(has_key, allowed)``: which query rows of ``visible`` (broadcastable to (B, 1, N, T)) see any key,
+    and ``visible`` with the rows that see none opened to every key (their outputs are zeroed after), so
+    that no softmax row is all -inf. ``(None, None)`` when everything is visible."""
+    if visible is None:
+        return None, None
+    has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
+    return has_key, visible | ~has_key
+
+
 def attend(
     q: Tensor,
     k: Tensor,
@@ -155,11 +178,7 @@ def attend(
         bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions), or None.
         scale: the factor of q·k; None = 1/sqrt(hd).
     """
-    has_key = None
-    mask: Tensor | None = visible
-    if visible is not None:
-        has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
-        mask = visible | ~has_key  # rows with nothing visible attend everywhere; zeroed below
+    has_key, mask = open_empty_rows(visible)  # rows with nothing visible attend everywhere; zeroed below
     if bias is not None:
         bias = bias.to(q.dtype)
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))  # (B or 1, H, N, T)
@@ -219,10 +238,9 @@ def attend_math(
         logits = logits + bias.to(logits.dtype)
     if cap is not None:
         logits = tanh_cap(logits, cap)
-    has_key = None
-    if visible is not None:
-        has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1)
-        logits = logits.masked_fill(~(visible | ~has_key), float("-inf"))  # rows with nothing visible: zeroed
+    has_key, allowed = open_empty_rows(visible)  # rows with nothing visible attend everywhere; zeroed below
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     weights = logits.softmax(dim=-1)  # (B, G*H, N, T)
     if mix is not None:
         weights = mix_heads(weights, mix[1], heads)

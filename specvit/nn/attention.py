@@ -53,7 +53,7 @@ from specvit.nn.attend import (
     dropout,
     head_norm,
     packed_projection,
-    project,
+    project_positioned,
     resolve_heads,
     split_heads,
     three_biases,
@@ -230,13 +230,8 @@ class Attention(nn.Module):
         if self.projection == "split":
             q = self.q(x if self.queries is None else x[..., : self.queries, :])
             return split_heads(q, hd), split_heads(self.k(x), hd), split_heads(self.v(x), hd)
-        if pos is None:
-            qkv = project(self, x, self.qkv, self.parts)  # (B, N, (H + 2Hkv) * hd)
-        else:
-            rows = (h + hkv) * hd  # q and k rows of the packed weight read x + pos; v rows read x
-            qk = project(self, x + pos, self.qkv, self.parts, slice(None, rows))
-            v_in = project(self, x, self.qkv, self.parts, slice(rows, None))
-            qkv = torch.cat((qk, v_in), dim=-1)  # (B, N, (H + 2Hkv) * hd)
+        rows = (h + hkv) * hd  # the q and k rows read x + pos
+        qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
         q, k, v = split_heads(qkv, hd).split((h, hkv, hkv), dim=-3)  # (B, [G,] H or Hkv, L, hd)
         return (q if self.queries is None else q[..., : self.queries, :]), k, v
 
@@ -252,14 +247,8 @@ class Attention(nn.Module):
             return cache.memory[self.layer_idx]
         assert memory is not None
         hkv, hd = self.num_kv_heads, self.head_dim
-        if memory_pos is None:
-            kv_flat = project(self, memory, self.kv, self.parts)  # (B, M, 2 * Hkv * hd)
-        else:
-            rows = hkv * hd  # k rows of the packed weight read memory + pos; v rows read memory
-            k_in = project(self, memory + memory_pos, self.kv, self.parts, slice(None, rows))
-            v_in = project(self, memory, self.kv, self.parts, slice(rows, None))
-            kv_flat = torch.cat((k_in, v_in), dim=-1)  # (B, M, 2 * Hkv * hd)
-        k, v = split_heads(kv_flat, hd).split((hkv, hkv), dim=-3)  # (B, Hkv, M, hd)
+        kv = project_positioned(self, memory, memory_pos, self.kv, self.parts, hkv * hd)  # (B, M, 2Hkv * hd)
+        k, v = split_heads(kv, hd).split((hkv, hkv), dim=-3)  # (B, Hkv, M, hd)
         k = self.k_norm(k)
         if memory_rope is not None:
             k = apply_rope(k, *memory_rope)
@@ -333,10 +322,9 @@ class Attention(nn.Module):
         """The heads' outputs (B, G*H, Nq, hd) through the output projection, the windows merged: (B, Nq, D)."""
         h, hd = self.num_heads, self.head_dim
         if self.grid_window is not None:
+            assert self.grid is not None  # _check_parts: windows need the grid
             out = out.unflatten(1, (-1, h)).transpose(2, 3).flatten(3)  # (B, G, L, H*hd)
-            return window_merge(
-                self.proj_drop(self.proj(out)), self.grid or (0, 0), self.grid_window, self.shift
-            )
+            return window_merge(self.proj_drop(self.proj(out)), self.grid, self.grid_window, self.shift)
         out = out.transpose(1, 2).reshape(b, out.shape[2], h * hd)  # (B, Nq, H*hd)
         return self.proj_drop(self.proj(out))  # (B, Nq, D)
 
@@ -376,7 +364,8 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         hd = self.head_dim
         if self.grid_window is not None:
-            x = window_split(x, self.grid or (0, 0), self.grid_window, self.shift)  # (B, G, L, D)
+            assert self.grid is not None  # _check_parts: windows need the grid
+            x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
         if self.cross:
             q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
             k, v = self._memory(memory, memory_pos, memory_rope, cache)  # (B, Hkv, M, hd)

@@ -66,6 +66,6 @@ class WindowAttention(Attention):
             grid_window=window,
             shift=shift,
             relative=relative,
-            cpb_hidden=cpb_hidden or 512,
+            cpb_hidden=cpb_hidden,
             **kwargs,
         )

@@ -91,7 +91,7 @@ class WindowAttention(Op):
             proj_drop=p.proj_drop,
             cosine=p.cosine,
             relative="cpb" if p.cpb_hidden else "table",
-            cpb_hidden=p.cpb_hidden or 512,
+            cpb_hidden=p.cpb_hidden,
             pretrained=p.pretrained,
             softcap=p.softcap,
         )
