@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -50,3 +52,35 @@ def timm_parity(ref: nn.Module, seed: int = 0, batch: int = 2) -> tuple[SpecMode
     with torch.no_grad():
         diff = (model(images) - ref(images)).abs().max().item()
     return model, diff
+
+
+@contextmanager
+def float64_reference() -> Iterator[None]:
+    """Run an HF reference in float64 as written, minus its float32 upcasts.
+
+    HF upcasts norms, softmaxes and attention scores to float32 for half precision (``.to(torch.float32)``,
+    ``.float()``, ``softmax(..., dtype=torch.float32)``); on float64 tensors that is a downcast, which would
+    cap any comparison at ~1e-7. Inside this context those casts keep float64 tensors float64; nothing else
+    changes. Use it around the reference's forward only, never around specvit's.
+    """
+    to, to_float, softmax = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax
+
+    def keep_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = to(self, *args, **kwargs)
+        return self if self.dtype == torch.float64 and out.dtype == torch.float32 else out
+
+    def keep_float(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self if self.dtype == torch.float64 else to_float(self, *args, **kwargs)
+
+    def keep_softmax(
+        x: torch.Tensor, *args: Any, dtype: torch.dtype | None = None, **kwargs: Any
+    ) -> torch.Tensor:
+        return softmax(x, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
+
+    torch.Tensor.to, torch.Tensor.float = keep_to, keep_float  # type: ignore[method-assign]
+    torch.nn.functional.softmax = keep_softmax
+    try:
+        yield
+    finally:
+        torch.Tensor.to, torch.Tensor.float = to, to_float  # type: ignore[method-assign]
+        torch.nn.functional.softmax = softmax

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 import specvit
 from specvit.errors import SpecError
-from specvit.ops.position import RopeParams
+from specvit.ops.rope import RopeParams
 
 ROOT = Path(__file__).resolve().parents[1]
 CROCO = ROOT / "specs" / "croco_vit_base.yaml"

@@ -37,6 +37,12 @@ def _imports(text: str) -> set[str]:
     return found
 
 
+def defined_twice(text: str) -> list[str]:
+    """Top-level classes and functions an ejected file defines more than once (the later would win)."""
+    names = [n.name for n in ast.parse(text).body if isinstance(n, ast.ClassDef | ast.FunctionDef)]
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 def _flat(out: Any) -> torch.Tensor:
     return torch.cat([v.flatten() for v in out.values()]) if isinstance(out, dict) else out
 
@@ -46,6 +52,7 @@ def test_ejected_model_equals_compiled_model(preset: Path) -> None:
     graph = small_graph(preset)
     text = eject(graph)
     assert _imports(text) <= STDLIB | {"torch"}
+    assert defined_twice(text) == []
     torch.manual_seed(0)
     compiled = build_model(graph).eval()
     ejected = _load(text)["Model"]().eval()

@@ -140,7 +140,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, rope, sine2d, alibi, relative, relative2d, rope2d, relative_decomposed (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, sine2d, alibi, relative, relative2d, rope, rope2d, relative_decomposed (did you mean 'learned'?)",
     ),
     (
         VIT,
@@ -247,7 +247,7 @@ BAD = [
         VIT,
         "activation: gelu",
         "activation: gelo",
-        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)",
+        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, relu2, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)",
     ),
     (
         VIT,
@@ -601,7 +601,7 @@ def test_cli_validate_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in run.stderr
     assert run.stderr.splitlines() == [
         f"{bad}:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, "
-        "silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)"
+        "relu2, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)"
     ]
     assert "ok  renamed: encoder" in run.stdout
 

@@ -26,6 +26,7 @@ from specvit.codegen.emit import methods
 from specvit.codegen.scopes import Scope, analyse, block_container
 from specvit.graph.ir import ArchGraph
 from specvit.nn.attention import KVCache
+from specvit.nn.norm import Norm
 from specvit.ops.embed import Ref
 
 __all__ = ["class_names", "compile_graph", "init_weights", "resolve"]
@@ -248,9 +249,9 @@ class _Filler:
                     self.zeros(m.bias)
             elif isinstance(m, nn.Embedding):
                 self(m.weight, partial(self._embedding, padding_idx=m.padding_idx))
-            elif isinstance(m, nn.LayerNorm | nn.RMSNorm):
+            elif isinstance(m, nn.LayerNorm | nn.RMSNorm | Norm):
                 if m.weight is not None:
-                    self.ones(m.weight)
+                    (self.zeros if getattr(m, "unit_offset", False) else self.ones)(m.weight)
                 if getattr(m, "bias", None) is not None:
                     self.zeros(m.bias)  # type: ignore[arg-type]
 

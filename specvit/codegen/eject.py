@@ -75,6 +75,9 @@ class _Ejector:
         self.model = compile_graph(graph, _Root, nn.Module, None)
         self._facts: dict[type, Facts] = {}
         self.leaf_classes: dict[type, list[str]] = {}  # class -> its module nodes
+        self.general: set[str] = (
+            set()
+        )  # layer classes other code also builds: written in full, not specialised
         for n in graph.module_nodes():
             self.leaf_classes.setdefault(resolve(graph.op(n).module_for(graph[n]["p"])), []).append(n)
 
@@ -114,6 +117,7 @@ class _Ejector:
             folded = (  # constants the specialiser folds into the class's own __init__
                 set(self.facts(cls).init)
                 if cls in self.leaf_classes
+                and cls.__name__ not in self.general
                 and not cls.__module__.startswith("torch.")
                 and "__init__" in vars(cls)
                 else set()
@@ -239,18 +243,23 @@ def _class_doc(graph: ArchGraph, scope: str) -> str:
     return "The head." if scope == "head" else f"The {scope}."
 
 
-def _dependencies(sources: Iterable[tuple[str, types.ModuleType]]) -> tuple[list[str], list[str]]:
-    """The definitions (source text) and import lines the given sources need, in dependency order."""
+def _dependencies(
+    sources: Iterable[tuple[str, types.ModuleType]], leaves: set[str]
+) -> tuple[list[str], list[str], set[str]]:
+    """The definitions (source text) and import lines the given sources need, in dependency order, and
+    which of the layer classes named ``leaves`` (written separately) they call."""
     definitions: dict[str, str] = {}
     imports: set[str] = set()
     order: list[str] = []
+    called: set[str] = set()
 
     def visit(source: str, module: types.ModuleType, own: str) -> None:
         tree = ast.parse(source)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        called.update((used & leaves) - {own})
         for name in sorted(used - {own}):
             value = module.__dict__.get(name)
-            if value is None or name in definitions:
+            if value is None or name in definitions or name in leaves:
                 continue
             origin = getattr(value, "__module__", "") or ""
             if isinstance(value, types.ModuleType):
@@ -272,7 +281,7 @@ def _dependencies(sources: Iterable[tuple[str, types.ModuleType]]) -> tuple[list
 
     for source, module in sources:
         visit(source, module, "")
-    return [definitions[n] for n in order], sorted(imports)
+    return [definitions[n] for n in order], sorted(imports), called
 
 
 def _import_block(lines: set[str]) -> str:
@@ -334,13 +343,23 @@ def eject_source(graph: ArchGraph, origin: str = "") -> str:
         origin: where the spec came from, for the file's docstring.
     """
     e = _Ejector(graph)
-    layers: list[tuple[str, types.ModuleType]] = []
-    for cls in e.leaf_classes:
-        if not cls.__module__.startswith("torch."):
-            layers.append((specialise(cls, e.facts(cls)), inspect.getmodule(cls)))  # type: ignore[arg-type]
-    for fn in helper_names(graph).values():
-        layers.append((textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)))  # type: ignore[arg-type]
-    definitions, imports = _dependencies(layers)
+    own = [cls for cls in e.leaf_classes if not cls.__module__.startswith("torch.")]
+    general = e.general
+    while True:
+        layers: list[tuple[str, types.ModuleType]] = []
+        for cls in own:
+            source = (
+                textwrap.dedent(inspect.getsource(cls))
+                if cls.__name__ in general
+                else specialise(cls, e.facts(cls))
+            )
+            layers.append((source, inspect.getmodule(cls)))  # type: ignore[arg-type]
+        for fn in helper_names(graph).values():
+            layers.append((textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)))  # type: ignore[arg-type]
+        definitions, imports, called = _dependencies(layers, {cls.__name__ for cls in own})
+        if called <= general:
+            break
+        general |= called
     written: set[str] = set()
     generated = []
     order = {"": 3, "head": 2}  # blocks, stacks, the head, the model

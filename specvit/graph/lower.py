@@ -210,7 +210,7 @@ class _Lowering:
 
     def norm(self, path: str, s: StackSpec, dim: int, source: str) -> str:
         n = s.block.norm
-        return self.add(path, n.kind, NormParams(dim, n.eps, n.bias), {"x": self.x}, source=source)
+        return self.add(path, n.kind, NormParams.of(n, dim), {"x": self.x}, source=source)
 
     def blocks(self, s: StackSpec) -> None:
         """The blocks, stage by stage (a plain stack is one stage whose blocks are ``{role}.blocks.i``)."""

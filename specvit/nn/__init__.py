@@ -17,6 +17,7 @@ from specvit.nn.position import (
     apply_rope,
     rope_tables,
     sincos_1d,
+    sincos_1d_concat,
     sincos_2d,
     sine_2d,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "merge_2x2",
     "rope_tables",
     "sincos_1d",
+    "sincos_1d_concat",
     "sincos_2d",
     "sine_2d",
 ]

@@ -16,11 +16,13 @@ from torch import Tensor, nn
 from specvit.nn.functional import sdpa_layout
 from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
+from specvit.nn.norm import make_norm
 from specvit.nn.scores import mix_heads, tanh_cap
 
 __all__ = [
     "Parts",
     "QkNorm",
+    "QkNormScope",
     "QkvBias",
     "attend",
     "attend_math",
@@ -37,23 +39,37 @@ __all__ = [
 ]
 
 QkNorm = Literal["layernorm", "rmsnorm"]
+QkNormScope = Literal["head", "all"]
 
 
 def head_norm(
     kind: QkNorm | None,
+    heads: int,
     head_dim: int,
     eps: float,
-    bias: bool,
+    scope: QkNormScope,
     device: torch.device | str | None,
     dtype: torch.dtype | None,
+    **settings: bool,
 ) -> nn.Module:
+    """The QK-norm of ``heads`` (B, H, N, hd) heads: per head over hd (scope ``head``), or over all H * hd
+    channels of a token at once (``all``, OLMo 2); Identity without one.
+
+    Args:
+        kind: ``layernorm``, ``rmsnorm`` or None.
+        heads: H, the heads normalised together under scope ``all``.
+        head_dim: hd.
+        eps: added to the variance.
+        scope: ``head`` or ``all``.
+        device: parameter device.
+        dtype: parameter dtype.
+        settings: ``bias``, ``affine``, ``unit_offset`` of :func:`specvit.nn.norm.make_norm`.
+    """
     if kind is None:
         return nn.Identity()
-    if kind == "layernorm":
-        return nn.LayerNorm(head_dim, eps=eps, bias=bias, device=device, dtype=dtype)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(head_dim, eps=eps, device=device, dtype=dtype)
-    raise ValueError(f"qk_norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
+    if scope == "all":
+        return make_norm(kind, heads * head_dim, eps, heads=heads, device=device, dtype=dtype, **settings)
+    return make_norm(kind, head_dim, eps, device=device, dtype=dtype, **settings)
 
 
 QkvBias = bool | tuple[bool, ...]

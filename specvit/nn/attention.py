@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from specvit.nn.attend import (
     Parts,
     QkNorm,
+    QkNormScope,
     QkvBias,
     attend,
     attend_math,
@@ -95,6 +96,10 @@ class Attention(nn.Module):
         proj_bias: bias of the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
+        qk_norm_affine: the QK norms have a learned weight.
+        qk_norm_unit_offset: the QK norms scale by ``1 + w`` (Gemma 3).
+        qk_norm_scope: ``head``: each head normalised over its hd channels; ``all``: the H (or Hkv) heads
+            of a token over their H * hd channels at once (OLMo 2).
         norm_eps: epsilon of the QK norms.
         scale: factor of q·k; None = 1/sqrt(hd) (T5 uses 1).
         cosine: cosine attention (Swin-V2): cos(q, k) times a learned per-head ``logit_scale``,
@@ -134,6 +139,9 @@ class Attention(nn.Module):
         proj_bias: bool = True,
         qk_norm: QkNorm | None = None,
         qk_norm_bias: bool = True,
+        qk_norm_affine: bool = True,
+        qk_norm_unit_offset: bool = False,
+        qk_norm_scope: QkNormScope = "head",
         norm_eps: float = 1e-6,
         scale: float | None = None,
         cosine: bool = False,
@@ -166,8 +174,9 @@ class Attention(nn.Module):
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
         hd, h = self.head_dim, num_heads
         self._projections(dim, memory_dim, qkv_bias, device, dtype)
-        self.q_norm = head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
-        self.k_norm = head_norm(qk_norm, hd, norm_eps, qk_norm_bias, device, dtype)
+        qk = {"bias": qk_norm_bias, "affine": qk_norm_affine, "unit_offset": qk_norm_unit_offset}
+        self.q_norm = head_norm(qk_norm, h, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
+        self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         if cosine:
             self.logit_scale = nn.Parameter(
                 torch.full((h, 1, 1), math.log(10.0), device=device, dtype=dtype)

@@ -13,10 +13,13 @@ from torch import Tensor, nn
 
 from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
+from specvit.nn.norm import make_norm
 
-PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu"]
+PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu"]
 GluActivation = Literal["swiglu", "geglu", "geglu_tanh"]
-MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+MlpActivation = Literal[
+    "gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"
+]
 
 
 class QuickGELU(nn.Module):
@@ -24,6 +27,13 @@ class QuickGELU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)
+
+
+class ReLUSquared(nn.Module):
+    """Primer's squared ReLU ``relu(x) ** 2`` (Nemotron)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.square(torch.relu(x))
 
 
 def _activation(name: str) -> nn.Module:
@@ -35,6 +45,8 @@ def _activation(name: str) -> nn.Module:
         return QuickGELU()
     if name == "relu":
         return nn.ReLU()
+    if name == "relu2":
+        return ReLUSquared()
     if name in ("silu", "swiglu"):
         return nn.SiLU()
     raise ValueError(f"unknown activation {name!r}; expected one of {get_args(MlpActivation)}")
@@ -51,18 +63,12 @@ def _inner_norm(
     kind: InnerNorm | None,
     hidden: int,
     eps: float,
-    bias: bool,
     device: torch.device | str | None,
     dtype: torch.dtype | None,
+    **settings: bool,
 ) -> nn.Module | None:
     """The norm on the hidden activations before ``fc2`` (NormFormer, EVA-02), or None."""
-    if kind is None:
-        return None
-    if kind == "layernorm":
-        return nn.LayerNorm(hidden, eps=eps, bias=bias, device=device, dtype=dtype)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(hidden, eps=eps, device=device, dtype=dtype)
-    raise ValueError(f"an MLP's inner norm must be 'layernorm', 'rmsnorm' or None, got {kind!r}")
+    return None if kind is None else make_norm(kind, hidden, eps, device=device, dtype=dtype, **settings)
 
 
 class Mlp(nn.Module):
@@ -71,12 +77,15 @@ class Mlp(nn.Module):
     Args:
         dim: input and output width D.
         hidden: hidden width F.
-        activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``quick_gelu``, ``relu`` or ``silu``.
+        activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``quick_gelu``, ``relu``,
+            ``relu2`` (squared ReLU) or ``silu``.
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the activation and after ``fc2``.
         norm: a norm on the hidden activations before ``fc2`` (``layernorm``, ``rmsnorm``), or None.
         norm_eps: its epsilon.
         norm_bias: its bias (layernorm).
+        norm_affine: it has a learned weight.
+        norm_unit_offset: it scales by ``1 + w``.
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -91,6 +100,8 @@ class Mlp(nn.Module):
         norm: InnerNorm | None = None,
         norm_eps: float = 1e-6,
         norm_bias: bool = True,
+        norm_affine: bool = True,
+        norm_unit_offset: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -101,7 +112,8 @@ class Mlp(nn.Module):
         self.fc1 = Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
-        self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
+        inner = {"bias": norm_bias, "affine": norm_affine, "unit_offset": norm_unit_offset}
+        self.norm = _inner_norm(norm, hidden, norm_eps, device, dtype, **inner)
         self.fc2 = Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
@@ -126,6 +138,8 @@ class GluMlp(nn.Module):
         norm: a norm on the hidden activations before ``fc2`` (``layernorm``, ``rmsnorm``), or None.
         norm_eps: its epsilon.
         norm_bias: its bias (layernorm).
+        norm_affine: it has a learned weight.
+        norm_unit_offset: it scales by ``1 + w``.
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -140,6 +154,8 @@ class GluMlp(nn.Module):
         norm: InnerNorm | None = None,
         norm_eps: float = 1e-6,
         norm_bias: bool = True,
+        norm_affine: bool = True,
+        norm_unit_offset: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -151,7 +167,8 @@ class GluMlp(nn.Module):
         self.fc1 = Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
-        self.norm = _inner_norm(norm, hidden, norm_eps, norm_bias, device, dtype)
+        inner = {"bias": norm_bias, "affine": norm_affine, "unit_offset": norm_unit_offset}
+        self.norm = _inner_norm(norm, hidden, norm_eps, device, dtype, **inner)
         self.fc2 = Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
         self.drop2 = _dropout(dropout)
 
@@ -177,7 +194,7 @@ def build_mlp(
     Args:
         dim: input and output width D.
         hidden: hidden width F.
-        activation: one of ``gelu``, ``gelu_tanh``, ``relu``, ``silu``, ``swiglu``, ``geglu``.
+        activation: one of :data:`MlpActivation`.
         bias: whether the linear layers have biases.
         dropout: dropout probability inside the MLP.
         device: parameter device.

@@ -128,27 +128,57 @@ class LearnedPosition(nn.Module):
         return f"num_positions={self.num_positions}, dim={self.weight.shape[-1]}, start={self.start}"
 
 
+def sincos_1d_concat(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """The sin-cos table of "Attention Is All You Need" with the sines first, then the cosines (Marian).
+
+    ``PE[p, i] = sin(p / base^(2i/dim))`` and ``PE[p, dim/2 + i] = cos(p / base^(2i/dim))``, i < dim/2;
+    the angles and their sines are computed in float64 and rounded once to float32, as Marian's table.
+
+    Args:
+        positions: (N,) integer or float positions.
+        dim: table width, even.
+        base: wavelength base.
+
+    Returns:
+        (N, dim) float32 table on ``positions.device``.
+    """
+    exponent = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64) / dim  # (dim/2,)
+    angles = positions.to(torch.float64)[:, None] / base ** exponent[None, :]  # (N, dim/2)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1).to(torch.float32)  # (N, dim)
+
+
+SinCosLayout = Literal["interleaved", "concat"]
+
+
 class SinCosPosition(nn.Module):
-    """Adds the fixed 1D table :func:`sincos_1d` of positions ``offset .. offset + N - 1``.
+    """Adds the fixed 1D table of positions ``offset .. offset + N - 1``: :func:`sincos_1d` (interleaved) or
+    :func:`sincos_1d_concat` (sines, then cosines).
 
     Args:
         dim: width D, even.
         base: wavelength base.
+        layout: ``interleaved`` or ``concat``.
     """
 
-    def __init__(self, dim: int, base: float = 10000.0) -> None:
+    def __init__(self, dim: int, base: float = 10000.0, layout: SinCosLayout = "interleaved") -> None:
         super().__init__()
         if dim % 2 != 0:
             raise ValueError(f"SinCosPosition needs an even dim, got {dim}")
+        if layout not in ("interleaved", "concat"):
+            raise ValueError(f"SinCosPosition's layout must be 'interleaved' or 'concat', got {layout!r}")
         self.dim = dim
         self.base = base
+        self.layout = layout
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
+        if self.layout == "concat":
+            return x + sincos_1d_concat(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
         return x + sincos_1d(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, base={self.base}"
+        layout = "" if self.layout == "interleaved" else f", layout={self.layout}"
+        return f"dim={self.dim}, base={self.base}{layout}"
 
 
 class SinCos2dPosition(nn.Module):
@@ -193,39 +223,55 @@ def _rope_inv_freq(dim: int, base: float, device: torch.device | str | None) -> 
     return 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))  # (dim/2,)
 
 
-def rope_tables(positions: Tensor, dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos/sin of the rotate-half RoPE of width dim at (N,) ``positions``: angles ``cat(freqs, freqs)``,
-    each (N, dim), float32."""
+def rope_tables(
+    positions: Tensor, dim: int, base: float, layout: Rope1dLayout = "half"
+) -> tuple[Tensor, Tensor]:
+    """cos/sin of the RoPE of width dim at (N,) ``positions``, float32: for ``half``, angles
+    ``cat(freqs, freqs)``, each (N, dim); for ``interleaved``, each angle twice in a row, (N, dim/2, 2)."""
     inv_freq = _rope_inv_freq(dim, base, positions.device)  # (dim/2,)
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, dim/2)
-    angles = torch.cat((freqs, freqs), dim=-1)  # (N, dim)
+    if layout == "interleaved":
+        angles = freqs[..., None].expand(*freqs.shape, 2)  # (N, dim/2, 2): channels 2i, 2i + 1 form a pair
+    else:
+        angles = torch.cat((freqs, freqs), dim=-1)  # (N, dim)
     return angles.cos(), angles.sin()
 
 
-class Rope(nn.Module):
-    """1D rotary position embedding, rotate-half convention (GPT-NeoX / HF LLaMA).
+Rope1dLayout = Literal["half", "interleaved"]
 
-    Channel ``i`` is rotated together with channel ``i + hd/2`` by angle ``pos * base^(-2i/hd)``.
+
+class Rope(nn.Module):
+    """1D rotary position embedding.
+
+    Channel pairs are rotated by angle ``pos * base^(-2i/hd)``; ``layout`` says which channels pair up:
+    ``half`` (GPT-NeoX, HF LLaMA): channel i with i + hd/2; ``interleaved`` (GPT-J, RoFormer): channel 2i
+    with 2i + 1.
 
     Args:
-        head_dim: hd, even.
+        head_dim: hd, the width rotated, even.
         base: RoPE theta.
+        layout: ``half`` or ``interleaved``.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, layout: Rope1dLayout = "half") -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"Rope needs an even head_dim, got {head_dim}")
+        if layout not in ("half", "interleaved"):
+            raise ValueError(f"Rope's layout must be 'half' or 'interleaved', got {layout!r}")
         self.head_dim = head_dim
         self.base = base
+        self.layout = layout
 
     def forward(self, x: Tensor, *, offset: int = 0) -> tuple[Tensor, Tensor]:
-        """Float32 ``(cos, sin)``, each (N, hd), for positions ``offset .. offset + N - 1`` of x: (B, N, D)."""
+        """Float32 ``(cos, sin)`` for positions ``offset .. offset + N - 1`` of x: (B, N, D); each (N, hd),
+        or (N, hd/2, 2) interleaved."""
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
-        return rope_tables(positions, self.head_dim, self.base)
+        return rope_tables(positions, self.head_dim, self.base, self.layout)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base}"
+        layout = "" if self.layout == "half" else f", layout={self.layout}"
+        return f"head_dim={self.head_dim}, base={self.base}{layout}"
 
 
 class Rope2d(nn.Module):
@@ -319,26 +365,31 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x by RoPE tables: ``x * cos + rotate_half(x) * sin``.
+    """Rotate x by RoPE tables: ``x * cos + rotate_half(x) * sin`` over the channels the tables cover.
 
     Args:
         x: (B, H, N, hd) queries or keys.
         cos: (N, r) table from :class:`Rope` or :class:`Rope2d` (rotate-half over the first r <= hd channels),
-            or (N, S, hd/S) sectioned table from :class:`Rope2d` (the head is split in S contiguous sections,
-            each rotated on its own: CroCo's two halves, or EVA's hd/2 interleaved pairs).
+            or (N, S, r/S) sectioned table from :class:`Rope` or :class:`Rope2d` (the first r channels split in
+            S contiguous sections, each rotated on its own: CroCo's two halves, or r/2 interleaved pairs).
         sin: same shape as ``cos``.
 
     Returns:
         (B, H, N, hd) tensor with x's dtype (the tables are cast to it).
     """
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if cos.ndim == 2 and cos.shape[-1] < x.shape[-1]:  # partial rotary: the first channels only
-        rot, keep = x.split((cos.shape[-1], x.shape[-1] - cos.shape[-1]), dim=-1)
-        return torch.cat((rot * cos + _rotate_half(rot) * sin, keep), dim=-1)  # (B, H, N, hd)
+    width = cos.shape[-1] if cos.ndim == 2 else cos.shape[-2] * cos.shape[-1]
+    if width < x.shape[-1]:  # partial rotary: the first channels only
+        rot, keep = x.split((width, x.shape[-1] - width), dim=-1)
+        return torch.cat((_rotate(rot, cos, sin), keep), dim=-1)  # (B, H, N, hd)
+    return _rotate(x, cos, sin)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if cos.ndim == 2:
-        return x * cos + _rotate_half(x) * sin  # (B, H, N, hd)
-    xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, hd/S)
-    return (xs * cos + _rotate_half(xs) * sin).flatten(-2)  # (B, H, N, hd)
+        return x * cos + _rotate_half(x) * sin  # (B, H, N, r)
+    xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, r/S)
+    return (xs * cos + _rotate_half(xs) * sin).flatten(-2)  # (B, H, N, r)
 
 
 def sine_2d(

@@ -36,6 +36,9 @@ class AttentionParams(Params):
         proj_bias: bias in the output projection.
         qk_norm: ``layernorm`` or ``rmsnorm`` per head on queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
+        qk_norm_affine: the QK norms have a learned weight.
+        qk_norm_unit_offset: the QK norms scale by ``1 + w``.
+        qk_norm_scope: ``head`` (each head over head_dim) or ``all`` (a token's heads at once, OLMo 2).
         eps: epsilon of the QK norms.
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
@@ -54,6 +57,9 @@ class AttentionParams(Params):
     proj_bias: bool = True
     qk_norm: str | None = None
     qk_norm_bias: bool = True
+    qk_norm_affine: bool = True
+    qk_norm_unit_offset: bool = False
+    qk_norm_scope: str = "head"
     eps: float = 1e-6
     attn_drop: float = 0.0
     proj_drop: float = 0.0
@@ -65,7 +71,21 @@ class AttentionParams(Params):
 
     @property
     def qk_params(self) -> int:
-        return 2 * norm_params(self.qk_norm, self.head_dim, self.qk_norm_bias) if self.qk_norm else 0
+        if not self.qk_norm:
+            return 0
+        q, k = (self.heads, self.kv_heads) if self.qk_norm_scope == "all" else (1, 1)
+        hd, bias, affine = self.head_dim, self.qk_norm_bias, self.qk_norm_affine
+        return norm_params(self.qk_norm, q * hd, bias, affine) + norm_params(
+            self.qk_norm, k * hd, bias, affine
+        )
+
+    def qk_settings(self) -> dict[str, Any]:
+        """The QK-norm's constructor arguments beyond kind, bias and eps that differ from the defaults."""
+        if not self.qk_norm:
+            return {}
+        out: dict[str, Any] = {} if self.qk_norm_affine else {"qk_norm_affine": False}
+        out |= {"qk_norm_unit_offset": True} if self.qk_norm_unit_offset else {}
+        return out | ({"qk_norm_scope": "all"} if self.qk_norm_scope == "all" else {})
 
     def common(self) -> dict[str, Any]:
         return {
@@ -77,6 +97,7 @@ class AttentionParams(Params):
             "proj_bias": self.proj_bias,
             "qk_norm": self.qk_norm,
             "qk_norm_bias": self.qk_norm_bias,
+            **self.qk_settings(),
             "norm_eps": self.eps,
             "attn_drop": self.attn_drop,
             "proj_drop": self.proj_drop,
@@ -98,7 +119,7 @@ def _heads_line(p: AttentionParams) -> str:
 def _flags(p: AttentionParams) -> list[str]:
     flags = []
     if p.qk_norm:
-        flags.append(f"qk {p.qk_norm}")
+        flags.append(f"qk {p.qk_norm}" + (" over all heads" if p.qk_norm_scope == "all" else ""))
     if p.attn_drop or p.proj_drop:
         flags.append(f"dropout {p.attn_drop:g}/{p.proj_drop:g}")
     if p.window is not None:
@@ -210,6 +231,9 @@ def _attention_params(b: BlockCtx, cls: type[AttentionParams], **extra: Any) -> 
         proj_bias=spec.proj_bias,
         qk_norm=spec.norm.kind if spec.qk_norm else None,
         qk_norm_bias=spec.norm.bias,
+        qk_norm_affine=spec.norm.affine,
+        qk_norm_unit_offset=spec.norm.unit_offset,
+        qk_norm_scope="all" if spec.qk_norm == "all" else "head",
         eps=spec.norm.eps,
         attn_drop=s.dropout.attention,
         proj_drop=s.dropout.projection,
@@ -301,5 +325,6 @@ class MlpLayer(Sublayer):
         hidden = int(spec.mlp.hidden * b.dim / s.width)  # stages widen the MLP with the width
         n = spec.norm if spec.mlp.norm else None  # the inner norm is of the block's kind (timm's norm_layer)
         inner = {"norm": n.kind, "norm_eps": n.eps, "norm_bias": n.bias} if n else {}
+        inner |= {"norm_affine": n.affine, "norm_unit_offset": n.unit_offset} if n else {}
         p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp, **inner)
         return b.add(name, "mlp", p, {"x": x}, source=f"{b.stack.role}.block.mlp")

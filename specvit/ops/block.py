@@ -66,7 +66,7 @@ class BlockCtx:
         dim = self.stack.shape(x)[-1]
         assert isinstance(dim, int)
         n = self.spec.norm
-        return self.add(name, n.kind, NormParams(dim, n.eps, n.bias), {"x": x}, source=source)
+        return self.add(name, n.kind, NormParams.of(n, dim), {"x": x}, source=source)
 
 
 class Sublayer:

@@ -156,7 +156,7 @@ class ClassifierHead(HeadFragment):
         x = _add(ctx, "head.pool", "pool", p, srcs, "head.pool")
         if self.norm:
             n, d = stack.block.norm, stack.out_width
-            x = _add(ctx, "head.norm", n.kind, NormParams(d, n.eps, n.bias), {"x": x}, "head.norm")
+            x = _add(ctx, "head.norm", n.kind, NormParams.of(n, d), {"x": x}, "head.norm")
         if self.dropout:
             x = _add(ctx, "head.drop", "dropout", DropParams(self.dropout), {"x": x}, "head.dropout")
         _output(ctx, {"x": _fc(ctx, x, self.classes, self.bias)})

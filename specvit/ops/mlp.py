@@ -11,9 +11,9 @@ from specvit.ops.norm import norm_params
 
 __all__ = ["ACTIVATIONS", "GATED", "MlpParams"]
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
-"""``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, CLIP's x·sigmoid(1.702x), ReLU, SiLU, and the
-gated SwiGLU / GeGLU (exact or tanh GELU gate, T5 v1.1)."""
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
+"""``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, CLIP's x·sigmoid(1.702x), ReLU, squared ReLU
+(Primer, Nemotron), SiLU, and the gated SwiGLU / GeGLU (exact or tanh GELU gate, T5 v1.1)."""
 GATED = ("swiglu", "geglu", "geglu_tanh")
 
 
@@ -31,6 +31,8 @@ class MlpParams(Params):
             ``scale_mlp``), or None.
         norm_eps: its epsilon.
         norm_bias: its bias (layernorm).
+        norm_affine: it has a learned weight.
+        norm_unit_offset: it scales by ``1 + w``.
     """
 
     dim: int
@@ -41,6 +43,8 @@ class MlpParams(Params):
     norm: str | None = None
     norm_eps: float = 1e-6
     norm_bias: bool = True
+    norm_affine: bool = True
+    norm_unit_offset: bool = False
 
     @property
     def fc1_out(self) -> int:
@@ -57,7 +61,7 @@ class Mlp(Op):
         return "specvit.nn.mlp:GluMlp" if p.activation in GATED else "specvit.nn.mlp:Mlp"
 
     def params(self, p: MlpParams) -> int:
-        inner = norm_params(p.norm, p.hidden, p.norm_bias) if p.norm else 0
+        inner = norm_params(p.norm, p.hidden, p.norm_bias, p.norm_affine) if p.norm else 0
         return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner
 
     def flops(self, p: MlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
@@ -65,7 +69,11 @@ class Mlp(Op):
         return linear_flops(tokens, p.dim, p.fc1_out) + linear_flops(tokens, p.hidden, p.dim)
 
     def ctor(self, p: MlpParams) -> dict[str, Any]:
-        inner = {"norm": p.norm, "norm_eps": p.norm_eps, "norm_bias": p.norm_bias} if p.norm else {}
+        inner: dict[str, Any] = {}
+        if p.norm:
+            inner = {"norm": p.norm, "norm_eps": p.norm_eps, "norm_bias": p.norm_bias}
+            inner |= {} if p.norm_affine else {"norm_affine": False}
+            inner |= {"norm_unit_offset": True} if p.norm_unit_offset else {}
         return {
             "dim": p.dim,
             "hidden": p.hidden,

@@ -190,10 +190,17 @@ class LearnedPosition(PositionFragment):
 
 @dataclass(frozen=True)
 class SinCosParams(Params):
-    """Fixed interleaved 1D sinusoids ('Attention Is All You Need'), from the decoding offset on."""
+    """Fixed 1D sinusoids ('Attention Is All You Need'), from the decoding offset on.
+
+    Args:
+        dim: width.
+        base: wavelength base.
+        layout: ``interleaved`` (sin, cos per frequency) or ``concat`` (all sines, then all cosines).
+    """
 
     dim: int
     base: float
+    layout: str = "interleaved"
 
 
 @op
@@ -204,8 +211,12 @@ class SinCosOp(Op):
     module = "specvit.nn.position:SinCosPosition"
     ports = ("x", "offset")
 
+    def ctor(self, p: SinCosParams) -> dict[str, Any]:
+        return {"dim": p.dim, "base": p.base} | ({"layout": p.layout} if p.layout != "interleaved" else {})
+
     def label(self, p: SinCosParams) -> tuple[str, ...]:
-        return (f"fixed · base {p.base:g} · added",)
+        layout = " · sin | cos" if p.layout == "concat" else ""
+        return (f"fixed · base {p.base:g}{layout} · added",)
 
 
 @fragment("position")
@@ -214,6 +225,11 @@ class SinCosPosition(PositionFragment):
 
     kind: Literal["sincos"] = Field(description="Discriminator: fixed 1D sinusoidal positions.")
     base: float = _base(10000.0)
+    layout: Literal["interleaved", "concat"] = Field(
+        "interleaved",
+        description="interleaved: sin and cos of each frequency side by side (the paper, PyTorch's "
+        "tutorial); concat: all sines, then all cosines (Marian).",
+    )
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         return _needs(
@@ -224,7 +240,7 @@ class SinCosPosition(PositionFragment):
         )
 
     def lower(self, ctx: StackCtx) -> None:
-        p = SinCosParams(ctx.stack.width, self.base)
+        p = SinCosParams(ctx.stack.width, self.base, self.layout)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_sincos", p, srcs, source=f"{ctx.role}.position")
 
@@ -293,108 +309,6 @@ class SinCos2dPosition(PositionFragment):
 
 
 # --------------------------------------------------------------------------- tables attention reads
-
-
-@dataclass(frozen=True)
-class RopeParams(Params):
-    """Rotary tables (rotate-half convention) for the queries and keys of every attention layer.
-
-    Args:
-        head_dim: the width rotated: the whole head, or its first channels (partial rotary, GPT-NeoX).
-        base: theta.
-        grid: None for 1D positions (from the decoding offset on); the patch grid for 2D (CroCo's
-            RoPE2D: first half of each head by row, second half by column).
-        prefix: leading tokens left unrotated (2D only).
-        of: the whole head's width when only its first ``head_dim`` channels are rotated, else 0.
-        layout: 2D only: ``sections``, ``interleaved`` or ``half`` (see :class:`~specvit.nn.position.Rope2d`).
-        ref: 2D only: the reference grid the positions are scaled to (EVA's ``ref_feat_shape``), or None.
-    """
-
-    head_dim: int
-    base: float
-    grid: tuple[int, int] | None = None
-    prefix: int = 0
-    of: int = 0
-    layout: str = "sections"
-    ref: tuple[int, int] | None = None
-
-
-@op
-class RopeOp(Op):
-    kind = "rope"
-    params_type = RopeParams
-    category = "position"
-    ports = ("x", "offset")
-    value = "tuple[Tensor, Tensor]"  # (cos, sin)
-
-    def module_for(self, p: RopeParams) -> str:
-        return "specvit.nn.position:Rope" if p.grid is None else "specvit.nn.position:Rope2d"
-
-    def shape(self, p: RopeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        n, hd = inputs["x"][1], p.head_dim
-        if p.grid is None or p.layout == "half":
-            return (n, hd)
-        return (n, 2, hd // 2) if p.layout == "sections" else (n, hd // 2, 2)  # a half per axis; pairs
-
-    def ctor(self, p: RopeParams) -> dict[str, Any]:
-        if p.grid is None:
-            return {"head_dim": p.head_dim, "base": p.base}
-        extra: dict[str, Any] = {} if p.layout == "sections" else {"layout": p.layout}
-        extra |= {} if p.ref is None else {"ref_grid": p.ref}
-        return {"head_dim": p.head_dim, "grid": p.grid, "base": p.base, "num_prefix": p.prefix, **extra}
-
-    def label(self, p: RopeParams) -> tuple[str, ...]:
-        if p.grid is None:
-            part = f" · first {p.head_dim} of {p.of}" if p.of else ""
-            return (f"rotary · head_dim {p.of or p.head_dim}{part} · base {p.base:g}",)
-        line = f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}"
-        extra = [] if p.layout == "sections" else [f"{p.layout} pairs"]
-        extra += [] if p.ref is None else [f"scaled to {p.ref[0]}x{p.ref[1]}"]
-        extra += [f"{p.prefix} prefix unrotated"] if p.prefix else []
-        return (line, " · ".join(extra)) if extra else (line,)
-
-
-@fragment("position")
-class RopePosition(PositionFragment):
-    """Rotary position embedding of queries and keys (RoFormer)."""
-
-    kind: Literal["rope"] = Field(description="Discriminator: 1D rotary positions.")
-    base: float = _base(10000.0)
-    fraction: float = Field(
-        1.0,
-        gt=0.0,
-        le=1.0,
-        description="Share of each head rotated, from its first channel (GPT-NeoX: 0.25).",
-    )
-
-    def phase(self) -> Phase:
-        return "attention"
-
-    def rotated(self, head_dim: int) -> int:
-        """The channels rotated: ``int(head_dim * fraction)``, as GPT-NeoX's ``rotary_ndims``."""
-        return int(head_dim * self.fraction)
-
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        hd, rot = stack.head_dim, self.rotated(stack.head_dim)
-        if self.fraction < 1.0:
-            return _needs(
-                f"{at}.fraction",
-                rot >= 2 and rot % 2 == 0,
-                f"rope over {self.fraction:g} of head dim {hd} rotates {rot} channels, which must be even and >= 2",
-                "pick a fraction that gives an even number of channels",
-            )
-        return _needs(
-            at,
-            hd % 2 == 0,
-            f"rope needs an even head dim, got {hd}",
-            "pick heads (or head_dim) so that width/heads is even",
-        )
-
-    def lower(self, ctx: StackCtx) -> None:
-        hd, rot = ctx.stack.head_dim, self.rotated(ctx.stack.head_dim)
-        p = RopeParams(rot, self.base, of=hd if rot < hd else 0)
-        srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
-        ctx.side["rope"] = ctx.add(f"{ctx.role}.rope", "rope", p, srcs, source=f"{ctx.role}.position")
 
 
 @op

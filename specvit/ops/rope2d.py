@@ -12,7 +12,8 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import StackCtx, fragment
-from specvit.ops.position import Phase, PositionFragment, RopeParams, _base, _grid_only, _needs
+from specvit.ops.position import Phase, PositionFragment, _base, _grid_only, _needs
+from specvit.ops.rope import RopeParams
 
 __all__ = ["Rope2dPosition"]
 

@@ -203,7 +203,7 @@ def lower_merge(ctx: StackCtx, path: str, grid: tuple[int, int], norm: Any) -> s
     normed: tuple[str, str, Params] = (
         "norm",
         norm.kind,
-        NormParams(2 * c if post else 4 * c, norm.eps, norm.bias),
+        NormParams.of(norm, 2 * c if post else 4 * c),
     )
     steps = [reduce, normed] if post else [normed, reduce]
     for name, kind, p in steps:

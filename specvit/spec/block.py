@@ -63,6 +63,14 @@ class NormSpec(Node):
     )
     eps: float = Field(1e-6, gt=0.0, lt=1.0, description="Epsilon added to the variance.")
     bias: bool = Field(True, description="LayerNorm has a bias (rmsnorm never has one).")
+    affine: bool = Field(
+        True, description="A learned weight (and bias); false: the norm has no parameters (OLMo's LayerNorm)."
+    )
+    unit_offset: bool = Field(
+        False,
+        description="The learned weight w scales by 1 + w and starts at 0 (Gemma's RMSNorm, Nemotron's "
+        "LayerNorm1P); the state dict holds w.",
+    )
 
 
 class MlpSpec(Node):
@@ -180,7 +188,12 @@ class BlockSpec(Node):
         "(BEiT, Whisper: [true, false, true]).",
     )
     proj_bias: bool = Field(True, description="Bias in the attention output projection.")
-    qk_norm: bool = Field(False, description="Normalise queries and keys per head (same norm kind).")
+    qk_norm: bool | Literal["head", "all"] = Field(
+        False,
+        description="Normalise queries and keys with a norm like the block's: true or head: each head over "
+        "its head_dim channels (ViT-22B, Qwen3); all: a token's heads over all their channels at once "
+        "(OLMo 2).",
+    )
     attention_scale: float | None = Field(
         None, gt=0.0, le=100.0, description="Scale of q·k; null = 1/sqrt(head_dim). T5 uses 1."
     )

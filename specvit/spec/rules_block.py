@@ -136,14 +136,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             )
         )
     out += _cross_attention_heads(role, at, b, spec)
-    if isinstance(b.qkv_bias, list) and len(b.qkv_bias) != 3:
-        out.append(
-            Problem(
-                f"{at}.qkv_bias",
-                f"qkv_bias lists the biases of q, k and v: 3 values, got {len(b.qkv_bias)}",
-                "write [true, false, true] for q and v biases without a k bias",
-            )
-        )
+    out += _parameters(at, b)
     if b.parallel and (b.norm.placement != "pre" or b.graph is not None):
         out.append(
             Problem(
@@ -160,6 +153,28 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 f"{at}.sliding_window",
                 "a block has 1D sliding-window attention or 2D windows (window), not both",
                 "remove one of sliding_window and window",
+            )
+        )
+    return out
+
+
+def _parameters(at: str, b: BlockSpec) -> list[Problem]:
+    """The q/k/v biases and the norm's weight."""
+    out: list[Problem] = []
+    if isinstance(b.qkv_bias, list) and len(b.qkv_bias) != 3:
+        out.append(
+            Problem(
+                f"{at}.qkv_bias",
+                f"qkv_bias lists the biases of q, k and v: 3 values, got {len(b.qkv_bias)}",
+                "write [true, false, true] for q and v biases without a k bias",
+            )
+        )
+    if b.norm.unit_offset and not b.norm.affine:
+        out.append(
+            Problem(
+                f"{at}.norm.unit_offset",
+                "unit_offset scales by 1 + w, and with affine: false the norm has no weight w",
+                "remove unit_offset, or set affine: true",
             )
         )
     return out

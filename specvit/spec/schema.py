@@ -33,11 +33,11 @@ from specvit.ops.position import (
     LearnedPosition,
     NoPosition,
     PositionFragment,
-    RopePosition,
     SinCos2dPosition,
     SinCosPosition,
     Sine2dPosition,
 )
+from specvit.ops.rope import RopePosition
 from specvit.ops.rope2d import Rope2dPosition
 from specvit.spec.block import (
     BlockOverride,
