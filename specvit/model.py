@@ -26,7 +26,15 @@ from specvit.nn.attention import KVCache
 if TYPE_CHECKING:
     from specvit.graph.ir import ArchGraph
 
-__all__ = ["MODEL_CLASSES", "Block", "DecoderModel", "EncoderDecoderModel", "EncoderModel", "SpecModel"]
+__all__ = [
+    "MODEL_CLASSES",
+    "Block",
+    "DecoderModel",
+    "EncoderDecoderModel",
+    "EncoderModel",
+    "SpecModel",
+    "logits_of",
+]
 
 
 class Block(nn.Module):
@@ -228,7 +236,7 @@ class DecoderModel(SpecModel):
         _fits(self, "S", tokens.shape[-1], max_new_tokens)
 
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
-            return self(seq, cache=cache, offset=offset)[:, -1]  # (B, V)
+            return logits_of(self(seq, cache=cache, offset=offset))[:, -1]  # (B, V)
 
         if cache_window is not None:
             KVCache(cache_window)  # its argument check, before decoding
@@ -300,7 +308,7 @@ class EncoderDecoderModel(SpecModel):
         memory = self.encode(src, **masks)
 
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
-            return self.decode(seq, memory, cache=cache, offset=offset, **masks)[:, -1]
+            return logits_of(self.decode(seq, memory, cache=cache, offset=offset, **masks))[:, -1]
 
         start = torch.full((memory.shape[0], 1), bos_id, dtype=torch.long, device=memory.device)
         return decode_loop(
@@ -316,6 +324,16 @@ class EncoderDecoderModel(SpecModel):
             generator=generator,
             stepped=(self.decoder, self.head),  # type: ignore[arg-type]  # generated submodules
         )
+
+
+def logits_of(out: Tensor | dict[str, Tensor]) -> Tensor:
+    """The logits of a model's output: the output itself, or its ``logits`` beside other outputs (an MoE
+    model's ``router_loss``).
+
+    Args:
+        out: what the model returned.
+    """
+    return out["logits"] if isinstance(out, dict) else out
 
 
 def _fits(model: SpecModel, symbol: str, start: int, new: int) -> None:

@@ -75,7 +75,14 @@ def _runs(scopes: dict[str, Scope], scope: Scope) -> list[list[Unit]]:
 
 def _continues(scopes: dict[str, Scope], prev: Unit, u: Unit) -> bool:
     a, b = block_container(prev.path), block_container(u.path)
-    if a is None or b is None or a[0] != b[0] or b[1] != a[1] + 1 or len(prev.writes) != 1:
+    if (
+        a is None
+        or b is None
+        or a[0] != b[0]
+        or b[1] != a[1] + 1
+        or len(prev.writes) != 1
+        or len(u.writes) != 1
+    ):
         return False
     pa, pb = scopes[prev.path].params, scopes[u.path].params
     return (

@@ -214,9 +214,10 @@ def _name(graph: ArchGraph, scope: Scope, scopes: dict[str, Scope], parent: dict
                 name += "_"
             scope.names[u.path] = name
             taken.add(name)
-        elif block_container(u.path) is not None:
-            for w in u.writes:
-                scope.names[w] = "x"
+        elif block_container(u.path) is not None:  # every block reassigns the same names
+            for i, w in enumerate(u.writes):
+                scope.names[w] = "x" if i == 0 else _local(w, u.path)  # beside the tokens: router_stats
+                taken.add(scope.names[w])
         else:
             local = _local(u.path, scope.path)
             for w in u.writes:

@@ -86,10 +86,12 @@ def _totals(graph: ArchGraph, folded: bool) -> list[str]:
         lines.append(
             "xN rows: a run of N identical blocks shown once; their numbers are per block, totals count all"
         )
+    notes = dict.fromkeys(n for path in graph.nx if (n := graph.op(path).note(graph[path]["p"])))
     return [
         *lines,
         f"total params: {params:,} ({format_count(params)}; trainable {params:,}, non-trainable 0)",
         f"total FLOPs:  {graph.total_flops:,} ({format_count(graph.total_flops)}) at {dims}",
+        *(f"  {note}" for note in notes),
         f"memory (float32): params {format_count(params * 4)}B, outputs of every node {format_count(activations)}B "
         f"at {dims}",
     ]

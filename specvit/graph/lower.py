@@ -55,6 +55,7 @@ class _Lowering:
         self.n: Dim = 0
         self.grid: tuple[int, int] | None = None
         self.side: dict[str, str] = {}
+        self.outputs: dict[str, tuple[str, str, Params]] = {}  # the model's outputs beside the head's
 
     # -- what fragments call ----------------------------------------------------------------------
 

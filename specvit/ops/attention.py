@@ -326,5 +326,9 @@ class MlpLayer(Sublayer):
         n = spec.norm if spec.mlp.norm else None  # the inner norm is of the block's kind (timm's norm_layer)
         inner = {"norm": n.kind, "norm_eps": n.eps, "norm_bias": n.bias} if n else {}
         inner |= {"norm_affine": n.affine, "norm_unit_offset": n.unit_offset} if n else {}
+        if spec.mlp.moe is not None:
+            from specvit.ops.moe import lower_moe
+
+            return lower_moe(b, x, name, hidden)
         p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp, **inner)
         return b.add(name, "mlp", p, {"x": x}, source=f"{b.stack.role}.block.mlp")

@@ -238,6 +238,10 @@ class Op:
         """Key hyper-parameters for the diagram, one short line each."""
         return ()
 
+    def note(self, p: Any) -> str | None:
+        """What the model's totals should say about nodes of this op (the summary prints each note once)."""
+        return None
+
 
 OPS: dict[str, Op] = {}
 
@@ -261,6 +265,9 @@ class ModelCtx(Protocol):
     spec: Any
     dims: Dims
     memory: dict[str, str]
+    outputs: dict[str, tuple[str, str, Params]]
+    """The model's outputs beside the head's: name -> (node, kind, params) of the head node computing it
+    from that node (the MoE layers' ``router_loss`` from their last routing statistics)."""
 
     def add(
         self,

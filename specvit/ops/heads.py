@@ -48,7 +48,14 @@ def _add(
 
 
 def _output(ctx: ModelCtx, srcs: Mapping[str, str], keys: tuple[str, ...] = ()) -> None:
-    ctx.add("output", "output", OutputParams(keys), srcs, stack="head", scope="")
+    """The model's output node: the head's value (or dict), with the outputs the stacks add beside it
+    (``router_loss``) turning a single value into ``logits``."""
+    extra = {
+        name: _add(ctx, f"head.{name}", kind, p, {"x": src}) for name, (src, kind, p) in ctx.outputs.items()
+    }
+    if extra and not keys:
+        srcs, keys = {"logits": srcs["x"]}, ("logits",)
+    ctx.add("output", "output", OutputParams((*keys, *extra)), {**srcs, **extra}, stack="head", scope="")
 
 
 def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:

@@ -27,6 +27,7 @@ __all__ = [
     "GraphNodeSpec",
     "LayerOverride",
     "MlpSpec",
+    "MoeSpec",
     "NormSpec",
     "WindowSpec",
     "merge_block",
@@ -73,6 +74,31 @@ class NormSpec(Node):
     )
 
 
+class MoeSpec(Node):
+    """A mixture of experts in place of one MLP: a router picks top_k of the experts for each token."""
+
+    experts: int = Field(
+        ge=2, le=1024, description="Expert MLPs, each of the mlp's hidden size and activation."
+    )
+    top_k: int = Field(2, ge=1, le=64, description="Experts each token runs (Mixtral: 2).")
+    normalize: bool = Field(
+        True,
+        description="The top_k routing weights rescaled to sum to 1 (Mixtral); false: the softmax "
+        "probabilities as they are (Qwen2-MoE's norm_topk_prob: false).",
+    )
+    shared_hidden: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WIDTH * 64,
+        description="Hidden size of a shared expert every token also runs, added to the routed ones "
+        "(Qwen2-MoE); null: none.",
+    )
+    shared_gate: bool = Field(
+        False,
+        description="The shared expert's output scaled by sigmoid(a learned linear of the token) (Qwen2-MoE).",
+    )
+
+
 class MlpSpec(Node):
     """The position-wise feed-forward sublayer."""
 
@@ -93,6 +119,12 @@ class MlpSpec(Node):
         False,
         description="A norm of the block's kind (and eps) on the hidden activations, before the second "
         "linear layer (NormFormer; EVA-02's scale_mlp).",
+    )
+    moe: MoeSpec | None = Field(
+        None,
+        description="A mixture of experts (Mixtral, Qwen2-MoE): the model's output gains router_loss, the "
+        "load-balancing loss over every MoE layer, to add to the training loss times a coefficient; FLOPs "
+        "count the active experts. null: one MLP.",
     )
 
 

@@ -74,7 +74,8 @@ def check_layers(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     if out:
         return out
     for block, at in _origins(role, s).values():
-        out += _block(role, at, block, spec)
+        out += _block(role, at, block, spec) + _moe(at, block, s)
+    out += _one_routing(role, s, spec)
     reads = any("cross_attention" in b.sublayers for b in s.layer_blocks)
     reads = reads or getattr(s.input, "reads_encoder", False)  # an input made of the encoder's tokens (MAE)
     if spec.model == "encoder_decoder" and role == "decoder" and not reads:
@@ -178,6 +179,61 @@ def _parameters(at: str, b: BlockSpec) -> list[Problem]:
             )
         )
     return out
+
+
+def _moe(at: str, b: BlockSpec, s: StackSpec) -> list[Problem]:
+    """A mixture of experts: what its experts have and lack."""
+    moe, mlp, key = b.mlp.moe, b.mlp, f"{at}.mlp"
+    if moe is None or "mlp" not in b.sublayers:
+        return []
+    checks = [
+        (
+            moe.top_k <= moe.experts,
+            f"{key}.moe.top_k",
+            f"top_k {moe.top_k} is more than the {moe.experts} experts",
+            f"use top_k <= {moe.experts}",
+        ),
+        (
+            not moe.shared_gate or moe.shared_hidden is not None,
+            f"{key}.moe.shared_gate",
+            "shared_gate gates the shared expert, and there is none",
+            "set shared_hidden, or remove shared_gate",
+        ),
+        (
+            not mlp.bias,
+            f"{key}.bias",
+            "the experts have no biases (Mixtral, Qwen2-MoE)",
+            "set mlp.bias: false",
+        ),
+        (not mlp.norm, f"{key}.norm", "the experts have no inner norm", "remove mlp.norm"),
+        (s.dropout.mlp == 0, "dropout.mlp", "the experts have no dropout", "set dropout.mlp: 0"),
+    ]
+    return [Problem(where, what, fix) for ok, where, what, fix in checks if not ok]
+
+
+def _one_routing(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    """Every MoE layer of the model routes among as many experts, as many per token: the load-balancing
+    loss pools their statistics."""
+    seen: dict[tuple[int, int], str] = {}
+    for r, stack in spec.stacks.items():
+        for block, at in _origins(r, stack).values():
+            if block.mlp.moe is not None and "mlp" in block.sublayers:
+                seen.setdefault((block.mlp.moe.experts, block.mlp.moe.top_k), f"{at}.mlp.moe")
+        if r == role:
+            break
+    if len(seen) < 2:
+        return []
+    (first, where), (other, at) = list(seen.items())[:2]
+    if not at.startswith(f"{role}."):  # reported with the stack it is in
+        return []
+    return [
+        Problem(
+            at,
+            f"{other[0]} experts, top {other[1]} here, {first[0]}, top {first[1]} at {where}: the load-balancing "
+            "loss pools every MoE layer's routing",
+            "give every MoE layer the same experts and top_k",
+        )
+    ]
 
 
 def _cross_attention_heads(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:

@@ -1,0 +1,157 @@
+"""Mixture-of-experts MLP: a router picks ``top_k`` of E expert MLPs per token (Mixtral, Qwen2-MoE), and
+the load-balancing loss that keeps the router from favouring a few experts.
+
+Dim legend: B batch, N tokens, D width, E experts, k experts per token, F expert hidden width, T = B * N.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specvit.nn.linear import Linear
+from specvit.nn.mlp import MlpActivation, _activation, build_mlp
+
+__all__ = ["MoeMlp", "load_balancing_loss", "route", "routing_stats"]
+
+
+def route(logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The router's choice for each token: softmax over the experts, then the ``top_k`` most likely.
+
+    Args:
+        logits: (T, E) router logits.
+        top_k: experts per token.
+        normalize: rescale the chosen probabilities to sum to 1 (Mixtral); else keep them (Qwen2-MoE's
+            ``norm_topk_prob: false``).
+
+    Returns:
+        The (T, E) probabilities, the (T, k) weights of the chosen experts and their (T, k) indexes.
+    """
+    probs = logits.softmax(dim=-1)  # (T, E)
+    weights, index = probs.topk(top_k, dim=-1)  # (T, k) each
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return probs, weights, index
+
+
+def routing_stats(logits: Tensor, stats: Tensor | None, top_k: int) -> Tensor:
+    """Add one layer's routing to the running statistics of the load-balancing loss.
+
+    Args:
+        logits: (B, N, E) router logits of one layer.
+        stats: (2, E) the statistics of the layers before (None for the first): per expert, the tokens
+            routed to it (over all k choices) and the sum of its probabilities.
+        top_k: experts per token.
+
+    Returns:
+        (2, E) statistics including this layer.
+    """
+    flat = logits.flatten(0, -2)  # (T, E)
+    probs, _, index = route(flat, top_k, normalize=False)
+    counts = F.one_hot(index, flat.shape[-1]).sum(dim=(0, 1)).to(probs.dtype)  # (E,)
+    layer = torch.stack((counts, probs.sum(dim=0)))  # (2, E)
+    return layer if stats is None else stats + layer
+
+
+def load_balancing_loss(stats: Tensor, top_k: int) -> Tensor:
+    """The load-balancing loss of Switch Transformer / Mixtral over all MoE layers: E times the sum over
+    experts of (the share of routed tokens) x (the mean probability), as HF's ``load_balancing_loss_func``.
+
+    Args:
+        stats: (2, E) from :func:`routing_stats` after the last MoE layer.
+        top_k: experts per token.
+
+    Returns:
+        A scalar, top_k when the routing is uniform. Add it, times a coefficient (Mixtral: 0.02), to the loss.
+    """
+    rows = stats[0].sum() / top_k  # tokens over all layers
+    return (stats[0] / rows * (stats[1] / rows)).sum() * stats.shape[-1]
+
+
+class MoeMlp(nn.Module):
+    """E expert MLPs of which a router runs ``top_k`` per token, their outputs weighted by the router; with
+    a shared expert every token also passes through (Qwen2-MoE), optionally gated per token.
+
+    The experts' weights are stacked: ``fc1`` (E, F or 2F, D) packs [gate; value] when gated, as HF's
+    ``gate_up_proj``; ``fc2`` (E, D, F). Only the chosen experts run on each token.
+
+    Args:
+        dim: input and output width D.
+        hidden: expert hidden width F.
+        experts: E.
+        top_k: k, experts per token.
+        activation: an activation of :class:`~specvit.nn.mlp.Mlp` or a gated one of :class:`~specvit.nn.mlp.GluMlp`.
+        normalize: rescale the k routing weights to sum to 1.
+        shared_hidden: hidden width of a shared expert (an MLP of the same activation), or None.
+        shared_gate: scale the shared expert's output by ``sigmoid(shared_gate(x))``.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        experts: int,
+        top_k: int,
+        activation: MlpActivation = "swiglu",
+        *,
+        normalize: bool = True,
+        shared_hidden: int | None = None,
+        shared_gate: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"top_k must be in 1..experts={experts}, got {top_k}")
+        self.experts, self.top_k, self.normalize = experts, top_k, normalize
+        self.gated = activation in ("swiglu", "geglu", "geglu_tanh")
+        self.act = _activation(activation)
+        fc1_out = 2 * hidden if self.gated else hidden
+        self.fc1 = nn.Parameter(torch.empty(experts, fc1_out, dim, device=device, dtype=dtype))
+        self.fc2 = nn.Parameter(torch.empty(experts, dim, hidden, device=device, dtype=dtype))
+        self.shared = (
+            None
+            if shared_hidden is None
+            else build_mlp(dim, shared_hidden, activation, bias=False, device=device, dtype=dtype)
+        )
+        self.shared_gate = Linear(dim, 1, bias=False, device=device, dtype=dtype) if shared_gate else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each expert's matrices as ``nn.Linear`` initialises its weight."""
+        for weight in (self.fc1, self.fc2):
+            for e in range(self.experts):
+                nn.init.kaiming_uniform_(weight[e], a=5**0.5)
+
+    def forward(self, x: Tensor, *, logits: Tensor) -> Tensor:
+        """Route each token of x: (B, N, D) to its experts by the router's (B, N, E) ``logits``."""
+        flat = x.flatten(0, -2)  # (T, D)
+        _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
+        out = torch.zeros_like(flat)  # (T, D)
+        for e in range(self.experts):
+            token, slot = torch.where(index == e)  # the tokens routed to expert e, and which choice it was
+            if token.numel() == 0:
+                continue
+            h = F.linear(flat[token], self.fc1[e])  # (t, F or 2F)
+            if self.gated:
+                gate, value = h.chunk(2, dim=-1)
+                h = self.act(gate) * value  # (t, F)
+            else:
+                h = self.act(h)
+            out.index_add_(0, token, F.linear(h, self.fc2[e]) * weights[token, slot, None])
+        if self.shared is not None:
+            shared = self.shared(flat)  # (T, D)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(flat)) * shared
+            out = out + shared
+        return out.view_as(x)  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        shared = (
+            "" if self.shared is None else ", shared" + (" gated" if self.shared_gate is not None else "")
+        )
+        norm = "" if self.normalize else ", normalize=False"
+        return f"experts={self.experts}, top_k={self.top_k}{norm}{shared}"
