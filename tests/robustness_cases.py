@@ -281,6 +281,13 @@ CASES: list[Case] = [
         text=_valid_with("  block:\n    heads: 12\n", "  heads: 12\n  block:\n"),
     ),
     Case(
+        "stack_key_in_a_block",
+        "a stack key written in a block (`encoder.block.position`)",
+        "12:5: encoder.block.position: unknown key 'position' (position belongs under encoder, not "
+        "encoder.block)",
+        text=_valid_with("    layers:", "    position: learned\n    layers:"),
+    ),
+    Case(
         "number_in_words",
         "a number written in words",
         "9:10: encoder.depth: expected an integer, got 'six' (write it in digits, e.g. 6)",

@@ -240,7 +240,9 @@ class BlockSpec(Node):
         None,
         ge=1,
         le=1 << 20,
-        description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral).",
+        description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral); in "
+        "a block without a causal mask (an encoder's self_attention) the window is symmetric: the tokens less "
+        "than sliding_window positions away on either side.",
     )
     talking_heads: bool = Field(
         False,

@@ -176,7 +176,13 @@ def _home(key: Any, parent: KeyPath, data: Any) -> str:
                         homes.append(where)
                     below.append((where, sub))
         frontier = below
-    return f"{key} belongs under {' or '.join(homes)}" if homes else ""
+    if homes:
+        return f"{key} belongs under {' or '.join(homes)}"
+    for depth in range(len(parent) - 1, 0, -1):  # a key of an enclosing section (a stack's position)
+        outer = _fields_of(parent[:depth], data, model=True)
+        if outer is not None and key in outer.model_fields:
+            return f"{key} belongs under {dotted(parent[:depth])}, not {dotted(parent)}"
+    return ""
 
 
 def _suggest(word: Any, options: list[str]) -> str:
