@@ -27,12 +27,13 @@ def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
     from benchmarks.build import build_rows
     from benchmarks.cuda import cuda_rows
     from benchmarks.generation import generation_rows
-    from benchmarks.inference import transformer_eval_rows, vit_rows
+    from benchmarks.inference import softcap_attention_rows, transformer_eval_rows, vit_rows
     from benchmarks.training import training_rows
 
     return {
         "vit": vit_rows,
         "transformer": transformer_eval_rows,
+        "attention": softcap_attention_rows,
         "training": training_rows,
         "generation": generation_rows,
         "build": build_rows,
@@ -40,7 +41,7 @@ def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
     }
 
 
-SECTIONS = ("vit", "transformer", "training", "generation", "build", "cuda")
+SECTIONS = ("vit", "transformer", "attention", "training", "generation", "build", "cuda")
 
 
 def measure_ceiling(repeat: int, smoke: bool) -> tuple[dict[str, float], dict[str, float], str]:

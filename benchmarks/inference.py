@@ -1,5 +1,5 @@
-"""Inference rows: ViT-B/16 eager and through ``specvit.optimize`` against HF, onnxruntime, and the
-encoder-decoder's eval forward against torch.nn.Transformer."""
+"""Inference rows: ViT-B/16 eager and through ``specvit.optimize`` against HF, onnxruntime, the
+encoder-decoder's eval forward against torch.nn.Transformer, and soft-capped attention against Gemma 2's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.common import Row, target, timeit_pair
 
-__all__ = ["TRANSFORMER", "transformer_eval_rows", "vit_rows"]
+__all__ = ["TRANSFORMER", "softcap_attention_rows", "transformer_eval_rows", "vit_rows"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,6 +129,62 @@ def transformer_eval_rows(repeat: int, smoke: bool = False) -> list[Row]:
     )
     target(
         "encoder-decoder eval forward no slower than torch.nn.Transformer",
+        t_ours <= t_peer,
+        f"ratio {row.ratio()}",
+    )
+    return [row]
+
+
+def softcap_attention_rows(repeat: int, smoke: bool = False) -> list[Row]:
+    """The attention core with soft-capped logits (its math path) against HF's eager Gemma-2 attention, one
+    causal GQA layer on the same weights and rotary tables, outputs asserted equal."""
+    from transformers import Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention, Gemma2RotaryEmbedding
+
+    from specvit.nn.attention import Attention
+
+    heads, kv, hd, b, n = (4, 2, 16, 1, 32) if smoke else (12, 4, 64, 4, 512)
+    dim = heads * hd
+    config = Gemma2Config(
+        hidden_size=dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hd,
+        query_pre_attn_scalar=hd,
+        attn_logit_softcapping=50.0,
+        num_hidden_layers=1,
+        layer_types=["full_attention"],
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    peer = Gemma2Attention(config, layer_idx=0).eval()
+    ours = Attention(
+        dim, heads, num_kv_heads=kv, head_dim=hd, qkv_bias=False, proj_bias=False, softcap=50.0, causal=True
+    ).eval()
+    with torch.no_grad():
+        ours.qkv.weight.copy_(torch.cat([peer.q_proj.weight, peer.k_proj.weight, peer.v_proj.weight]))
+        ours.proj.weight.copy_(peer.o_proj.weight)
+    x = torch.randn(b, n, dim)
+    cos, sin = Gemma2RotaryEmbedding(config)(x, torch.arange(n)[None])
+    causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    with torch.inference_mode():
+        theirs = peer(x, position_embeddings=(cos, sin), attention_mask=causal)[0]
+        diff = (ours(x, rope=(cos[0], sin[0])) - theirs).abs().max().item()
+        assert diff < 1e-4, f"soft-capped attention differs from Gemma 2's by {diff}"
+        t_ours, t_peer = timeit_pair(
+            lambda: ours(x, rope=(cos[0], sin[0])),
+            lambda: peer(x, position_embeddings=(cos, sin), attention_mask=causal),
+            repeat,
+        )
+    row = Row(
+        "Soft-capped attention (cap 50), eval forward",
+        f"{heads} heads / {kv} kv x {hd}, causal, batch {b} x {n} tokens; max abs diff {diff:.1e}",
+        t_ours,
+        t_peer,
+        "HF Gemma2Attention (eager)",
+    )
+    target(
+        "soft-capped attention no slower than HF's eager Gemma-2 attention",
         t_ours <= t_peer,
         f"ratio {row.ratio()}",
     )

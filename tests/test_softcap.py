@@ -172,3 +172,28 @@ head: {kind: none}
 """
     with pytest.raises(SpecError, match="sagan_attention has no soft-capping"):
         parse_spec(text)
+
+
+@pytest.mark.parametrize(
+    "masks",
+    [{"causal": True}, {"causal": True, "window": 3}, {"padding": True}, {"causal": True, "padding": True}],
+    ids=["causal", "sliding", "padding", "causal_padding"],
+)
+def test_the_math_path_equals_sdpa_where_the_cap_does_nothing(masks: dict[str, Any]) -> None:
+    """Grouped query heads (GQA read as one kv head's queries stacked), masks and empty rows on the math
+    path give SDPA's result when the cap is too large to bite."""
+    padding = masks.pop("padding", False)
+    torch.manual_seed(1)
+    sdpa = Attention(D, HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, **masks).double().eval()
+    math = (
+        Attention(D, HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, softcap=1e12, **masks).double().eval()
+    )
+    math.load_state_dict(sdpa.state_dict())
+    x = torch.randn(2, N, D, dtype=torch.float64)
+    mask = torch.zeros(2, N, dtype=torch.bool)
+    if padding:
+        mask[0, 4:] = True
+        mask[1, :] = True  # a row with no key at all: zeros on both paths
+    with torch.no_grad():
+        got, want = math(x, mask=mask), sdpa(x, mask=mask)
+    assert (got - want).abs().max().item() <= 1e-12

@@ -242,27 +242,39 @@ def attend_math(
         cap: soft-capping of the logits, ``cap * tanh(logits / cap)``, or None.
         mix: the (before, after the softmax) H -> H maps of talking heads, or None.
     """
-    if k.shape[1] != q.shape[1]:  # GQA: query head i reads kv head i // (H / Hkv), as SDPA's enable_gqa
-        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))  # (B, G*H, T, hd)
-    if is_causal:
-        visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()  # (N, T)
-    logits = (q * (q.shape[-1] ** -0.5 if scale is None else scale)) @ k.transpose(-2, -1)  # (B, G*H, N, T)
+    b, h, n, hd = q.shape
+    groups = h // k.shape[1]  # GQA: query head i reads kv head i // groups, as SDPA's enable_gqa
+    if groups > 1 and (mix is not None or bias is not None):  # parts that read every head's own scores
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # (B, G*H, T, hd)
+        groups = 1
+    has_key: Tensor | None = None
+    if is_causal:  # every row sees itself: no row to open
+        hidden: Tensor | None = torch.ones(n, k.shape[2], dtype=torch.bool, device=q.device).triu(1)  # (N, T)
+    else:
+        has_key, allowed = open_empty_rows(visible)  # rows that see no key attend everywhere; zeroed below
+        hidden = None if allowed is None else ~allowed
+    if groups > 1:  # the query heads of one kv head stacked: (B, Hkv, groups*N, hd), k and v read once
+        q = q.reshape(b, h // groups, groups * n, hd)
+        if hidden is not None and hidden.shape[-2] > 1:  # row g*N + i is query i of the group's head g
+            hidden = hidden.repeat(*[1] * (hidden.ndim - 2), groups, 1)  # (..., groups*N, T)
+    scale = hd**-0.5 if scale is None else scale
+    fold = cap is not None and bias is None and mix is None  # logits / cap folded into the queries' scale
+    logits = (q * (scale / cap if fold and cap else scale)) @ k.transpose(-2, -1)  # (B, G*H or Hkv, N, T)
     heads = mix[0].in_features if mix is not None else 0
     if mix is not None:
         logits = mix_heads(logits, mix[0], heads)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
     if cap is not None:
-        logits = tanh_cap(logits, cap)
-    has_key, allowed = open_empty_rows(visible)  # rows with nothing visible attend everywhere; zeroed below
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = torch.tanh(logits) * cap if fold else tanh_cap(logits, cap)
+    if hidden is not None:
+        logits = logits.masked_fill_(hidden, float("-inf"))  # logits is this function's own tensor
     weights = logits.softmax(dim=-1)  # (B, G*H, N, T)
     if mix is not None:
         weights = mix_heads(weights, mix[1], heads)
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
-    out = weights @ v  # (B, G*H, N, hd)
+    out = (weights @ v).reshape(b, h, n, hd)  # (B, G*H, N, hd)
     return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
 
