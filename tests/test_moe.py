@@ -181,3 +181,42 @@ def test_moe_layers_of_one_model_route_alike() -> None:
     spec["decoder"]["overrides"] = [{"layers": [1], "block": {"mlp": {"moe": {"experts": 8}}}}]
     with pytest.raises(SpecError, match=r"overrides\.0\.block\.mlp\.moe: 8 experts, top 2 here, 4, top 2 at"):
         parse_spec(spec)
+
+
+def test_each_expert_is_initialised_as_one_linear_layer() -> None:
+    """Under the xavier convention an expert's (F, D) matrix gets xavier's scale for its own fans, not the
+    scale of one (E, F * D) matrix (std 0.023 here)."""
+    spec = _decoder(_block(), {"kind": "rope"}, 48) | {"init": "xavier"}
+    torch.manual_seed(0)
+    mlp = build_model(parse_spec(spec)).decoder.blocks[0].mlp
+    for weight, (out, inp) in ((mlp.fc1, (80, 48)), (mlp.fc2, (48, 40))):
+        assert abs(weight.std().item() / (2 / (out + inp)) ** 0.5 - 1) < 0.05
+
+
+def test_an_moe_mlp_in_a_block_graph_names_its_router_beside_it() -> None:
+    """A graph node ``ffn`` of op mlp gets ``ffn_router`` and ``ffn_router_stats`` beside it (not ``ffn``
+    again) and computes what the same block written as layers computes."""
+    layers = _decoder(_block(), {"kind": "rope"}, 48)
+    graph = _decoder(_block(), {"kind": "rope"}, 48)
+    graph["decoder"]["block"]["graph"] = [
+        {"name": "norm1", "op": "norm", "inputs": ["x"]},
+        {"name": "attn", "op": "masked_self_attention", "inputs": ["norm1"]},
+        {"name": "add1", "op": "add", "inputs": ["x", "attn"]},
+        {"name": "norm2", "op": "norm", "inputs": ["add1"]},
+        {"name": "ffn", "op": "mlp", "inputs": ["norm2"]},
+        {"name": "add2", "op": "add", "inputs": ["add1", "ffn"]},
+    ]
+    torch.manual_seed(0)
+    ours = build_model(parse_spec(layers)).eval()
+    written = build_model(parse_spec(graph)).eval()
+    rename = {"router.": "ffn_router.", "mlp.": "ffn."}
+    state = {}
+    for key, value in ours.state_dict().items():
+        for old, new in rename.items():
+            key = key.replace(f".{old}", f".{new}")
+        state[key] = value
+    written.load_state_dict(state)
+    ids = torch.randint(0, VOCAB, (2, N), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a, b = ours(ids), written(ids)
+    assert a["logits"].equal(b["logits"]) and a["router_loss"].equal(b["router_loss"])

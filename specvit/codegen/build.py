@@ -233,6 +233,13 @@ class _Filler:
     def matrix(self, param: torch.Tensor) -> None:
         self(param, self._matrix)
 
+    def matrices(self, param: torch.Tensor) -> None:
+        self(param, self._stacked)
+
+    def _stacked(self, w: torch.Tensor) -> None:
+        for matrix in w:  # (E, out, in): each (out, in) on its own fans, not one (E, out * in) matrix
+            self._matrix(matrix)
+
     def zeros(self, param: torch.Tensor) -> None:
         self(param, nn.init.zeros_)
 

@@ -6,12 +6,14 @@ Dim legend: B batch, N tokens, D width, E experts, k experts per token, F expert
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.linear import Linear
-from specvit.nn.mlp import MlpActivation, _activation, build_mlp
+from specvit.nn.mlp import GluActivation, MlpActivation, _activation, build_mlp
 
 __all__ = ["MoeMlp", "load_balancing_loss", "route", "routing_stats"]
 
@@ -107,7 +109,7 @@ class MoeMlp(nn.Module):
         if not 1 <= top_k <= experts:
             raise ValueError(f"top_k must be in 1..experts={experts}, got {top_k}")
         self.experts, self.top_k, self.normalize = experts, top_k, normalize
-        self.gated = activation in ("swiglu", "geglu", "geglu_tanh")
+        self.gated = activation in get_args(GluActivation)
         self.act = _activation(activation)
         fc1_out = 2 * hidden if self.gated else hidden
         self.fc1 = nn.Parameter(torch.empty(experts, fc1_out, dim, device=device, dtype=dtype))

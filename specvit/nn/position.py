@@ -132,7 +132,8 @@ def sincos_1d_concat(positions: Tensor, dim: int, base: float = 10000.0) -> Tens
     """The sin-cos table of "Attention Is All You Need" with the sines first, then the cosines (Marian).
 
     ``PE[p, i] = sin(p / base^(2i/dim))`` and ``PE[p, dim/2 + i] = cos(p / base^(2i/dim))``, i < dim/2;
-    the angles and their sines are computed in float64 and rounded once to float32, as Marian's table.
+    the angles and their sines are computed in float64 and rounded once to float32, as Marian's table
+    (equal to it bit for bit; MAE's float32 half-split table, ``_sincos_half_split``, is not).
 
     Args:
         positions: (N,) integer or float positions.

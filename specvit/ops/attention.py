@@ -265,7 +265,7 @@ class SelfAttentionLayer(Sublayer):
         p = _attention_params(b, AttentionParams, causal=self.causal, window=b.spec.sliding_window)
         side = _side(b, _SELF_SIDE)
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
-            own = position.lower_layer(b, x, name.replace("attn", "rel_bias"))
+            own = position.lower_layer(b, x, b.beside(name, "attn", "rel_bias"))
             side["bias"] = own or side.get("bias", "")
         kind = "talking_heads_attention" if b.spec.talking_heads else "self_attention"  # CaiT (ops/cait.py)
         return b.add(name, kind, p, {"x": x, **side}, source=source)
@@ -291,7 +291,7 @@ class CrossAttentionLayer(Sublayer):
         if "memory_rope" not in side:
             side.pop("rope", None)  # rotating the queries alone would break RoPE's relative property
         if b.spec.memory_norm:  # a norm of the block's own on the memory (CroCo's norm_y)
-            norm = name.replace("cross_attn", "memory_norm")
+            norm = b.beside(name, "cross_attn", "memory_norm")
             side["memory"] = b.norm(norm, side["memory"], f"{b.stack.role}.block.memory_norm")
         memory_dim = b.stack.shape(side["memory"])[-1]
         assert isinstance(memory_dim, int)

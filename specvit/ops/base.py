@@ -173,6 +173,9 @@ class Filler(Protocol):
 
     def matrix(self, param: Any) -> None: ...
 
+    def matrices(self, param: Any) -> None:
+        """A stack of (E, out, in) matrices (the experts of an MoE MLP), each initialised as one."""
+
     def zeros(self, param: Any) -> None: ...
 
     def ones(self, param: Any) -> None: ...

@@ -61,6 +61,13 @@ class BlockCtx:
         """Add node ``name`` of this block."""
         return self.stack.add(f"{self.path}.{name}", kind, p, srcs, source=source, block=self.path)
 
+    @staticmethod
+    def beside(name: str, own: str, part: str) -> str:
+        """The name of a node a sublayer named ``name`` adds beside itself: ``own`` in it replaced by ``part``
+        (``mlp`` -> ``router``, ``attn2`` -> ``rel_bias2``), or ``{name}_{part}`` when a block graph named the
+        sublayer otherwise, so the two never share a name."""
+        return name.replace(own, part) if own in name else f"{name}_{part}"
+
     def norm(self, name: str, x: str, source: str) -> str:
         """Add a norm of the block's kind over ``x``'s last dim."""
         dim = self.stack.shape(x)[-1]

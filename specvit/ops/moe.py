@@ -43,13 +43,15 @@ class MoeParams(Params):
     shared_hidden: int | None = None
     shared_gate: bool = False
 
-    @property
-    def fc1_out(self) -> int:
-        return 2 * self.hidden if self.activation in GATED else self.hidden
+    def up(self, hidden: int) -> int:
+        """The first layer's outputs of an expert of ``hidden`` width: gate and value when gated."""
+        return 2 * hidden if self.activation in GATED else hidden
 
     def expert_params(self, hidden: int) -> int:
-        up = 2 * hidden if self.activation in GATED else hidden
-        return self.dim * up + hidden * self.dim
+        return self.dim * self.up(hidden) + hidden * self.dim
+
+    def expert_flops(self, tokens: int, hidden: int) -> int:
+        return linear_flops(tokens, self.dim, self.up(hidden)) + linear_flops(tokens, hidden, self.dim)
 
 
 @op
@@ -68,11 +70,9 @@ class Moe(Op):
     def flops(self, p: MoeParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         """The active experts only: every token runs k of them (and the shared one)."""
         tokens = numel(inputs["x"])
-        routed = tokens * p.top_k
-        out = linear_flops(routed, p.dim, p.fc1_out) + linear_flops(routed, p.hidden, p.dim)
+        out = p.expert_flops(tokens * p.top_k, p.hidden)
         if p.shared_hidden:
-            up = 2 * p.shared_hidden if p.activation in GATED else p.shared_hidden
-            out += linear_flops(tokens, p.dim, up) + linear_flops(tokens, p.shared_hidden, p.dim)
+            out += p.expert_flops(tokens, p.shared_hidden)
         return out + (linear_flops(tokens, p.dim, 1) if p.shared_gate else 0)
 
     def ctor(self, p: MoeParams) -> dict[str, Any]:
@@ -84,8 +84,8 @@ class Moe(Op):
 
     def init(self, module: Any, p: MoeParams, fill: Any) -> None:
         fill.children(module)
-        fill.matrix(module.fc1)
-        fill.matrix(module.fc2)
+        fill.matrices(module.fc1)
+        fill.matrices(module.fc2)
 
     def note(self, p: MoeParams) -> str:
         shared = " and the shared expert" if p.shared_hidden else ""
@@ -154,7 +154,7 @@ def lower_moe(b: Any, x: str, name: str, hidden: int) -> str:
     moe, mlp = b.spec.mlp.moe, b.spec.mlp
     source = f"{b.stack.role}.block.mlp.moe"
     router = b.add(
-        name.replace("mlp", "router"),
+        b.beside(name, "mlp", "router"),
         "linear",
         LinearParams(b.dim, moe.experts, False),
         {"x": x},
@@ -174,6 +174,6 @@ def lower_moe(b: Any, x: str, name: str, hidden: int) -> str:
     outputs = b.stack.outputs
     srcs = {"logits": router} | ({"stats": outputs["router_loss"][0]} if "router_loss" in outputs else {})
     route = RouterParams(moe.experts, moe.top_k)
-    stats = b.add(name.replace("mlp", "router_stats"), "router_stats", route, srcs, source=source)
+    stats = b.add(b.beside(name, "mlp", "router_stats"), "router_stats", route, srcs, source=source)
     outputs["router_loss"] = (stats, "router_loss", route)
     return out
