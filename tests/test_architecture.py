@@ -114,6 +114,31 @@ def test_no_stage_keeps_its_own_list_of_kinds(path: Path) -> None:
     assert strings & kinds == set()
 
 
+GENERIC_OPS = {f"specvit.ops.{m}" for m in ("base", "block", "norm", "structure", "grid", "embed")} | {
+    "specvit.ops"
+}
+"""The op modules every stack uses: tokens, blocks, norms, residual plumbing, the grid, embeddings."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [PACKAGE / "graph" / "lower.py", *sorted((PACKAGE / "patterns").glob("*.py"))],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_the_driver_and_patterns_name_no_family(path: Path) -> None:
+    """The lowering driver and the block patterns import only the generic op modules and name no op kind
+    defined elsewhere (an attention's configuration, a family's op): a family is data to them."""
+    imported = {t for t in _imports().successors(_module(path)) if t.startswith("specvit.ops")}
+    assert imported <= GENERIC_OPS
+    elsewhere = {k for k, o in OPS.items() if type(o).__module__ not in GENERIC_OPS}
+    strings = {
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    assert strings & elsewhere == set()
+
+
 def test_core_args_state_the_attention_cores_defaults() -> None:
     """specvit.ops.core lists the core's parts without importing torch; the list must be the module's own
     defaults, so a part an op leaves unsaid is off in the built layer as in the ejected one."""
@@ -123,3 +148,12 @@ def test_core_args_state_the_attention_cores_defaults() -> None:
     defaults = inspect.signature(Attention.__init__).parameters
     stated = core_args()
     assert stated and {k: defaults[k].default for k in stated} == stated
+
+
+def test_every_attention_is_one_op() -> None:
+    """Self, cross, class, talking-heads, window and grid attention are names of one op's configurations;
+    only SAGAN's feature-map attention stays apart (docs/architecture.md says why)."""
+    attention = {type(o).__qualname__ for o in OPS.values() if o.category == "attention"}
+    assert attention == {"Attention", "SaganAttention"}
+    names = [k for k, o in OPS.items() if type(o).__qualname__ == "Attention"]
+    assert len(names) == 6 and len({id(OPS[k]) for k in names}) == 1

@@ -213,7 +213,7 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
         op, stack, block = graph.op(path), a["stack"], a["block"]
         boxes[path] = Box(
             path,
-            op.kind,
+            a["op"],
             _category(op.category, stack),
             tuple(line for line in op.label(a["p"]) if line),
             format_shape(a["shape"]),

@@ -21,9 +21,9 @@ from specvit.graph.verify import verify
 from specvit.ops import OPS, Params
 from specvit.ops.base import MAX_LEN, Dim, Dims, Shape
 from specvit.ops.block import BlockCtx
+from specvit.ops.grid import lower_merge
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, InputParams, MaskParams
-from specvit.ops.window import block_window, lower_merge
 from specvit.patterns.residual import expand, lower_steps
 from specvit.spec.loader import load_spec, parse_spec
 from specvit.spec.schema import Spec, StackSpec
@@ -85,7 +85,7 @@ class _Lowering:
         op = OPS[kind]
         wired = {port: src for port, src in (srcs or {}).items() if src}
         unknown = set(wired) - set(op.ports)
-        if (unknown and not op.any_ports) or set(op.required) - set(wired):
+        if (unknown and not op.any_ports) or set(op.requires(p)) - set(wired):
             raise AssertionError(f"{path}: op {kind} takes {op.ports}, got {sorted(wired)}")
         inputs = {port: self.shape(src) for port, src in wired.items()}
         stack = stack or self.role
@@ -226,12 +226,7 @@ class _Lowering:
             for i in range(depth):
                 if index == s.prefix_at and index:  # the prefix enters late (CaiT's class token)
                     self.prefix(s)
-                spec, window = s.layer(index), s.layer(index).window
-                m, shift = (
-                    block_window(window.size, window.shift, self.grid, i)
-                    if window and self.grid
-                    else (None, 0)
-                )
+                spec = s.layer(index)
                 b = BlockCtx(
                     self,
                     spec,
@@ -241,9 +236,8 @@ class _Lowering:
                     kv_heads=s.kv_heads if not s.hierarchical else heads,
                     head_dim=s.head_dim if not s.hierarchical else width // heads,
                     layers=self.layers,
+                    index=i,
                     grid=self.grid,
-                    window=m,
-                    shift=shift,
                 )
                 rate = round(s.drop_path * index / (s.total_depth - 1), 6) if s.total_depth > 1 else 0.0
                 self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)

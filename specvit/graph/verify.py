@@ -48,9 +48,10 @@ def verify(graph: ArchGraph) -> None:
         op = graph.op(node)
         if node not in reaches_output and attrs["op"] != "input":
             fail(node, "does not lead to the output")
-        if op.required and not ports:
+        required = op.requires(attrs["p"])
+        if required and not ports:
             fail(node, "has no input")
-        for port in op.required:
+        for port in required:
             if ports and port not in ports:
                 fail(node, f"input '{port}' is not connected")
         for port, src in ports.items():

@@ -7,7 +7,7 @@ from typing import Any
 
 from specvit.interop.layout import Entry, Layout, check_blocks, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.ops.window import block_window
+from specvit.ops.grid import block_window
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["swin_common", "swin_table"]

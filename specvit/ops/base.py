@@ -188,6 +188,8 @@ class Op:
 
     Attributes:
         kind: the node's ``op`` string.
+        names: more ``op`` strings of the same op: the names of its configurations (an attention is
+            recorded as ``cross_attention``, ``window_attention`` ... by its parts).
         params_type: its :class:`Params` dataclass.
         category: the diagram colour category.
         module: ``"python.module:Class"`` of the ``nn.Module`` built for the node, or None for an op
@@ -200,6 +202,7 @@ class Op:
     """
 
     kind: ClassVar[str]
+    names: ClassVar[tuple[str, ...]] = ()
     params_type: ClassVar[type[Params]] = Params
     category: ClassVar[Category] = "structural"
     module: ClassVar[str | None] = None
@@ -208,6 +211,10 @@ class Op:
     any_ports: ClassVar[bool] = False
     helpers: ClassVar[tuple[str, ...]] = ()
     value: ClassVar[str] = "Tensor"
+
+    def requires(self, p: Any) -> tuple[str, ...]:
+        """The ports a node with these hyper-parameters must have connected."""
+        return self.required
 
     def shape(self, p: Any, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         """The output shape; raises ValueError when the inputs do not fit."""
@@ -252,10 +259,12 @@ OpType = TypeVar("OpType", bound=type[Op])
 
 
 def op(cls: OpType) -> OpType:
-    """Register an :class:`Op` subclass under its ``kind``."""
-    if cls.kind in OPS:
-        raise ValueError(f"op kind {cls.kind!r} is defined twice")
-    OPS[cls.kind] = cls()
+    """Register an :class:`Op` subclass under its ``kind`` and its ``names``."""
+    instance = cls()
+    for name in (cls.kind, *cls.names):
+        if name in OPS:
+            raise ValueError(f"op kind {name!r} is defined twice")
+        OPS[name] = instance
     return cls
 
 

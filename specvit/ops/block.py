@@ -23,9 +23,8 @@ class BlockCtx:
         kv_heads: its key/value heads.
         head_dim: its width per head.
         layers: a counter of the attention layers lowered so far in the model (their KV-cache indexes).
-        grid: the token grid, for windowed attention.
-        window: the window side of windowed attention, or None for global attention.
-        shift: the cyclic shift of the windows.
+        index: its index in its stage (Swin shifts the windows of every second block).
+        grid: the token grid, or None.
     """
 
     def __init__(
@@ -39,13 +38,12 @@ class BlockCtx:
         kv_heads: int,
         head_dim: int,
         layers: list[int],
+        index: int = 0,
         grid: tuple[int, int] | None = None,
-        window: int | None = None,
-        shift: int = 0,
     ):
         self.stack, self.spec, self.path = stack, spec, path
         self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
-        self.grid, self.window, self.shift = grid, window, shift
+        self.index, self.grid = index, grid
         self._layers = layers
 
     @property

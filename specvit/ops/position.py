@@ -38,6 +38,11 @@ class PositionFragment(Fragment):
     def lower(self, ctx: StackCtx) -> None:
         """Emit this position's nodes for the stack being lowered."""
 
+    def attention_parts(self) -> dict[str, Any]:
+        """Parts it turns on in every self-attention of the stack, computed there (the attention op's
+        :class:`~specvit.ops.core.AttentionParams` fields): MViTv2's decomposed tables."""
+        return {}
+
     def lower_layer(self, b: Any, x: str, name: str) -> str | None:
         """A node of one self-attention layer's own (BEiT's per-layer bias table), read as its ``bias``;
         None for kinds that give the stack one value."""

@@ -12,6 +12,7 @@ from specvit.ops.base import Dims, Op, Params, Shape, op
 __all__ = [
     "AddParams",
     "CallParams",
+    "ClassTokenParams",
     "DropParams",
     "InputParams",
     "LayerScaleParams",
@@ -296,3 +297,46 @@ class Scale(Op):
 
     def label(self, p: ScaleParams) -> tuple[str, ...]:
         return (f"× {p.factor:.6g}",)
+
+
+@dataclass(frozen=True)
+class ClassTokenParams(Params):
+    """The class token (the first token) taken out of the tokens, or put back in front of them: a block
+    whose sublayers update the class token alone (CaiT's class attention) adds onto it, then joins it back."""
+
+
+@op
+class ClassToken(Op):
+    kind = "class_token"
+    params_type = ClassTokenParams
+    helpers = ("specvit.nn.cait:class_token",)
+
+    def shape(self, p: ClassTokenParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        b, _, d = inputs["x"]
+        return (b, 1, d)
+
+    def code(self, p: ClassTokenParams, args: Mapping[str, str]) -> str:
+        return f"class_token({args['x']})"
+
+    def label(self, p: ClassTokenParams) -> tuple[str, ...]:
+        return ("class token · x[:, :1]",)
+
+
+@op
+class JoinClassToken(Op):
+    kind = "join_class_token"
+    params_type = ClassTokenParams
+    helpers = ("specvit.nn.cait:join_class_token",)
+    ports = ("x", "cls")
+    required = ("x", "cls")
+
+    def shape(self, p: ClassTokenParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        if inputs["cls"][-1] != inputs["x"][-1]:
+            raise ValueError(f"puts a {inputs['cls']} class token in front of {inputs['x']}")
+        return inputs["x"]
+
+    def code(self, p: ClassTokenParams, args: Mapping[str, str]) -> str:
+        return f"join_class_token({args['x']}, {args['cls']})"
+
+    def label(self, p: ClassTokenParams) -> tuple[str, ...]:
+        return ("updated class token · other tokens unchanged",)

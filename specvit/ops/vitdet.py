@@ -31,145 +31,12 @@ from specvit.ops.base import (
     linear_flops,
     op,
 )
-from specvit.ops.block import BlockCtx
-from specvit.ops.core import ATTENTION_MODULE, core_args
 from specvit.ops.embed import LinearParams
 from specvit.ops.heads import HeadFragment
 from specvit.ops.position import Phase, PositionFragment
 from specvit.ops.structure import OutputParams
 
-__all__ = ["GridAttentionParams", "NeckParams", "lower_grid_attention"]
-
-# ----------------------------------------------------------------------------------- grid attention
-
-
-@dataclass(frozen=True)
-class GridAttentionParams(Params):
-    """Self-attention over a (rows, cols) token grid: global, or within padded M x M windows.
-
-    Args:
-        dim: width.
-        heads: heads.
-        grid: the token grid.
-        window: the window side M, or None for global attention.
-        rel_pos: decomposed relative positions, with tables sized to the window (or the grid).
-        qkv_bias: biases in the packed qkv projection.
-        proj_bias: bias in the output projection.
-        scale: factor of q·k, or None for 1/sqrt(head_dim).
-        attn_drop: dropout on the attention weights.
-        proj_drop: dropout after the output projection.
-        softcap: soft-capping of the logits, or None.
-    """
-
-    dim: int
-    heads: int
-    grid: tuple[int, int]
-    window: int | None = None
-    rel_pos: bool = False
-    qkv_bias: bool = True
-    proj_bias: bool = True
-    scale: float | None = None
-    attn_drop: float = 0.0
-    proj_drop: float = 0.0
-    softcap: float | None = None
-
-    @property
-    def padded(self) -> tuple[int, int]:
-        """The grid padded to a multiple of the window (the grid itself for global attention)."""
-        (gh, gw), m = self.grid, self.window
-        return (gh, gw) if m is None else (gh + (-gh) % m, gw + (-gw) % m)
-
-    @property
-    def extent(self) -> tuple[int, int]:
-        """What one query attends over: (M, M) or the grid."""
-        return (self.window, self.window) if self.window is not None else self.grid
-
-
-@op
-class GridAttention(Op):
-    kind = "grid_attention"
-    params_type = GridAttentionParams
-    category = "attention"
-    module = ATTENTION_MODULE
-
-    def params(self, p: GridAttentionParams) -> int:
-        d, (qh, qw) = p.dim, p.extent
-        tables = (2 * qh - 1 + 2 * qw - 1) * (d // p.heads) if p.rel_pos else 0
-        return d * 3 * d + 3 * d * p.qkv_bias + d * d + d * p.proj_bias + tables
-
-    def flops(self, p: GridAttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
-        b, _, d = inputs["x"]
-        (hp, wp), (qh, qw) = p.padded, p.extent
-        tokens, length, hd = b * hp * wp, qh * qw, d // p.heads
-        scores = 4 * tokens * p.heads * length * hd  # q @ k^T and attn @ v in every window
-        rel = 2 * tokens * p.heads * (qh + qw) * hd if p.rel_pos else 0  # the two einsums
-        return linear_flops(tokens, d, 3 * d) + scores + rel + linear_flops(tokens, d, d)
-
-    def ctor(self, p: GridAttentionParams) -> dict[str, Any]:
-        return core_args(
-            dim=p.dim,
-            num_heads=p.heads,
-            grid=p.grid,
-            grid_window=p.window,
-            relative="decomposed" if p.rel_pos else None,
-            qkv_bias=p.qkv_bias,
-            proj_bias=p.proj_bias,
-            scale=p.scale,
-            attn_drop=p.attn_drop,
-            proj_drop=p.proj_drop,
-            softcap=p.softcap,
-        )
-
-    def init(self, module: Any, p: GridAttentionParams, fill: Any) -> None:
-        from torch.nn.init import trunc_normal_
-
-        fill.children(module)
-        for table in ("rel_pos_h", "rel_pos_w"):
-            if hasattr(module, table):
-                fill(getattr(module, table), lambda t: trunc_normal_(t, std=0.02))
-
-    def label(self, p: GridAttentionParams) -> tuple[str, ...]:
-        (gh, gw), (hp, wp) = p.grid, p.padded
-        if p.window is None:
-            where = f"global · whole {gh}x{gw} grid"
-        else:
-            pad = f" · grid {gh}x{gw} padded to {hp}x{wp}" if (hp, wp) != (gh, gw) else ""
-            where = f"{p.window}x{p.window} windows · not shifted{pad}"
-        lines = [f"heads {p.heads} · head_dim {p.dim // p.heads}", where]
-        if p.rel_pos:
-            (qh, qw), hd = p.extent, p.dim // p.heads
-            lines.append(f"decomposed rel. pos · h {2 * qh - 1}x{hd} · w {2 * qw - 1}x{hd}")
-        if p.softcap is not None:
-            lines.append(f"softcap {p.softcap:g}")
-        return tuple(lines)
-
-
-def _decomposed(stack: Any) -> bool:
-    return any(isinstance(p, DecomposedPosition) for p in stack.positions)
-
-
-def lower_grid_attention(b: BlockCtx, x: str, name: str) -> str | None:
-    """The self-attention of block ``b`` as a grid attention (ViTDet's windows or a stack with decomposed
-    relative positions), or None when it is another attention (global, or Swin's windows)."""
-    window, s = b.spec.window, b.stack.stack
-    if not _decomposed(s) and (window is None or window.bias):
-        return None
-    assert b.grid is not None
-    p = GridAttentionParams(
-        b.dim,
-        b.heads,
-        b.grid,
-        window.size if window is not None else None,
-        _decomposed(s),
-        b.spec.bias_of("q"),
-        b.spec.proj_bias,
-        b.spec.attention_scale,
-        s.dropout.attention,
-        s.dropout.projection,
-        b.spec.attention_softcap,
-    )
-    source = f"{b.stack.role}.block.window" if window is not None else f"{b.stack.role}.position"
-    return b.add(name, "grid_attention", p, {"x": x}, source=source)
+__all__ = ["NeckParams", "window_problems"]
 
 
 def window_problems(at: str, block: Any) -> list[Problem]:
@@ -215,6 +82,9 @@ class DecomposedPosition(PositionFragment):
 
     def writes(self) -> str:
         return "rel_pos"
+
+    def attention_parts(self) -> dict[str, Any]:
+        return {"relative": "decomposed"}
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         from specvit.ops.inputs import ImageInput

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specvit.ops.block import SUBLAYERS, BlockCtx
-from specvit.ops.cait import ClassTokenParams
-from specvit.ops.structure import AddParams, DropParams, LayerScaleParams
+from specvit.ops.structure import AddParams, ClassTokenParams, DropParams, LayerScaleParams
 
 __all__ = ["Step", "expand", "lower_steps", "sublayer_names"]
 
@@ -121,7 +120,7 @@ def lower_steps(b: BlockCtx, steps: list[Step], x: str, drop_path: float | None)
         elif st.op == "layer_scale":
             p = LayerScaleParams(b.dim, b.spec.layer_scale if b.spec.layer_scale is not None else 1.0)
             out = b.add(st.name, "layer_scale", p, {"x": ins[0]}, source=st.source)
-        elif st.op in ("class_token", "join_class_token"):  # CaiT: see specvit.ops.cait
+        elif st.op in ("class_token", "join_class_token"):  # a block updating the class token alone
             srcs = dict(zip(("x", "cls"), ins, strict=False))
             out = b.add(st.name, st.op, ClassTokenParams(), srcs, source=st.source)
         elif st.op == "drop_path":

@@ -1,5 +1,5 @@
 """Cross-field rules of CaiT's parts: a prefix that enters late (``prefix.at``), class-attention blocks and
-talking-heads attention (see :mod:`specvit.ops.cait`)."""
+talking-heads attention (parts of the attention op, :mod:`specvit.ops.core`)."""
 
 from __future__ import annotations
 

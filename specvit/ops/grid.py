@@ -1,0 +1,111 @@
+"""Attention over a token grid, and the grid between stages.
+
+- A block's ``window:`` cuts the grid into M x M tiles around plain attention: Swin's (rolled by M/2 in
+  every second block, with a relative table or Swin-V2's bias MLP and cosine attention), or ViTDet's
+  (``bias: false``: padded to a multiple of M, never shifted). :func:`grid_parts` turns it, and the
+  stack's positions computed per layer (``relative_decomposed``), into parts of the attention op.
+- A hierarchical stack halves the grid between stages by patch merging (:func:`lower_merge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, op
+from specvit.ops.block import BlockCtx
+from specvit.ops.embed import LinearParams
+from specvit.ops.norm import NormParams
+
+__all__ = ["CPB_HIDDEN", "MergeParams", "block_window", "grid_parts", "lower_merge"]
+
+CPB_HIDDEN = 512
+"""The hidden width of Swin-V2's continuous position bias MLP when a spec leaves ``cpb_hidden`` unset."""
+
+
+def block_window(size: int, shift: bool, grid: tuple[int, int], index: int) -> tuple[int, int]:
+    """The window side and shift of block ``index`` of a stage on ``grid`` (Swin's rules).
+
+    A stage smaller than the window attends over all of it and never shifts; otherwise every second
+    block shifts by half a window.
+    """
+    m = min(size, *grid)
+    return m, (m // 2 if shift and index % 2 and min(grid) > size else 0)
+
+
+def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
+    """The parts of block ``b``'s self-attention that come from the token grid, and the spec key that
+    sets them (None when there are none): the block's windows, and relative positions of the layer's own.
+    """
+    w, s = b.spec.window, b.stack.stack
+    own = {k: v for position in s.positions for k, v in position.attention_parts().items()}
+    if w is None and not own:
+        return {}, None
+    assert b.grid is not None
+    parts: dict[str, Any] = {"grid": b.grid, **own}
+    if w is None:
+        return parts, f"{b.stack.role}.position"
+    source = f"{b.stack.role}.block.window"
+    if not w.bias:  # ViTDet's tiles: the window as written, padded where it does not divide the grid
+        return parts | {"window": w.size}, source
+    m, shift = block_window(w.size, w.shift, b.grid, b.index)
+    parts |= {"window": m, "shift": shift, "cosine": w.cosine, "relative": "table"}
+    if w.bias == "cpb":
+        pretrained = _pretrained(w.pretrained, s.input.grid, b.grid)
+        parts |= {"relative": "cpb", "cpb_hidden": w.cpb_hidden or CPB_HIDDEN, "pretrained": pretrained}
+    return parts, source
+
+
+def _pretrained(sizes: int | list[int] | None, grid: tuple[int, int], stage_grid: tuple[int, int]) -> int:
+    """The pretrained window side of the stage on ``stage_grid`` (stage i's grid is the input's / 2^i)."""
+    if not isinstance(sizes, list):
+        return sizes or 0
+    return sizes[(grid[0] // stage_grid[0]).bit_length() - 1]
+
+
+@dataclass(frozen=True)
+class MergeParams(Params):
+    """Gather each 2x2 neighbourhood of a (rows, cols) grid into one token of 4x the width."""
+
+    grid: tuple[int, int]
+
+
+@op
+class Merge(Op):
+    kind = "merge_2x2"
+    params_type = MergeParams
+    category = "embedding"
+    helpers = ("specvit.nn.functional:merge_2x2",)
+
+    def shape(self, p: MergeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        b, _, c = inputs["x"]
+        assert isinstance(c, int)
+        return (b, p.grid[0] * p.grid[1] // 4, 4 * c)
+
+    def code(self, p: MergeParams, args: Mapping[str, str]) -> str:
+        return f"merge_2x2({args['x']}, {p.grid})"
+
+    def label(self, p: MergeParams) -> tuple[str, ...]:
+        return (f"2x2 tokens · grid {p.grid[0]}x{p.grid[1]} → {p.grid[0] // 2}x{p.grid[1] // 2}",)
+
+
+def lower_merge(ctx: StackCtx, path: str, grid: tuple[int, int], norm: Any) -> str:
+    """Swin's patch merging at ``path``: the 2x2 gather, a norm over 4C, a linear 4C -> 2C without bias;
+    with the stack's ``merge_norm: post`` (Swin-V2) the linear first, then a norm over 2C."""
+    c = ctx.shape(ctx.x)[-1]
+    assert isinstance(c, int)
+    source = f"{ctx.role}.depth"
+    post = ctx.stack.merge_norm == "post"
+    x = ctx.add(f"{path}.merge", "merge_2x2", MergeParams(grid), {"x": ctx.x}, source=source)
+    reduce: tuple[str, str, Params] = ("reduction", "linear", LinearParams(4 * c, 2 * c, bias=False))
+    normed: tuple[str, str, Params] = (
+        "norm",
+        norm.kind,
+        NormParams.of(norm, 2 * c if post else 4 * c),
+    )
+    steps = [reduce, normed] if post else [normed, reduce]
+    for name, kind, p in steps:
+        src = f"{ctx.role}.merge_norm" if name == "norm" and post else source
+        x = ctx.add(f"{path}.{name}", kind, p, {"x": x}, source=src)
+    return x
