@@ -32,7 +32,9 @@ Rename = list[tuple[str, str | tuple[str, ...]]]
 
 
 def _hf(config_cls: type, model_cls: type, seed: int, **kw: Any) -> nn.Module:
-    config = config_cls(vocab_size=VOCAB, num_hidden_layers=2, attn_implementation="eager", **kw)
+    config = config_cls(
+        **({"vocab_size": VOCAB, "num_hidden_layers": 2, "attn_implementation": "eager"} | kw)
+    )
     torch.manual_seed(seed)
     return _double(perturbed(model_cls(config), seed))
 

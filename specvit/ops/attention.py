@@ -67,6 +67,12 @@ class SelfAttentionLayer(Sublayer):
         window = grid.pop("window", spec.sliding_window)
         p = attention_params(b, causal=self.causal, talking_heads=spec.talking_heads, **grid, window=window)
         side = {k: b.side[k] for k in SELF_SIDE if k in b.side}
+        if spec.rope is False:  # a block without positions (NoPE)
+            side.pop("rope", None)
+        elif spec.rope is not None:  # a block of its own theta
+            from specvit.ops.rope import block_rope  # here: the position kinds register in file order
+
+            side["rope"] = b.side.get(block_rope(spec.rope.base), side["rope"])
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
             own = position.lower_layer(b, x, b.beside(name, "attn", "rel_bias"))
             side["bias"] = own or side.get("bias", "")

@@ -1,6 +1,7 @@
 """T5's relative position bias (Raffel et al., 2020): ``position: relative`` gives every self-attention of
 the stack one learned bias per head and bucketed key distance, computed once and shared by all layers (T5
-keeps the table in its first layer and passes the bias on).
+keeps the table in its first layer and passes the bias on), or, with ``shared: false``, from a table of each
+layer's own (UMT5).
 
 The whole definition: the spec fragment and the node's op; the module is :class:`specvit.nn.relative.RelativeBias`.
 """
@@ -29,12 +30,14 @@ class RelativeParams(Params):
         buckets: distance buckets.
         max_distance: distance of the last bucket.
         bidirectional: keys after the query have buckets of their own (not in a causal stack).
+        shared: one table read by every layer of the stack; false: the table of one layer.
     """
 
     heads: int
     buckets: int
     max_distance: int
     bidirectional: bool
+    shared: bool = True
 
 
 @op
@@ -52,12 +55,16 @@ class RelativeOp(Op):
     def params(self, p: RelativeParams) -> int:
         return p.buckets * p.heads
 
+    def ctor(self, p: RelativeParams) -> dict[str, Any]:
+        return {k: v for k, v in p.as_dict().items() if k != "shared"}  # where the table sits, not what it is
+
     def init(self, module: Any, p: RelativeParams, fill: Any) -> None:
         fill(module.embedding.weight, lambda t: t.normal_(std=0.02))
 
     def label(self, p: RelativeParams) -> tuple[str, ...]:
         side = "both directions" if p.bidirectional else "keys before"
-        return (f"learned bias · {p.buckets} buckets to {p.max_distance} · {side} · shared by all layers",)
+        whose = "shared by all layers" if p.shared else "this layer's"
+        return (f"learned bias · {p.buckets} buckets to {p.max_distance} · {side} · {whose}",)
 
 
 @fragment("position")
@@ -67,6 +74,9 @@ class RelativePosition(PositionFragment):
     kind: Literal["relative"] = Field(description="Discriminator: T5's bucketed relative position bias.")
     buckets: int = Field(32, ge=2, le=1024, description="Distance buckets (half exact, half log-spaced).")
     max_distance: int = Field(128, ge=2, le=1 << 20, description="Distances from here share the last bucket.")
+    shared: bool = Field(
+        True, description="One table for all layers of the stack (T5); false: one per layer (UMT5)."
+    )
 
     def phase(self) -> Phase:
         return "attention"
@@ -86,12 +96,24 @@ class RelativePosition(PositionFragment):
             ]
         return []
 
-    def lower(self, ctx: StackCtx) -> None:
-        p = RelativeParams(ctx.stack.heads, self.buckets, self.max_distance, not ctx.stack.causal)
-        srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
-        ctx.side["bias"] = ctx.add(
-            f"{ctx.role}.rel_bias", "relative_bias", p, srcs, source=f"{ctx.role}.position"
+    def params(self, ctx: StackCtx) -> RelativeParams:
+        return RelativeParams(
+            ctx.stack.heads, self.buckets, self.max_distance, not ctx.stack.causal, self.shared
         )
+
+    def lower(self, ctx: StackCtx) -> None:
+        if self.shared:
+            srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
+            ctx.side["bias"] = ctx.add(
+                f"{ctx.role}.rel_bias", "relative_bias", self.params(ctx), srcs, source=f"{ctx.role}.position"
+            )
+
+    def lower_layer(self, b: Any, x: str, name: str) -> str | None:
+        """A table of the attention layer's own (UMT5): its node, read as the layer's bias."""
+        if self.shared:
+            return None
+        srcs = {"x": x, "offset": b.side.get("offset", "")}
+        return b.add(name, "relative_bias", self.params(b.stack), srcs, source=f"{b.stack.role}.position")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from specvit.errors import Problem
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
 from specvit.ops.position import Phase, PositionFragment, _base, _needs
 
-__all__ = ["RopeParams", "RopePosition"]
+__all__ = ["RopeParams", "RopePosition", "block_rope"]
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,22 @@ class RopePosition(PositionFragment):
         )
 
     def lower(self, ctx: StackCtx) -> None:
+        """The stack's tables (``side["rope"]``), and one more per other theta its blocks set
+        (``side["rope_10000"]``): computed once, read by every block of that theta."""
         hd, rot = ctx.stack.head_dim, self.rotated(ctx.stack.head_dim)
-        p = RopeParams(rot, self.base, of=hd if rot < hd else 0, layout=self.layout)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
-        ctx.side["rope"] = ctx.add(f"{ctx.role}.rope", "rope", p, srcs, source=f"{ctx.role}.position")
+        bases = {self.base: "rope"} | {
+            b.rope.base: block_rope(b.rope.base)
+            for b in ctx.stack.layer_blocks
+            if b.rope and b.rope.base != self.base
+        }
+        for base, name in bases.items():
+            p = RopeParams(rot, base, of=hd if rot < hd else 0, layout=self.layout)
+            source = f"{ctx.role}.position" if name == "rope" else f"{ctx.role}.block.rope"
+            ctx.side[name] = ctx.add(f"{ctx.role}.{name}", "rope", p, srcs, source=source)
+
+
+def block_rope(base: float) -> str:
+    """The name of the rotary tables of theta ``base`` that some blocks read instead of the stack's
+    (``rope_10000``): the stack's side value, node and the blocks' forward parameter."""
+    return "rope_" + (str(int(base)) if base.is_integer() else str(base).replace(".", "_"))

@@ -99,6 +99,17 @@ class MoeSpec(Node):
     )
 
 
+class BlockRopeSpec(Node):
+    """A block's own rotary positions, where they differ from the stack's ``position: rope``."""
+
+    base: float = Field(
+        gt=1.0,
+        le=1e12,
+        description="Theta of this block's rotary tables (Gemma 3's local layers: 10000 beside the global "
+        "layers' 1000000); the stack's rope gives the other settings.",
+    )
+
+
 class MlpSpec(Node):
     """The position-wise feed-forward sublayer."""
 
@@ -257,6 +268,11 @@ class BlockSpec(Node):
     )
     memory_norm: bool = Field(
         False, description="A norm on the memory before each cross-attention (CroCo's norm_y)."
+    )
+    rope: BlockRopeSpec | Literal[False] | None = Field(
+        None,
+        description="This block's rotary positions where they differ from the stack's rope: {base: theta} "
+        "(Gemma 3's local layers), or false for none (NoPE layers: SmolLM3, Cohere 2); null = the stack's.",
     )
     cross_attention_heads: int | None = Field(
         None,

@@ -148,6 +148,14 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 "set norm.placement: pre" if b.graph is None else "remove parallel",
             )
         )
+    if b.rope is not None and not any(p.kind == "rope" for p in spec.stacks[role].positions):
+        out.append(
+            Problem(
+                f"{at}.rope",
+                "rope changes the stack's rotary positions for this block, and the stack has none",
+                f"add rope to {role}.position, or remove rope",
+            )
+        )
     if b.sliding_window is not None and b.window is not None:
         out.append(
             Problem(
