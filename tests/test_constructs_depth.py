@@ -234,3 +234,93 @@ def test_a_relative_table_per_layer_is_umt5s() -> None:
             return (model(src, tgt) - theirs).abs().max().item()
 
     _check(diff)
+
+
+# ---------------------------------------------------------------- ALBERT: embeddings narrower than the blocks
+
+ALBERT_LAYER = "encoder.albert_layer_groups.0.albert_layers.0."
+ALBERT_KEYS: list[tuple[str, str | tuple[str, ...]]] = [
+    ("encoder.tok_embed.weight", "embeddings.word_embeddings.weight"),
+    ("encoder.type_embed.weight", "embeddings.token_type_embeddings.weight"),
+    ("encoder.pos_embed.weight", "embeddings.position_embeddings.weight"),
+    (r"encoder\.embed_norm\.(\w+)", "embeddings.LayerNorm.{0}"),
+    (r"encoder\.embed_proj\.(\w+)", "encoder.embedding_hidden_mapping_in.{0}"),
+    (
+        r"encoder\.blocks\.0\.attn\.qkv\.(\w+)",
+        tuple(ALBERT_LAYER + f"attention.{c}.{{0}}" for c in ("query", "key", "value")),
+    ),
+    (r"encoder\.blocks\.0\.attn\.proj\.(\w+)", ALBERT_LAYER + "attention.dense.{0}"),
+    (r"encoder\.blocks\.0\.norm1\.(\w+)", ALBERT_LAYER + "attention.LayerNorm.{0}"),
+    (r"encoder\.blocks\.0\.mlp\.fc1\.(\w+)", ALBERT_LAYER + "ffn.{0}"),
+    (r"encoder\.blocks\.0\.mlp\.fc2\.(\w+)", ALBERT_LAYER + "ffn_output.{0}"),
+    (r"encoder\.blocks\.0\.norm2\.(\w+)", ALBERT_LAYER + "full_layer_layer_norm.{0}"),
+]
+
+
+def _renamed(
+    model: Any, source: dict[str, Any], keys: list[tuple[str, str | tuple[str, ...]]]
+) -> tuple[dict[str, Any], set[str]]:
+    """The HF tensors for each of ``model``'s keys that ``keys`` names and that fit (a control's tables of
+    another width do not), and the HF names used."""
+    import re
+
+    import torch
+
+    weights, used = {}, set()
+    for key, value in model.state_dict().items():
+        for pattern, template in keys:
+            if m := re.fullmatch(pattern, key):
+                names = [
+                    t.format(*m.groups()) for t in ((template,) if isinstance(template, str) else template)
+                ]
+                tensor = torch.cat([source[n] for n in names])
+                if tensor.numel() == value.numel():
+                    weights[key] = tensor.view(value.shape)
+                    used.update(names)
+                break
+    return weights, used
+
+
+def test_embeddings_narrower_than_the_blocks_are_alberts() -> None:
+    """ALBERT's token, type and position tables and their LayerNorm are 16 wide; a linear layer maps them
+    to the 48-wide blocks (one layer: sharing one layer's weights along the depth is another construct)."""
+    import torch
+    import yaml
+    from reference import float64_reference, perturbed
+    from transformers import AlbertConfig, AlbertModel, BertConfig
+
+    import specvit
+
+    sizes = dict(
+        vocab_size=97, hidden_size=48, num_hidden_layers=1, num_attention_heads=4, intermediate_size=40
+    )
+    sizes |= dict(max_position_embeddings=32)
+    torch.manual_seed(10)
+    ref = perturbed(AlbertModel(AlbertConfig(embedding_size=16, **sizes)), 10).double().eval()
+    source = ref.state_dict()
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), float64_reference():
+        theirs = ref(input_ids=ids).last_hidden_state
+
+    def diff(on: bool) -> float:
+        data = yaml.safe_load(specvit.from_hf(BertConfig(hidden_act="gelu_new", **sizes)).to_yaml())
+        data["encoder"]["embed_width"] = 16 if on else None
+        model = specvit.build_model(specvit.parse_spec(data)).double().eval()
+        weights, used = _renamed(model, source, ALBERT_KEYS)
+        assert not on or set(source) - used == {"pooler.weight", "pooler.bias"}  # the rest has its place
+        model.load_state_dict(weights, strict=on)
+        with torch.no_grad():
+            return (model(ids) - theirs).abs().max().item()
+
+    _check(diff)
+
+
+def test_embed_width_names_what_it_cannot_meet() -> None:
+    spec = _gemma3_spec(True)
+    spec["decoder"]["embed_width"] = 16
+    with pytest.raises(SpecError) as err:
+        parse_spec(spec)
+    assert "decoder.embed_width: a tied head uses the 16-wide token table on 48-wide tokens" in str(err.value)
+    spec["head"]["tied"] = False
+    graph = build_graph(parse_spec(spec))
+    assert graph["decoder.tok_embed"]["shape"][-1] == 16 and graph["decoder.embed_proj"]["shape"][-1] == 48

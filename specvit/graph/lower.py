@@ -21,6 +21,7 @@ from specvit.graph.verify import verify
 from specvit.ops import OPS, Params
 from specvit.ops.base import MAX_LEN, Dim, Dims, Shape
 from specvit.ops.block import BlockCtx
+from specvit.ops.embed import LinearParams
 from specvit.ops.grid import lower_merge
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, InputParams, MaskParams
@@ -168,11 +169,16 @@ class _Lowering:
             self.prefix(s)
         self.positions(s, "tokens")
         if s.embed_norm:
-            self.x = self.norm(f"{role}.embed_norm", s, s.width, f"{role}.embed_norm")
+            self.x = self.norm(f"{role}.embed_norm", s, s.embedding_width, f"{role}.embed_norm")
         if s.dropout.embedding:
             p = DropParams(s.dropout.embedding)
             self.x = self.add(
                 f"{role}.pos_drop", "dropout", p, {"x": self.x}, source=f"{role}.dropout.embedding"
+            )
+        if s.embedding_width != s.width:  # the embeddings mapped to the blocks' width (ALBERT)
+            proj = LinearParams(s.embedding_width, s.width)
+            self.x = self.add(
+                f"{role}.embed_proj", "linear", proj, {"x": self.x}, source=f"{role}.embed_width"
             )
         self.positions(s, "attention")
         self.blocks(s)

@@ -133,7 +133,11 @@ class TokensInput(InputFragment):
         _sequence_mask(ctx, seq)
         shared = role == "decoder" and ctx.spec.shared_embeddings
         p = TokenEmbedParams(
-            self.vocab, ctx.stack.width, self.padding_idx, self.scale, "encoder.tok_embed" if shared else None
+            self.vocab,
+            ctx.stack.embedding_width,
+            self.padding_idx,
+            self.scale,
+            "encoder.tok_embed" if shared else None,
         )
         ctx.x = ctx.add(f"{role}.tok_embed", "token_embed", p, {"x": ids}, source=f"{role}.input")
         if self.type_vocab:
@@ -148,7 +152,7 @@ class TokensInput(InputFragment):
                 stack=role,
                 group=2,
             )
-            tp = TypeEmbedParams(self.type_vocab, ctx.stack.width)
+            tp = TypeEmbedParams(self.type_vocab, ctx.stack.embedding_width)
             src = f"{role}.input.type_vocab"
             ctx.x = ctx.add(f"{role}.type_embed", "type_embed", tp, {"x": ctx.x, "types": types}, source=src)
 

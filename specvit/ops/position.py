@@ -188,7 +188,7 @@ class LearnedPosition(PositionFragment):
                 )
             )
         rows = self.max_len if self.max_len is not None else needed
-        p = LearnedParams(rows + self.offset, ctx.stack.width, self.offset)
+        p = LearnedParams(rows + self.offset, ctx.stack.embedding_width, self.offset)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_learned", p, srcs, source=f"{ctx.role}.position")
 
@@ -239,13 +239,13 @@ class SinCosPosition(PositionFragment):
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         return _needs(
             at,
-            stack.width % 2 == 0,
-            f"sincos positions need an even width, got {stack.width}",
+            stack.embedding_width % 2 == 0,
+            f"sincos positions need an even width, got {stack.embedding_width}",
             "use an even width",
         )
 
     def lower(self, ctx: StackCtx) -> None:
-        p = SinCosParams(ctx.stack.width, self.base, self.layout)
+        p = SinCosParams(ctx.stack.embedding_width, self.base, self.layout)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_sincos", p, srcs, source=f"{ctx.role}.position")
 

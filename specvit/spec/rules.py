@@ -58,7 +58,25 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         out += s.masking.check(f"{role}.masking", s, spec)
     out += check_positions(role, s, spec)
     out += check_cait(role, s, spec)
-    return out
+    return out + _embed_width(role, s, spec)
+
+
+def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
+    """What embeddings narrower (or wider) than the blocks cannot combine with."""
+    if s.embed_width is None:
+        return []
+    why = ""
+    if s.input.kind != "tokens":
+        why = f"embed_width sizes token embeddings, and the {role} reads {s.input.kind}"
+    elif s.num_prefix:
+        why = "prefix tokens join the embeddings at the blocks' width"
+    elif spec.shared_embeddings:
+        why = "shared embeddings are the encoder's table, of its width"
+    elif spec.output_stack == role and getattr(spec.head, "tied", False):
+        why = f"a tied head uses the {s.embed_width}-wide token table on {s.out_width}-wide tokens"
+    if not why:
+        return []
+    return [Problem(f"{role}.embed_width", why, "remove embed_width (or the feature it meets)")]
 
 
 def _siamese(role: str, s: StackSpec, spec: Spec) -> list[Problem]:

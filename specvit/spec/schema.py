@@ -208,6 +208,14 @@ class StackSpec(Node):
         None, description="Random masking of the patch tokens (MAE): the blocks see the visible ones only."
     )
     embed_norm: bool = Field(False, description="A norm after the embeddings (BERT).")
+    embed_width: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="Width of the token embeddings when it differs from width: token, type and position "
+        "tables and embed_norm are this wide, and a linear layer (embed_proj) maps them to width before the "
+        "blocks (ALBERT: 128). null = width.",
+    )
     merge_norm: Literal["pre", "post"] = Field(
         "pre",
         description="Where the norm of patch merging sits (hierarchical stacks): pre, norm over 4C then "
@@ -301,6 +309,11 @@ class StackSpec(Node):
     @property
     def head_dim(self) -> int:
         return self.block.head_dim or self.width // self.heads
+
+    @property
+    def embedding_width(self) -> int:
+        """The width of the token embeddings and what is added to them before ``embed_proj``."""
+        return self.embed_width or self.width
 
     @property
     def kv_heads(self) -> int:
