@@ -66,27 +66,35 @@ def _decoder(block: dict[str, Any], position: dict[str, Any], width: int, **head
     }
 
 
+def renamed(
+    model: nn.Module, source: dict[str, torch.Tensor], rename: Rename
+) -> tuple[dict[str, Any], set[str]]:
+    """For each of ``model``'s keys that ``rename`` names and whose HF tensors all exist and fit its shape
+    (a control's tables of another size do not), those tensors concatenated; and the HF names used."""
+    weights, used = {}, set()
+    for key, value in model.state_dict().items():
+        for pattern, template in rename:
+            if m := re.fullmatch(pattern, key):
+                names = tuple(
+                    t.format(*m.groups()) for t in ((template,) if isinstance(template, str) else template)
+                )
+                if all(n in source for n in names) and sum(source[n].numel() for n in names) == value.numel():
+                    weights[key] = torch.cat([source[n] for n in names]).view(value.shape)
+                    used.update(names)
+                break
+    return weights, used
+
+
 def _ours(spec: dict[str, Any], ref: nn.Module, rename: Rename, *, strict: bool = True) -> SpecModel:
     """The spec's model in float64 with ``ref``'s weights renamed into it; every HF parameter is used."""
     model = build_model(parse_spec(spec)).double().eval()
     source = ref.state_dict()
-    out, used = {}, set()
-    for key in model.state_dict():
-        for pattern, template in rename:
-            if m := re.fullmatch(pattern, key):
-                names = (template,) if isinstance(template, str) else template
-                names = tuple(t.format(*m.groups()) for t in names)
-                shape = model.state_dict()[key].shape
-                fits = all(n in source for n in names) and sum(source[n].shape[0] for n in names) == shape[0]
-                if fits or strict:  # the controls leave out what their model has no place for
-                    out[key] = torch.cat([source[n] for n in names])
-                    used.update(names)
-                break
+    out, used = renamed(model, source, rename)
     if tied := "lm_head.weight" in source and "head.fc.weight" not in out:
         assert source["lm_head.weight"].equal(source["model.embed_tokens.weight"])
     unused = [k for k in source if k not in used and not (tied and k == "lm_head.weight")]
     assert not unused or not strict, f"HF weights with no place: {unused}"
-    model.load_state_dict(out, strict=strict)
+    model.load_state_dict(out, strict=strict)  # strict: a key that did not fit is missing, and fails here
     return model
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_constructs import EJECTED, _check, _decoder, _diff, _hf, _llama_keys, _ours
+from test_constructs import EJECTED, _check, _decoder, _diff, _hf, _llama_keys, _ours, renamed
 from test_constructs import test_the_constructs_eject_to_the_same_model as _ejects_the_same
 
 from specvit.compile import build_graph
@@ -191,8 +191,6 @@ def _umt5_keys() -> list[tuple[str, str | tuple[str, ...]]]:
 
 def test_a_relative_table_per_layer_is_umt5s() -> None:
     """UMT5 is T5 with a bucketed relative table in every layer (T5 shares its first layer's)."""
-    import re
-
     import torch
     import yaml
     from reference import float64_reference, perturbed
@@ -213,15 +211,7 @@ def test_a_relative_table_per_layer_is_umt5s() -> None:
         for role in ("encoder", "decoder"):
             data[role]["position"]["shared"] = not on
         model = specvit.build_model(specvit.parse_spec(data)).double().eval()
-        weights, used = {}, set()
-        for key in model.state_dict():
-            if key.endswith(".rel_bias.embedding.weight") and key.count(".") == 3:
-                continue  # a stack's shared table (the control): filled below
-            pattern, template = next((p, t) for p, t in _umt5_keys() if re.fullmatch(p, key))
-            groups = re.fullmatch(pattern, key).groups()  # type: ignore[union-attr]
-            names = [t.format(*groups) for t in ((template,) if isinstance(template, str) else template)]
-            weights[key] = torch.cat([source[n] for n in names])
-            used.update(names)
+        weights, used = renamed(model, source, _umt5_keys())  # a stack's shared table (the control) below
         tied = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"}
         assert not on or set(source) - used == tied  # every other HF weight has its place
         if not on:  # T5's layout: each stack's one table is its first layer's
@@ -257,30 +247,6 @@ ALBERT_KEYS: list[tuple[str, str | tuple[str, ...]]] = [
 ]
 
 
-def _renamed(
-    model: Any, source: dict[str, Any], keys: list[tuple[str, str | tuple[str, ...]]]
-) -> tuple[dict[str, Any], set[str]]:
-    """The HF tensors for each of ``model``'s keys that ``keys`` names and that fit (a control's tables of
-    another width do not), and the HF names used."""
-    import re
-
-    import torch
-
-    weights, used = {}, set()
-    for key, value in model.state_dict().items():
-        for pattern, template in keys:
-            if m := re.fullmatch(pattern, key):
-                names = [
-                    t.format(*m.groups()) for t in ((template,) if isinstance(template, str) else template)
-                ]
-                tensor = torch.cat([source[n] for n in names])
-                if tensor.numel() == value.numel():
-                    weights[key] = tensor.view(value.shape)
-                    used.update(names)
-                break
-    return weights, used
-
-
 def test_embeddings_narrower_than_the_blocks_are_alberts() -> None:
     """ALBERT's token, type and position tables and their LayerNorm are 16 wide; a linear layer maps them
     to the 48-wide blocks (one layer: sharing one layer's weights along the depth is another construct)."""
@@ -306,7 +272,7 @@ def test_embeddings_narrower_than_the_blocks_are_alberts() -> None:
         data = yaml.safe_load(specvit.from_hf(BertConfig(hidden_act="gelu_new", **sizes)).to_yaml())
         data["encoder"]["embed_width"] = 16 if on else None
         model = specvit.build_model(specvit.parse_spec(data)).double().eval()
-        weights, used = _renamed(model, source, ALBERT_KEYS)
+        weights, used = renamed(model, source, ALBERT_KEYS)
         assert not on or set(source) - used == {"pooler.weight", "pooler.bias"}  # the rest has its place
         model.load_state_dict(weights, strict=on)
         with torch.no_grad():

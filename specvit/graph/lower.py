@@ -21,7 +21,7 @@ from specvit.graph.verify import verify
 from specvit.ops import OPS, Params
 from specvit.ops.base import MAX_LEN, Dim, Dims, Shape
 from specvit.ops.block import BlockCtx
-from specvit.ops.embed import LinearParams
+from specvit.ops.embed import LinearParams, PrefixParams
 from specvit.ops.grid import lower_merge
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, InputParams, MaskParams
@@ -203,8 +203,6 @@ class _Lowering:
     def prefix(self, s: StackSpec) -> None:
         if not s.num_prefix:
             return
-        from specvit.ops.embed import PrefixParams
-
         role = self.role
         p = PrefixParams(s.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
         self.x = self.add(f"{role}.prefix", "prefix", p, {"x": self.x}, source=f"{role}.prefix")

@@ -16,6 +16,7 @@ from typing import Any
 from specvit.ops.block import BlockCtx, Sublayer, sublayer
 from specvit.ops.core import AttentionParams, configuration
 from specvit.ops.grid import grid_parts
+from specvit.ops.position import block_rope
 
 __all__ = ["attention_params"]
 
@@ -70,8 +71,6 @@ class SelfAttentionLayer(Sublayer):
         if spec.rope is False:  # a block without positions (NoPE)
             side.pop("rope", None)
         elif spec.rope is not None:  # a block of its own theta
-            from specvit.ops.rope import block_rope  # here: the position kinds register in file order
-
             side["rope"] = b.side.get(block_rope(spec.rope.base), side["rope"])
         for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
             own = position.lower_layer(b, x, b.beside(name, "attn", "rel_bias"))

@@ -265,7 +265,7 @@ class Attention(Op):
         b, n, _ = inputs["x"]
         kv_rows = p.kv_heads * p.head_dim
         rows = b * math.prod(p.padded) if p.tiles else b * n  # the tokens the projections see
-        keys = n if p.window is None or not p.tiles else p.window**2  # per query
+        keys = p.window**2 if p.tiles and p.window else n  # per query
         queries = rows if p.queries is None else b * p.queries
         if p.memory_dim is not None:
             keys = inputs["memory"][1]
@@ -285,14 +285,12 @@ class Attention(Op):
         return out
 
     def ctor(self, p: AttentionParams) -> dict[str, Any]:
-        qk = (
-            {"qk_norm": p.qk_norm, "qk_norm_bias": p.qk_norm_bias, "norm_eps": p.eps}
-            | ({} if p.qk_norm_affine else {"qk_norm_affine": False})
-            | ({"qk_norm_unit_offset": True} if p.qk_norm_unit_offset else {})
-            | ({"qk_norm_scope": "all"} if p.qk_norm_scope == "all" else {})
-            if p.qk_norm
-            else {}
-        )
+        qk: dict[str, Any] = {}
+        if p.qk_norm:  # the QK-norm's settings, those beside kind, bias and eps only where not the default
+            qk = {"qk_norm": p.qk_norm, "qk_norm_bias": p.qk_norm_bias, "norm_eps": p.eps}
+            qk |= {} if p.qk_norm_affine else {"qk_norm_affine": False}
+            qk |= {"qk_norm_unit_offset": True} if p.qk_norm_unit_offset else {}
+            qk |= {"qk_norm_scope": "all"} if p.qk_norm_scope == "all" else {}
         cpb = {"cpb_hidden": p.cpb_hidden, "pretrained": p.pretrained} if p.relative == "cpb" else {}
         return core_args(
             dim=p.dim,

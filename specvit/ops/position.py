@@ -16,7 +16,7 @@ from pydantic import Field
 from specvit.errors import Problem, SpecError
 from specvit.ops.base import MAX_LEN, Dims, Fragment, Op, Params, Shape, StackCtx, fragment, op
 
-__all__ = ["Phase", "PositionFragment"]
+__all__ = ["Phase", "PositionFragment", "block_rope"]
 
 Phase = Literal["before_prefix", "tokens", "attention"]
 
@@ -51,6 +51,12 @@ class PositionFragment(Fragment):
 
 def _base(default: float) -> Any:
     return Field(default, gt=1.0, description="Wavelength base (rotary: theta).")
+
+
+def block_rope(base: float) -> str:
+    """The name of the rotary tables of theta ``base`` that some blocks read instead of the stack's
+    (``rope_10000``): the stack's side value, node and the blocks' forward parameter."""
+    return "rope_" + (str(int(base)) if base.is_integer() else str(base).replace(".", "_"))
 
 
 def _needs(at: str, ok: bool, what: str, fix: str) -> list[Problem]:

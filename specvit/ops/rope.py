@@ -11,9 +11,9 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
-from specvit.ops.position import Phase, PositionFragment, _base, _needs
+from specvit.ops.position import Phase, PositionFragment, _base, _needs, block_rope
 
-__all__ = ["RopeParams", "RopePosition", "block_rope"]
+__all__ = ["RopeParams", "RopePosition"]
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,3 @@ class RopePosition(PositionFragment):
             p = RopeParams(rot, base, of=hd if rot < hd else 0, layout=self.layout)
             source = f"{ctx.role}.position" if name == "rope" else f"{ctx.role}.block.rope"
             ctx.side[name] = ctx.add(f"{ctx.role}.{name}", "rope", p, srcs, source=source)
-
-
-def block_rope(base: float) -> str:
-    """The name of the rotary tables of theta ``base`` that some blocks read instead of the stack's
-    (``rope_10000``): the stack's side value, node and the blocks' forward parameter."""
-    return "rope_" + (str(int(base)) if base.is_integer() else str(base).replace(".", "_"))
