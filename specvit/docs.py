@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 
 from specvit.io import atomic_write
 from specvit.ops import fragments
+from specvit.ops.conv import ActLayer, ConvLayer, NormLayer, PoolLayer
 from specvit.spec import block, schema
 
 __all__ = ["spec_reference", "write_docs"]
@@ -38,6 +39,7 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
             block.LayerOverride,
         ],
     ),
+    ("Map layers: an input's `stem:`, a map head's `ops:`", [ConvLayer, NormLayer, ActLayer, PoolLayer]),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
     ("Heads: `head:`", list(fragments("head"))),
 ]
@@ -57,7 +59,7 @@ relative to the spec, or a bundled preset's name) to deep-merge itself over anot
 """
 
 
-_UNION_NAMES = {"Position": "position", "Head": "head", "Input": "input"}
+_UNION_NAMES = {"Position": "position", "Head": "head", "Input": "input", "Layer": "map layer"}
 
 
 def _fmt(ann: Any) -> str:

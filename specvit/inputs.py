@@ -241,7 +241,7 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
     for i, (d, got) in enumerate(zip(want, shape, strict=True)):
         if isinstance(d, int) and d != got:
             raise InputError(
-                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(want, shape, i)}"
+                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(want, shape, i, what)}"
             )
         if isinstance(d, str):
             if got < 1:
@@ -255,9 +255,12 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
                 )
 
 
-def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int) -> str:
+def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int, what: str) -> str:
     """Which fixed dim differs, in words a user of the spec recognises."""
     d, got = want[i], shape[i]
+    if what.startswith("signal"):  # (B, channels, length)
+        key = "channels" if i == 1 else "length"
+        return f"the spec's signals have {d} {'channels' if i == 1 else 'frames'}, not {got} (input.{key})"
     if len(want) == 4 and i == 1:
         return f"the spec's images have {d} channel{'s' if d != 1 else ''}, not {got} (input.channels)"
     if len(want) == 4 and i in (2, 3):

@@ -79,7 +79,7 @@ def renamed(
                     t.format(*m.groups()) for t in ((template,) if isinstance(template, str) else template)
                 )
                 if all(n in source for n in names) and sum(source[n].numel() for n in names) == value.numel():
-                    weights[key] = torch.cat([source[n] for n in names]).view(value.shape)
+                    weights[key] = torch.cat([source[n].reshape(-1) for n in names]).view(value.shape)
                     used.update(names)
                 break
     return weights, used

@@ -116,7 +116,7 @@ BAD = [
         VIT,
         "kind: image",
         "kind: imag",
-        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, queries, siamese, unmask, latents, feature_map (did you mean 'image'?)",
+        "t.yaml:5:17: encoder.input.kind: 'imag' is not one of image, tokens, features, signal, queries, siamese, unmask, latents, feature_map (did you mean 'image'?)",
     ),
     (
         VIT,
@@ -272,7 +272,7 @@ BAD = [
         VIT,
         "head: {kind: classifier, pool: cls, classes: 10}",
         "head: {pool: cls, classes: 10}",
-        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, distilled, neck)",
+        "t.yaml:15:7: head: needs a 'kind' key (add kind: one of classifier, lm, detection, patches, none, map, distilled, neck)",
     ),
     (
         VIT,

@@ -199,9 +199,12 @@ def test_windows_global_blocks_positions_and_neck_are_drawn() -> None:
     assert "decomposed rel. pos · h 27x64 · w 27x64" in windowed
     assert "global · whole 64x64 grid" in global_ and "windows" not in global_
     assert "decomposed rel. pos · h 127x64 · w 127x64" in global_
-    neck = nodes["head.neck"]
-    assert "tokens → 768x64x64 map" in neck and "1x1 conv → 256 · LayerNorm2d" in neck
-    assert "3x3 conv · LayerNorm2d" in neck and "B x 256 x 64 x 64" in neck
+    # the neck is generic layers over the map: tokens to a map, conv, norm, conv, norm
+    assert "tokens → 64x64 map" in nodes["head.map"] and "B x 768 x 64 x 64" in nodes["head.map"]
+    assert "1x1 conv 768 → 256 · no bias" in nodes["head.neck.0"]
+    assert "3x3 conv 256 → 256 · no bias" in nodes["head.neck.2"]
+    for norm in ("head.neck.1", "head.neck.3"):
+        assert "LayerNorm over 256 channels · eps 1e-06" in nodes[norm] and "B x 256 x 64 x 64" in nodes[norm]
     # the collapsed view folds the window, window, global pattern: three blocks drawn, x4 each
     for label in ("encoder.blocks.0,3,6,9  x4", "encoder.blocks.1,4,7,10  x4", "encoder.blocks.2,5,8,11  x4"):
         assert f"<b>{label}</b>" in dot

@@ -250,13 +250,15 @@ class _Filler:
         """Initialise ``module`` and its descendants by layer type: matrices by the convention, biases
         zero, norms one and zero, embeddings by the convention with a zero padding row."""
         for m in module.modules():
-            if isinstance(m, nn.Linear | nn.Conv2d):
+            if isinstance(m, nn.Linear | nn.Conv1d | nn.Conv2d):
                 self.matrix(m.weight)
                 if m.bias is not None:
                     self.zeros(m.bias)
             elif isinstance(m, nn.Embedding):
                 self(m.weight, partial(self._embedding, padding_idx=m.padding_idx))
-            elif isinstance(m, nn.LayerNorm | nn.RMSNorm | Norm):
+            elif isinstance(
+                m, nn.LayerNorm | nn.RMSNorm | Norm | nn.GroupNorm | nn.BatchNorm1d | nn.BatchNorm2d
+            ):
                 if m.weight is not None:
                     (self.zeros if getattr(m, "unit_offset", False) else self.ones)(m.weight)
                 if getattr(m, "bias", None) is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["cls_pool", "eos_pool", "extend_mask", "mean_pool", "merge_2x2"]
+__all__ = ["cls_pool", "eos_pool", "extend_mask", "map_mean", "mean_pool", "merge_2x2", "to_map", "to_tokens"]
 
 
 def extend_mask(mask: Tensor | None, prefix: int) -> Tensor | None:
@@ -69,6 +69,21 @@ def merge_2x2(x: Tensor, grid: tuple[int, int]) -> Tensor:
     gh, gw = grid
     x = x.view(b, gh // 2, 2, gw // 2, 2, c)  # (B, gh/2, 2, gw/2, 2, C)
     return x.permute(0, 1, 3, 4, 2, 5).reshape(b, gh * gw // 4, 4 * c)  # (B, N/4, 4C)
+
+
+def to_tokens(x: Tensor) -> Tensor:
+    """A (B, C, *size) map as (B, positions, C) tokens, row-major."""
+    return x.flatten(2).transpose(1, 2)  # (B, N, C)
+
+
+def to_map(x: Tensor, grid: tuple[int, int]) -> Tensor:
+    """(B, gh * gw, C) row-major tokens as a (B, C, gh, gw) map."""
+    return x.transpose(1, 2).reshape(x.shape[0], -1, *grid)  # (B, C, gh, gw)
+
+
+def map_mean(x: Tensor) -> Tensor:
+    """The mean of a (B, C, *size) map over its positions: (B, C)."""
+    return x.flatten(2).mean(-1)
 
 
 def sdpa_layout(out: Tensor) -> Tensor:

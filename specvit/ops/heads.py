@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -22,13 +22,14 @@ from specvit.ops.base import (
     numel,
     op,
 )
+from specvit.ops.conv import MapOps, MapPoolParams, ToMapParams, lower_map_ops, map_ops_problems
 from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import DropParams, OutputParams, ScaleParams, SoftcapParams
 
-__all__ = ["BoxMlpParams", "HeadFragment", "PoolParams"]
+__all__ = ["BoxMlpParams", "HeadFragment", "MapHead", "MapHeadBase", "PoolParams"]
 
 
 class HeadFragment(Fragment):
@@ -319,6 +320,14 @@ class PatchesHead(HeadFragment):
                     "use a plain image stack, or a siamese decoder, or another head",
                 )
             ]
+        if image.input.stem:
+            return [
+                Problem(
+                    f"{spec.output_stack if image is stack else 'encoder'}.input.stem",
+                    "a patches head predicts the pixels of each patch, and after a stem a token covers more",
+                    "remove the stem, or use another head",
+                )
+            ]
         if stack.num_prefix and image is stack:  # a siamese decoder's prefix is refused by its own rule
             return [
                 Problem(
@@ -354,3 +363,66 @@ class NoHead(HeadFragment):
 
     def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
         _output(ctx, {"x": x})
+
+
+class MapHeadBase(HeadFragment):
+    """The tokens of the patch grid as a (B, C, rows, cols) map through :meth:`layers`, optionally averaged
+    and classified: the base of the ``map`` head and its shorthands (SAM's ``neck``)."""
+
+    pool: Literal["none", "mean"] = Field(
+        "none",
+        description="none: the map (B, C, H, W); mean: its average over positions (B, C), as timm's "
+        "global_pool='avg'.",
+    )
+    classes: int | None = Field(
+        None, ge=1, le=MAX_VOCAB, description="A linear classifier after pool: mean; null: none."
+    )
+
+    path: ClassVar[str] = "ops"
+    """The layers' nodes are ``head.{path}.{i}``, written at spec key ``source``."""
+    source: ClassVar[str] = "head.ops"
+
+    def layers(self) -> list[Any]:
+        """The layers over the map."""
+        raise NotImplementedError
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        from specvit.ops.inputs import ImageInput
+
+        if not isinstance(stack.input, ImageInput) or stack.hierarchical or stack.num_prefix:
+            return [
+                Problem(
+                    "head.kind",
+                    f"a {self.kind} head maps the patch grid of a plain image stack without prefix tokens",
+                    "use an image input, one number for depth, no class or register tokens; or another head",
+                )
+            ]
+        if self.classes is not None and self.pool != "mean":
+            return [Problem("head.classes", "a classifier reads one vector per image", "set pool: mean")]
+        return map_ops_problems(self.source, self.layers(), stack.out_width, stack.input.grid)
+
+    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+        x = _add(ctx, "head.map", "to_map", ToMapParams(stack.input.grid), {"x": x})
+        x = lower_map_ops(ctx, x, self.layers(), f"head.{self.path}", self.source, "head")
+        if self.pool == "mean":
+            x = _add(ctx, "head.pool", "map_pool", MapPoolParams(), {"x": x}, "head.pool")
+        if self.classes is not None:
+            x = _fc(ctx, x, self.classes, True)
+        _output(ctx, {"x": x})
+
+
+@fragment("head")
+class MapHead(MapHeadBase):
+    """The tokens of the patch grid as a (B, C, rows, cols) map through layers of their own (convs, norms,
+    activations, pooling), optionally averaged and classified."""
+
+    kind: Literal["map"] = Field(
+        description="Discriminator: the tokens as a (B, C, H, W) map through layers."
+    )
+    ops: MapOps = Field(
+        default_factory=list,
+        description="The layers over the map, in order: conv, norm, act and pool items, as an input's stem.",
+    )
+
+    def layers(self) -> list[Any]:
+        return list(self.ops)

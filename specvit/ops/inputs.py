@@ -12,17 +12,32 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import MAX_LEN, MAX_VOCAB, MAX_WIDTH, Fragment, StackCtx, fragment
+from specvit.ops.conv import MapOps, ToTokensParams, lower_map_ops, map_ops_problems, map_out
 from specvit.ops.embed import LinearParams, PatchEmbedParams, QueriesParams, TokenEmbedParams, TypeEmbedParams
 from specvit.ops.fields import Pair
 from specvit.ops.structure import CallParams, ZerosParams
 
-__all__ = ["FeaturesInput", "ImageInput", "InputFragment", "QueriesInput", "SiameseInput", "TokensInput"]
+__all__ = [
+    "FeaturesInput",
+    "ImageInput",
+    "InputFragment",
+    "QueriesInput",
+    "SiameseInput",
+    "SignalInput",
+    "TokensInput",
+]
 
 
 class InputFragment(Fragment):
     """Base of the ``input:`` kinds."""
 
     kind: str
+
+    @property
+    def tokens(self) -> int | None:
+        """How many tokens the input gives when it fixes their count (an image's patches, a feature map, a
+        signal after its stem, queries), else None."""
+        return None
 
     def lower(self, ctx: StackCtx) -> None:
         """Add this input's placeholders and embedding to the stack being lowered."""
@@ -56,22 +71,44 @@ class ImageInput(InputFragment):
         description="Patch projection: a strided conv (timm, HF) or a linear layer on flattened patches.",
     )
     bias: bool = Field(True, description="Bias in the patch projection.")
+    stem: MapOps = Field(
+        default_factory=list,
+        description="Layers over the image before the patches are cut (a convolutional stem: conv, norm, act "
+        "and pool items, as in hybrid ViTs); the patches are cut from the map they leave, and size and patch "
+        "are the image's and the map's.",
+    )
+
+    @property
+    def stem_out(self) -> tuple[int, tuple[int, ...]]:
+        """(channels, (height, width)) of the map the patches are cut from: the image after the stem."""
+        return map_out(self.stem, self.channels, self.size)
 
     @property
     def grid(self) -> tuple[int, int]:
         """Patches per side, (rows, cols)."""
-        return self.size[0] // self.patch[0], self.size[1] // self.patch[1]
+        h, w = self.stem_out[1]
+        return h // self.patch[0], w // self.patch[1]
 
     @property
     def num_patches(self) -> int:
         return self.grid[0] * self.grid[1]
 
+    @property
+    def tokens(self) -> int:
+        return self.num_patches
+
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        sides = [(size, patch) for size, patch in zip(self.size, self.patch, strict=True) if size % patch]
+        stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, self.size)
+        if stem:
+            return stem
+        what = "the stem's output map" if self.stem else "image size"
+        sides = [
+            (size, patch) for size, patch in zip(self.stem_out[1], self.patch, strict=True) if size % patch
+        ]
         return [
             Problem(
                 f"{at}.patch",
-                f"image size {size} is not divisible by patch {patch}",
+                f"{what} {size} is not divisible by patch {patch}",
                 f"use a patch size that divides {size}, such as {divisors_near(size, patch)}",
             )
             for size, patch in dict.fromkeys(sides)  # a square image fails once, not per side
@@ -87,7 +124,10 @@ class ImageInput(InputFragment):
             local="images",
             stack=ctx.role,
         )
-        p = PatchEmbedParams(self.size, self.patch, c, ctx.stack.width, self.projection, self.bias)
+        x = lower_map_ops(ctx, x, self.stem, f"{ctx.role}.stem", f"{ctx.role}.input.stem")
+        c, size = self.stem_out
+        assert len(size) == 2
+        p = PatchEmbedParams(size, self.patch, c, ctx.stack.width, self.projection, self.bias)
         ctx.x = ctx.add(f"{ctx.role}.patch_embed", "patch_embed", p, {"x": x}, source=f"{ctx.role}.input")
         ctx.n, ctx.grid = self.num_patches, self.grid
 
@@ -176,6 +216,10 @@ class FeaturesInput(InputFragment):
     def num_tokens(self) -> int | None:
         return self.grid[0] * self.grid[1] if self.grid is not None else None
 
+    @property
+    def tokens(self) -> int | None:
+        return self.num_tokens
+
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if self.project is False and self.dim != stack.width:
             return [
@@ -205,11 +249,66 @@ class FeaturesInput(InputFragment):
 
 
 @fragment("input")
+class SignalInput(InputFragment):
+    """A (B, channels, length) signal, such as the log-mel spectrogram of speech, through a stem of layers
+    (Whisper: two Conv1d with GELU, the second of stride 2) whose output positions are the tokens."""
+
+    kind: Literal["signal"] = Field(description="Discriminator: a (B, channels, length) signal.")
+    channels: int = Field(ge=1, le=MAX_WIDTH, description="Channels of the signal (Whisper: 80 mel bins).")
+    length: int = Field(ge=1, le=MAX_LEN, description="Its length in frames (Whisper: 3000).")
+    stem: MapOps = Field(
+        default_factory=list,
+        description="Layers over the signal (conv, norm, act and pool items); the positions they leave are the "
+        "tokens and their channels must be the stack's width.",
+    )
+
+    @property
+    def stem_out(self) -> tuple[int, tuple[int, ...]]:
+        """(channels, (length,)) after the stem."""
+        return map_out(self.stem, self.channels, (self.length,))
+
+    @property
+    def tokens(self) -> int:
+        return self.stem_out[1][0]
+
+    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, (self.length,))
+        channels = self.stem_out[0]
+        if stem or channels == stack.width:
+            return stem
+        return [
+            Problem(
+                f"{at}.stem",
+                f"the stem leaves {channels} channels and the stack is {stack.width} wide",
+                f"end the stem with a conv to {stack.width} channels",
+            )
+        ]
+
+    def lower(self, ctx: StackCtx) -> None:
+        role = ctx.role
+        x = ctx.placeholder(
+            f"{role}.input",
+            ctx.arg("input"),
+            ("B", self.channels, self.length),
+            what=f"signal of {self.channels} channels x {self.length} frames",
+            local="signal",
+            stack=role,
+        )
+        x = lower_map_ops(ctx, x, self.stem, f"{role}.stem", f"{role}.input.stem")
+        ctx.x = ctx.add(f"{role}.tokens", "to_tokens", ToTokensParams(), {"x": x}, source=f"{role}.input")
+        ctx.n, ctx.grid = self.tokens, None
+
+
+@fragment("input")
 class QueriesInput(InputFragment):
     """N learned object queries (DETR): the decoder starts from zeros and the queries are its positions."""
 
     kind: Literal["queries"] = Field(description="Discriminator: learned queries (a decoder's input).")
     count: int = Field(ge=1, le=MAX_LEN, description="Number of queries, i.e. of predictions per image.")
+
+    @property
+    def tokens(self) -> int:
+        return self.count
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         role = at.split(".")[0]

@@ -158,16 +158,17 @@ class LearnedPosition(PositionFragment):
         return "tokens" if self.include_prefix else "before_prefix"
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
-        from specvit.ops.inputs import ImageInput
+        from specvit.ops.inputs import ImageInput, SignalInput
 
-        if isinstance(stack.input, ImageInput):
-            needed = stack.input.num_patches + (stack.num_prefix if self.include_prefix else 0)
+        if isinstance(stack.input, ImageInput | SignalInput):
+            needed = stack.input.tokens + (stack.num_prefix if self.include_prefix else 0)
             if self.max_len is not None and self.max_len != needed:
+                sizes = "image and patch sizes" if stack.input.kind == "image" else "signal's length and stem"
                 return [
                     Problem(
                         f"{at}.max_len",
-                        f"the image gives {needed} positions, not {self.max_len}",
-                        "remove max_len: it is derived from the image and patch sizes",
+                        f"the {stack.input.kind} gives {needed} positions, not {self.max_len}",
+                        f"remove max_len: it is derived from the {sizes}",
                     )
                 ]
         elif self.max_len is None and stack.input.kind != "siamese":

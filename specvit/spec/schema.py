@@ -353,13 +353,10 @@ class StackSpec(Node):
     @property
     def num_tokens(self) -> int | None:
         """Tokens seen by the (first) blocks when the input fixes them (images, feature maps, queries), else None."""
-        if isinstance(self.input, ImageInput):
-            return self.input.num_patches + self.num_prefix * (self.prefix_at == 0)
-        if isinstance(self.input, FeaturesInput) and self.input.num_tokens is not None:
-            return self.input.num_tokens + self.num_prefix * (self.prefix_at == 0)
-        if isinstance(self.input, QueriesInput):
-            return self.input.count
-        return None
+        tokens = self.input.tokens
+        if tokens is None or isinstance(self.input, QueriesInput):
+            return tokens
+        return tokens + self.num_prefix * (self.prefix_at == 0)
 
     @property
     def grid(self) -> tuple[int, int] | None:
