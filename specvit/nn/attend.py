@@ -226,9 +226,11 @@ def attend_math(
     scale: float | None,
     cap: float | None,
     mix: tuple[nn.Linear, nn.Linear] | None,
+    gate: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """What :func:`attend` computes, with the parts that need the scores themselves: talking heads mix the
-    logits and the weights across heads, soft-capping squashes the logits before the masks.
+    logits and the weights across heads, soft-capping squashes the logits before the masks, a gate mixes
+    the weights with positional ones.
 
     Args:
         q: (B, G*H, N, hd) queries.
@@ -241,10 +243,12 @@ def attend_math(
         scale: the factor of q·k; None = 1/sqrt(hd).
         cap: soft-capping of the logits, ``cap * tanh(logits / cap)``, or None.
         mix: the (before, after the softmax) H -> H maps of talking heads, or None.
+        gate: ConViT's (positional weights broadcastable to (B, H, N, T), per-head gates g (H, 1, 1) in
+            [0, 1]): the weights become ``(1 - g) * weights + g * positional``, renormalised; or None.
     """
     b, h, n, hd = q.shape
     groups = h // k.shape[1]  # GQA: query head i reads kv head i // groups, as SDPA's enable_gqa
-    if groups > 1 and (mix is not None or bias is not None):  # parts that read every head's own scores
+    if groups > 1 and (mix is not None or bias is not None or gate is not None):  # per-head scores
         k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))  # (B, G*H, T, hd)
         groups = 1
     has_key: Tensor | None = None
@@ -272,6 +276,10 @@ def attend_math(
     weights = logits.softmax(dim=-1)  # (B, G*H, N, T)
     if mix is not None:
         weights = mix_heads(weights, mix[1], heads)
+    if gate is not None:
+        positional, g = gate
+        weights = (1.0 - g) * weights + g * positional
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
     out = (weights @ v).reshape(b, h, n, hd)  # (B, G*H, N, hd)

@@ -11,7 +11,8 @@ The parts, each a constructor argument:
 - **Scores**, in this order: ``q·k`` times ``scale``; talking heads mix them across heads (CaiT); additive
   biases (a ``bias`` input such as ALiBi or T5's buckets; a relative table of the layer's own: Swin's,
   Swin-V2's continuous one, or MViTv2's decomposed one); soft-capping (Gemma 2); the masks (causal, a sliding
-  window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again.
+  window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again;
+  ConViT's gate mixes them with positional weights of the grid.
 - **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
 - **Partition**: with a token ``grid`` and ``grid_window`` M, the grid is cut into M x M windows (rolled by
   ``shift``, or padded) around plain attention (:mod:`specvit.nn.partition`).
@@ -68,6 +69,7 @@ from specvit.nn.scores import (
     MAX_LOGIT_SCALE,
     cpb_coords,
     decomposed_bias,
+    grid_offsets,
     relative_position_index,
     shift_mask,
 )
@@ -112,6 +114,9 @@ class Attention(nn.Module):
         cpb_hidden: the hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for the window.
         softcap: soft-capping of the logits, ``softcap * tanh(logits / softcap)`` (Gemma 2), or None.
+        gated: ConViT's gated positional self-attention: the weights mixed with
+            ``softmax(pos_proj([dx, dy, dx² + dy²]))`` over each query-key offset on the ``grid`` by a
+            per-head gate ``sigmoid(gating_param)``, then renormalised.
         causal: query i only sees keys at positions <= its own.
         window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
         queries: only the first ``queries`` tokens query (CaiT's class attention: 1); None = every token.
@@ -150,6 +155,7 @@ class Attention(nn.Module):
         cpb_hidden: int = 512,
         pretrained: int = 0,
         softcap: float | None = None,
+        gated: bool = False,
         causal: bool = False,
         window: int | None = None,
         queries: int | None = None,
@@ -163,14 +169,14 @@ class Attention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal)
+        _check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal, gated)
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
         self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
         self.scale = 1.0 if cosine else scale  # cosine attention folds its learned scale into the queries
         self.cosine, self.talking_heads, self.softcap = cosine, talking_heads, softcap
-        self.relative, self.pretrained = relative, pretrained
+        self.relative, self.pretrained, self.gated = relative, pretrained, gated
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
         hd, h = self.head_dim, num_heads
         self._projections(dim, memory_dim, qkv_bias, device, dtype)
@@ -195,6 +201,9 @@ class Attention(nn.Module):
         if talking_heads:
             self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
             self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
+        if gated:
+            self.pos_proj = nn.Linear(3, h, device=device, dtype=dtype)  # an offset's score in each head
+            self.gating_param = nn.Parameter(torch.ones(h, device=device, dtype=dtype))
         self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = dropout(proj_drop)
         if relative == "decomposed":
@@ -370,8 +379,7 @@ class Attention(nn.Module):
         Returns:
             (B, Nq, D): N tokens, or the first ``queries``.
         """
-        b, n, _ = x.shape
-        hd = self.head_dim
+        (b, n, _), hd = x.shape, self.head_dim
         if self.grid_window is not None:
             assert self.grid is not None  # _check_parts: windows need the grid
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
@@ -408,14 +416,25 @@ class Attention(nn.Module):
                 b, n, t, past, first, mask, memory_mask, cache, bias is None, q.device
             )
         dropout_p = self.attn_drop if self.training else 0.0
-        if self.talking_heads or self.softcap is not None:
+        if self.talking_heads or self.softcap is not None or self.gated:
             mix = (self.proj_l, self.proj_w) if self.talking_heads else None
-            out = attend_math(q, k, v, visible, is_causal, dropout_p, bias, self.scale, self.softcap, mix)
+            scale, cap, gate = self.scale, self.softcap, self._gate(q)
+            out = attend_math(q, k, v, visible, is_causal, dropout_p, bias, scale, cap, mix, gate)
         else:
             out = attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, G*H, Nq, hd)
         if cache is not None and self.causal:
             cache.bound(self.layer_idx, self.window)
         return self._output(out, b)  # (B, Nq, D)
+
+    def _gate(self, q: Tensor) -> tuple[Tensor, Tensor] | None:
+        """ConViT's positional weights (1, H, N, N) over the grid's offsets and the per-head gates (H, 1, 1),
+        or None without gated positions."""
+        if not self.gated:
+            return None
+        assert self.grid is not None  # _check_parts: gated positions need the grid
+        offsets = grid_offsets(self.grid, q.device).to(q.dtype)  # (N, N, 3)
+        positional = self.pos_proj(offsets).permute(2, 0, 1).softmax(dim=-1)  # (H, N, N)
+        return positional[None], torch.sigmoid(self.gating_param).view(-1, 1, 1)
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"]
@@ -425,7 +444,7 @@ class Attention(nn.Module):
         for name in ("queries", "grid", "grid_window", "relative", "softcap"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
-        parts += [name for name in ("cosine", "talking_heads") if getattr(self, name)]
+        parts += [name for name in ("cosine", "talking_heads", "gated") if getattr(self, name)]
         if self.shift:
             parts.append(f"shift={self.shift}")
         return ", ".join(parts)
@@ -440,9 +459,12 @@ def _check_parts(
     shift: int,
     queries: int | None,
     causal: bool,
+    gated: bool = False,
 ) -> None:
     """Refuse the combinations of parts the core does not compute."""
     problems = []
+    if gated and (grid is None or grid_window is not None or memory_dim is not None or queries is not None):
+        problems.append("gated positions are over the whole token grid, every token querying itself")
     if memory_dim is not None and (projection != "packed" or grid_window is not None or queries is not None):
         problems.append("keys and values from a memory take the packed projection, no windows, all queries")
     if queries is not None and causal:

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_LOGIT_SCALE",
     "cpb_coords",
     "decomposed_bias",
+    "grid_offsets",
     "mix_heads",
     "relative_position_index",
     "relative_rows",
@@ -104,6 +105,17 @@ def decomposed_bias(q: Tensor, rel_h: Tensor, rel_w: Tensor, extent: tuple[int, 
     along_w = torch.einsum("bhwc,wkc->bhwk", grid_q, relative_rows(qw, rel_w))  # (Bw*H, qh, qw, qw)
     bias = along_h[:, :, :, :, None] + along_w[:, :, :, None, :]  # (Bw*H, qh, qw, qh, qw)
     return bias.reshape(bw, h, qh * qw, qh * qw)
+
+
+def grid_offsets(grid: tuple[int, int], device: torch.device | None = None) -> Tensor:
+    """ConViT's query-key offsets on a row-major (gh, gw) grid: (N, N, 3) of ``[dx, dy, dx² + dy²]`` with
+    dx = key column - query column and dy = key row - query row."""
+    gh, gw = grid
+    rows = torch.arange(gh, device=device).repeat_interleave(gw)  # (N,) the row of each token
+    cols = torch.arange(gw, device=device).repeat(gh)  # (N,) its column
+    dx = (cols[None, :] - cols[:, None]).float()  # (N, N)
+    dy = (rows[None, :] - rows[:, None]).float()
+    return torch.stack((dx, dy, dx**2 + dy**2), dim=-1)  # (N, N, 3)
 
 
 def mix_heads(scores: Tensor, mix: nn.Linear, heads: int) -> Tensor:

@@ -39,6 +39,7 @@ _CORE_PARTS: dict[str, Any] = {
     "talking_heads": False,
     "relative": None,
     "softcap": None,
+    "gated": False,
     "causal": False,
     "window": None,
     "queries": None,
@@ -86,6 +87,7 @@ class AttentionParams(Params):
         relative: the layer's own relative bias: ``table`` (Swin), ``cpb`` (Swin-V2's MLP), ``decomposed``
             (MViTv2's, ViTDet), or None.
         cosine: cosine attention with a learned per-head logit scale (Swin-V2).
+        gated: ConViT's gated positional attention over the whole ``grid``.
         cpb_hidden: hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for ``window``.
         layer: the layer's index in a KV cache.
@@ -117,6 +119,7 @@ class AttentionParams(Params):
     shift: int = 0
     relative: Relative | None = None
     cosine: bool = False
+    gated: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
     layer: int = field(default=0, metadata={"varies": True})
@@ -158,6 +161,7 @@ class AttentionParams(Params):
     def own_params(self) -> int:
         """Parameters beside the projections and QK-norms: talking-heads maps, the logit scale, tables."""
         h, n = self.heads, 2 * (self.heads**2 + self.heads) * self.talking_heads + self.heads * self.cosine
+        n += 5 * h * self.gated  # ConViT: pos_proj 3 -> H with a bias, one gate per head
         if self.relative == "table":
             assert self.window is not None
             n += (2 * self.window - 1) ** 2 * h
@@ -277,6 +281,8 @@ class Attention(Op):
         out = qkv + 4 * queries * keys * p.inner + linear_flops(queries, p.inner, p.dim)  # q·k, attn @ v
         if p.talking_heads:
             out += 2 * linear_flops(b * n * n, p.heads, p.heads)
+        if p.gated:
+            out += linear_flops(n * n, 3, p.heads)  # the positional scores, once per forward
         if p.relative == "decomposed":
             out += 2 * rows * p.inner * sum(p.extent)  # the two einsums
         elif p.relative == "cpb":
@@ -308,6 +314,7 @@ class Attention(Op):
             relative=p.relative,
             **cpb,
             softcap=p.softcap,
+            **({"gated": True} if p.gated else {}),
             causal=p.causal,
             window=None if p.tiles else p.window,
             queries=p.queries,
@@ -328,6 +335,8 @@ class Attention(Op):
                 fill.zeros(getattr(module, name))
         if p.cosine:
             fill(module.logit_scale, lambda t: t.fill_(math.log(10.0)))  # Swin-V2: scale 10 at init
+        if p.gated:
+            fill.ones(module.gating_param)  # ConViT: each head starts at sigmoid(1) positional
         for table in ("relative_position_bias_table", "rel_pos_h", "rel_pos_w"):
             if hasattr(module, table):
                 fill(getattr(module, table), lambda t: trunc_normal_(t, std=0.02))
@@ -340,4 +349,6 @@ class Attention(Op):
             lines.append(_relative_line(p))
         if p.cosine:
             lines.append("cosine attention · logit scale ≤ 100")
+        if p.gated:
+            lines.append("gated positions · softmax(q·k) and softmax of offsets, gated per head")
         return tuple(lines)

@@ -36,16 +36,20 @@ def block_window(size: int, shift: bool, grid: tuple[int, int], index: int) -> t
 
 def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
     """The parts of block ``b``'s self-attention that come from the token grid, and the spec key that
-    sets them (None when there are none): the block's windows, and relative positions of the layer's own.
+    sets them (None when there are none): the block's windows, relative positions of the layer's own, and
+    ConViT's gated positions.
     """
     w, s = b.spec.window, b.stack.stack
     own = {k: v for position in s.positions for k, v in position.attention_parts().items()}
+    own |= {"gated": True} if b.spec.gated_positions else {}
     if w is None and not own:
         return {}, None
     assert b.grid is not None
     parts: dict[str, Any] = {"grid": b.grid, **own}
     if w is None:
-        return parts, f"{b.stack.role}.position"
+        return parts, f"{b.stack.role}.block.gated_positions" if own.get(
+            "gated"
+        ) else f"{b.stack.role}.position"
     source = f"{b.stack.role}.block.window"
     if not w.bias:  # ViTDet's tiles: the window as written, padded where it does not divide the grid
         return parts | {"window": w.size}, source

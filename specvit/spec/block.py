@@ -260,6 +260,13 @@ class BlockSpec(Node):
         description="Self-attention scores mixed across heads by learned heads x heads maps before and after "
         "the softmax (CaiT; Shazeer et al. 2020). Runs the math path, not fused SDPA.",
     )
+    gated_positions: bool = Field(
+        False,
+        description="ConViT's gated positional self-attention: the attention weights mixed with a softmax of "
+        "each head's linear map of the query-key offset on the patch grid (dx, dy, dx² + dy²) by a learned "
+        "per-head gate, then renormalised. Needs the patch grid without prefix tokens (ConViT's local "
+        "blocks, before prefix.at). Runs the math path.",
+    )
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )

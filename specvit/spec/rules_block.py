@@ -75,7 +75,7 @@ def check_layers(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         return out
     for block, at in _origins(role, s).values():
         out += _block(role, at, block, spec) + _moe(at, block, s)
-    out += _one_routing(role, s, spec)
+    out += _one_routing(role, s, spec) + _gated(role, s)
     reads = any("cross_attention" in b.sublayers for b in s.layer_blocks)
     reads = reads or getattr(s.input, "reads_encoder", False)  # an input made of the encoder's tokens (MAE)
     if spec.model == "encoder_decoder" and role == "decoder" and not reads:
@@ -87,6 +87,32 @@ def check_layers(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
             )
         )
     return out
+
+
+def _gated(role: str, s: StackSpec) -> list[Problem]:
+    """ConViT's gated positions read the patch grid: a plain image stack's, in blocks without prefix tokens
+    or windows."""
+    origins = _origins(role, s)
+    for i in range(s.total_depth):
+        b = s.layer(i)
+        if not b.gated_positions:
+            continue
+        at = f"{origins[id(b)][1]}.gated_positions"
+        if s.input.kind != "image" or s.hierarchical:
+            return [
+                Problem(at, "gated positions are over the patch grid of a plain image stack", "remove it")
+            ]
+        if s.num_prefix and i >= s.prefix_at:
+            return [
+                Problem(
+                    at,
+                    f"layer {i} sees the prefix tokens, and gated positions are over the patch grid alone",
+                    f"set prefix.at above {i} (ConViT adds its class token after the gated blocks)",
+                )
+            ]
+        if b.window is not None or "self_attention" not in b.sublayers:
+            return [Problem(at, "gated positions change a global self_attention", "remove window, or it")]
+    return []
 
 
 def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
