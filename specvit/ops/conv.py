@@ -10,9 +10,8 @@ layer over a (B, C, L) signal or a (B, C, H, W) image map:
 - ``{kind: pool, type: max | avg, kernel: 3, stride: 2, padding: 1}``: a pooling window.
 
 Square kernels, strides and paddings; 1D or 2D follows from the input. The ops between maps and tokens
-(``to_tokens``, ``to_map``, ``map_pool``) are written by the lowering, never in a spec.
-
-Modules: ``torch.nn``'s convolutions and norms, and :mod:`specvit.nn.conv`.
+(``to_tokens``, ``to_map``, ``map_pool``) are written by the lowering, never in a spec. Modules:
+``torch.nn``'s convolutions and norms, and :mod:`specvit.nn.conv`.
 """
 
 from __future__ import annotations
@@ -66,6 +65,10 @@ class _Layer(Fragment):
         """What this layer cannot do to a (channels, size) map."""
         return []
 
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        """The op kind and params of this layer over a map of ``channels`` and ``dims`` spatial dims."""
+        raise NotImplementedError
+
 
 class _Window(_Layer):
     kernel: _Size = Field(description="Side of the square window.")
@@ -108,6 +111,10 @@ class ConvLayer(_Window):
     def out(self, channels: int, size: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         return self.channels, super().out(channels, size)[1]
 
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        args = (self.kernel, self.stride, self.padding, self.groups, self.bias, self.standardize)
+        return "conv", ConvParams(dims, channels, self.channels, *args)
+
     def problems(self, at: str, channels: int, size: tuple[int, ...]) -> list[Problem]:
         out = super().problems(at, channels, size)
         if channels % self.groups or self.channels % self.groups:
@@ -137,6 +144,11 @@ class NormLayer(_Layer):
     eps: float = Field(1e-5, gt=0.0, lt=1.0, description="Added to the variance.")
     affine: bool = Field(True, description="A learned weight and bias per channel.")
 
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        return "channel_norm", ChannelNormParams(
+            dims, self.type, channels, self.groups, self.eps, self.affine
+        )
+
     def problems(self, at: str, channels: int, size: tuple[int, ...]) -> list[Problem]:
         if self.type != "group":
             if self.groups is not None:
@@ -160,6 +172,9 @@ class ActLayer(_Layer):
     kind: Literal["act"] = Field(description="Discriminator: an activation.")
     fn: PlainActivation = Field(description="gelu (exact), gelu_tanh, quick_gelu, relu, relu2 or silu.")
 
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        return "act", ActParams(self.fn)
+
 
 class PoolLayer(_Window):
     """Max or average over square windows of the map."""
@@ -167,6 +182,11 @@ class PoolLayer(_Window):
     kind: Literal["pool"] = Field(description="Discriminator: a pooling window.")
     type: Literal["max", "avg"] = Field(description="max or avg (padding not counted in the average).")
     stride: _Size | None = Field(None, description="Step between windows; null: the kernel.")  # type: ignore[assignment]
+
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        return "spatial_pool", SpatialPoolParams(
+            dims, self.type, self.kernel, self.stride or self.kernel, self.padding
+        )
 
     def out(self, channels: int, size: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         step = self.stride or self.kernel
@@ -220,26 +240,7 @@ def lower_map_ops(
     for i, layer in enumerate(ops):
         _, c, *size = ctx.shape(x)
         assert isinstance(c, int)
-        p: Params
-        if isinstance(layer, ConvLayer):
-            kind, p = "conv", ConvParams(
-                len(size), c, layer.channels, layer.kernel, layer.stride, layer.padding, layer.groups,
-                layer.bias, layer.standardize,
-            )  # fmt: skip
-        elif isinstance(layer, NormLayer):
-            kind, p = (
-                "channel_norm",
-                ChannelNormParams(len(size), layer.type, c, layer.groups, layer.eps, layer.affine),
-            )
-        elif isinstance(layer, ActLayer):
-            kind, p = "act", ActParams(layer.fn)
-        else:
-            assert isinstance(layer, PoolLayer)
-            stride = layer.stride or layer.kernel
-            kind, p = (
-                "spatial_pool",
-                SpatialPoolParams(len(size), layer.type, layer.kernel, stride, layer.padding),
-            )
+        kind, p = layer.node(c, len(size))
         x = ctx.add(f"{path}.{i}", kind, p, {"x": x}, source=f"{source}.{i}", stack=stack)
     return x
 
