@@ -241,7 +241,7 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
     for i, (d, got) in enumerate(zip(want, shape, strict=True)):
         if isinstance(d, int) and d != got:
             raise InputError(
-                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(want, shape, i, what)}"
+                f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {_which(p, shape, i)}"
             )
         if isinstance(d, str):
             if got < 1:
@@ -255,10 +255,11 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
                 )
 
 
-def _which(want: tuple[int | str, ...], shape: tuple[int, ...], i: int, what: str) -> str:
+def _which(p: InputParams, shape: tuple[int, ...], i: int) -> str:
     """Which fixed dim differs, in words a user of the spec recognises."""
+    want = p.shape
     d, got = want[i], shape[i]
-    if what.startswith("signal"):  # (B, channels, length)
+    if p.local == "signal":  # (B, channels, length)
         key = "channels" if i == 1 else "length"
         return f"the spec's signals have {d} {'channels' if i == 1 else 'frames'}, not {got} (input.{key})"
     if len(want) == 4 and i == 1:

@@ -9,53 +9,34 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 from reference import float64_reference, perturbed
 from test_constructs import Rename, _check, renamed
+from test_constructs_stems import IMAGE, VIT_KEYS, ejects_the_same, problem, vit_spec
 
-from specvit.compile import build_graph, build_model, eject
-from specvit.errors import SpecError
+from specvit.compile import build_graph, build_model
 from specvit.spec.loader import parse_spec
 
-IMAGE, LOCAL = 24, 2
+LOCAL = 2
 
 
 def _convit_spec(gated: bool = True) -> dict[str, Any]:
-    return {
-        "specvit": 1,
-        "name": "convit",
-        "model": "encoder",
-        "encoder": {
-            "input": {"kind": "image", "size": IMAGE, "patch": 4},
-            "prefix": {"cls": True, "at": LOCAL},  # ConViT's class token joins after its local blocks
-            "position": {"kind": "learned", "include_prefix": False},
-            "width": 48,
-            "depth": 4,
-            "block": {
-                "heads": 4,
-                "norm": {"kind": "layernorm", "eps": 1e-6},
-                "mlp": {"ratio": 4, "activation": "gelu"},
-                "qkv_bias": False,
-            },
-            "overrides": [{"layers": list(range(LOCAL)), "block": {"gated_positions": gated}}],
-            "final_norm": True,
-        },
-        "head": {"kind": "classifier", "pool": "cls", "classes": 5},
-    }
+    spec = vit_spec([], patch=4)
+    stack = spec["encoder"]
+    stack["prefix"]["at"] = LOCAL  # ConViT's class token joins after its local blocks
+    stack["position"] = {"kind": "learned", "include_prefix": False}
+    stack["depth"] = 4
+    stack["block"]["qkv_bias"] = False
+    stack["overrides"] = [{"layers": list(range(LOCAL)), "block": {"gated_positions": gated}}]
+    return spec
 
 
-_CONVIT_KEYS: Rename = [
-    (r"encoder\.patch_embed\.proj\.(\w+)", "patch_embed.proj.{0}"),
-    (r"encoder\.prefix\.cls_token", "cls_token"),
-    (r"encoder\.pos_embed\.weight", "pos_embed"),
+_CONVIT_KEYS: Rename = [  # the gated blocks' q and k are one linear, their v another
     (
         r"encoder\.blocks\.([01])\.attn\.qkv\.weight",
         ("blocks.{0}.attn.qk.weight", "blocks.{0}.attn.v.weight"),
     ),
-    (r"encoder\.blocks\.(\d+)\.(.*)", "blocks.{0}.{1}"),
-    (r"encoder\.norm\.(\w+)", "norm.{0}"),
-    (r"head\.fc\.(\w+)", "head.{0}"),
+    *VIT_KEYS,
 ]
 
 
@@ -87,37 +68,23 @@ def test_convit_gated_positional_attention() -> None:
 
 
 def test_gated_attention_ejects_to_the_same_model() -> None:
-    graph = build_graph(parse_spec(_convit_spec()), batch=2)
-    torch.manual_seed(0)
-    compiled = build_model(graph).eval()
-    namespace: dict[str, Any] = {"__name__": "ejected"}
-    exec(compile(eject(graph), "<ejected>", "exec"), namespace)
-    ejected = namespace["Model"]().eval()
-    ejected.load_state_dict(compiled.state_dict())
-    x = torch.randn(2, 3, IMAGE, IMAGE)
-    with torch.no_grad():
-        assert (ejected(x) - compiled(x)).abs().max().item() == 0.0
+    ejects_the_same(_convit_spec(), torch.randn(2, 3, IMAGE, IMAGE))
+    graph = build_graph(parse_spec(_convit_spec()))
     node = "encoder.blocks.0.attn"
     assert "gated positions" in " ".join(graph.op(node).label(graph[node]["p"]))
-
-
-def _problem(spec: dict[str, Any]) -> str:
-    with pytest.raises(SpecError) as info:
-        build_graph(parse_spec(spec))
-    return str(info.value.problems[0]).removeprefix("<string>: ")
 
 
 def test_gated_positions_need_the_grid_alone() -> None:
     late = _convit_spec()
     late["encoder"]["overrides"][0]["layers"] = [2]
-    assert _problem(late) == (
+    assert problem(late) == (
         "encoder.overrides.0.block.gated_positions: layer 2 sees the prefix tokens, and gated positions are "
         "over the patch grid alone (set prefix.at above 2 (ConViT adds its class token after the gated blocks))"
     )
     text = _convit_spec()
     text["encoder"] |= {"input": {"kind": "tokens", "vocab": 50}, "position": "none"}
     del text["encoder"]["prefix"]
-    assert _problem(text | {"head": "none"}) == (
+    assert problem(text | {"head": "none"}) == (
         "encoder.overrides.0.block.gated_positions: gated positions are over the patch grid of a plain image "
         "stack (remove it)"
     )

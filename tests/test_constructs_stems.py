@@ -124,7 +124,7 @@ def test_a_signal_input_checks_its_shape_in_words() -> None:
 IMAGE = 36
 
 
-def _vit_spec(stem: list[dict[str, Any]], patch: int) -> dict[str, Any]:
+def vit_spec(stem: list[dict[str, Any]], patch: int) -> dict[str, Any]:
     return {
         "specvit": 1,
         "name": "hybrid_vit",
@@ -147,7 +147,7 @@ def _vit_spec(stem: list[dict[str, Any]], patch: int) -> dict[str, Any]:
     }
 
 
-_VIT_KEYS: Rename = [
+VIT_KEYS: Rename = [
     (r"encoder\.patch_embed\.proj\.(\w+)", "patch_embed.proj.{0}"),
     (r"encoder\.prefix\.cls_token", "cls_token"),
     (r"encoder\.pos_embed\.weight", "pos_embed"),
@@ -199,9 +199,9 @@ def test_the_resnet_stem_of_timm_hybrid_vits() -> None:
     keys = [
         (r"encoder\.stem\.0\.weight", "patch_embed.backbone.conv.weight"),
         (r"encoder\.stem\.1\.(\w+)", "patch_embed.backbone.norm.{0}"),
-        *_VIT_KEYS,
+        *VIT_KEYS,
     ]
-    spec = partial(_vit_spec, patch=3)
+    spec = partial(vit_spec, patch=3)
     _check(lambda on: _max_diff(_load(spec(_resnet_stem(1e-8 if on else None)), ref, keys), ref, _image()))
 
 
@@ -226,9 +226,9 @@ def test_timm_convstem_with_batch_norm_in_eval() -> None:
         (r"encoder\.stem\.3\.weight", "patch_embed.backbone.1.conv.weight"),
         (r"encoder\.stem\.4\.(\w+)", "patch_embed.backbone.1.bn.{0}"),
         (r"encoder\.stem\.6\.(\w+)", "patch_embed.backbone.2.conv.{0}"),
-        *_VIT_KEYS,
+        *VIT_KEYS,
     ]
-    ours = _load(_vit_spec(layers, patch=3), ref, keys)
+    ours = _load(vit_spec(layers, patch=3), ref, keys)
 
     def diff(running_stats: bool) -> float:  # the control normalises by the batch's statistics instead
         return _max_diff(ours.eval() if running_stats else copy.deepcopy(ours).train(), ref, _image())
@@ -247,7 +247,7 @@ _NECK = [
 
 
 def _sam_like(head: dict[str, Any]) -> dict[str, Any]:
-    spec = _vit_spec([], patch=6)
+    spec = vit_spec([], patch=6)
     del spec["encoder"]["prefix"]
     spec["encoder"]["position"] = "none"
     return spec | {"head": head}
@@ -281,7 +281,7 @@ def test_sams_neck_is_the_map_head_of_its_layers() -> None:
     ("spec", "x"),
     [
         (_whisper_spec(), torch.randn(2, MELS, FRAMES)),
-        (_vit_spec(_resnet_stem(1e-8), patch=3), torch.randn(2, 3, IMAGE, IMAGE)),
+        (vit_spec(_resnet_stem(1e-8), patch=3), torch.randn(2, 3, IMAGE, IMAGE)),
         (
             _sam_like({"kind": "map", "ops": [*_NECK, {"kind": "act", "fn": "silu"}]}),
             torch.randn(2, 3, IMAGE, IMAGE),
@@ -290,6 +290,11 @@ def test_sams_neck_is_the_map_head_of_its_layers() -> None:
     ids=["whisper", "resnet_stem", "map_head"],
 )
 def test_stems_and_map_heads_eject_to_the_same_model(spec: dict[str, Any], x: torch.Tensor) -> None:
+    ejects_the_same(spec, x)
+
+
+def ejects_the_same(spec: dict[str, Any], x: torch.Tensor) -> None:
+    """The ejected file of ``spec`` loads the built model's weights and gives its outputs on ``x`` exactly."""
     graph = build_graph(parse_spec(spec), batch=2)
     torch.manual_seed(0)
     compiled = build_model(graph).eval()
@@ -301,7 +306,8 @@ def test_stems_and_map_heads_eject_to_the_same_model(spec: dict[str, Any], x: to
         assert (ejected(x) - compiled(x)).abs().max().item() == 0.0
 
 
-def _problem(spec: dict[str, Any]) -> str:
+def problem(spec: dict[str, Any]) -> str:
+    """The first problem building ``spec`` reports, without the source name."""
     with pytest.raises(SpecError) as info:
         build_graph(parse_spec(spec))
     return str(info.value.problems[0]).removeprefix("<string>: ")
@@ -337,23 +343,23 @@ def test_stem_mistakes_name_the_layer_and_the_fix(edit: Any, expected: str) -> N
     spec = _whisper_spec()
     spec["encoder"]["position"] = {"kind": "learned"}
     edit(spec)
-    assert _problem(spec) == expected
+    assert problem(spec) == expected
 
 
 def test_image_stem_mistakes_name_the_layer_and_the_fix() -> None:
-    bad_groups = _vit_spec(_resnet_stem(None), patch=3)
+    bad_groups = vit_spec(_resnet_stem(None), patch=3)
     bad_groups["encoder"]["input"]["stem"][1]["groups"] = 5
-    assert _problem(bad_groups) == (
+    assert problem(bad_groups) == (
         "encoder.input.stem.1.groups: a group norm over 24 channels needs a number of groups dividing them, "
         "got 5 groups (set groups to a divisor of the channels, such as 32)"
     )
-    assert _problem(_vit_spec(_resnet_stem(None), patch=4)) == (
+    assert problem(vit_spec(_resnet_stem(None), patch=4)) == (
         "encoder.input.patch: the stem's output map 9 is not divisible by patch 4 (use a patch size that divides "
         "9, such as 1 or 3)"
     )
-    patches = _vit_spec(_resnet_stem(None), patch=3) | {"head": {"kind": "patches"}}
+    patches = vit_spec(_resnet_stem(None), patch=3) | {"head": {"kind": "patches"}}
     del patches["encoder"]["prefix"]
-    assert _problem(patches) == (
+    assert problem(patches) == (
         "encoder.input.stem: a patches head predicts the pixels of each patch, and after a stem a token covers "
         "more (remove the stem, or use another head)"
     )

@@ -314,7 +314,7 @@ class Attention(Op):
             relative=p.relative,
             **cpb,
             softcap=p.softcap,
-            **({"gated": True} if p.gated else {}),
+            gated=p.gated,
             causal=p.causal,
             window=None if p.tiles else p.window,
             queries=p.queries,

@@ -213,12 +213,8 @@ class FeaturesInput(InputFragment):
     )
 
     @property
-    def num_tokens(self) -> int | None:
-        return self.grid[0] * self.grid[1] if self.grid is not None else None
-
-    @property
     def tokens(self) -> int | None:
-        return self.num_tokens
+        return self.grid[0] * self.grid[1] if self.grid is not None else None
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if self.project is False and self.dim != stack.width:
@@ -232,7 +228,7 @@ class FeaturesInput(InputFragment):
         return []
 
     def lower(self, ctx: StackCtx) -> None:
-        role, seq = ctx.role, self.num_tokens or ctx.n
+        role, seq = ctx.role, self.tokens or ctx.n
         x = ctx.placeholder(
             f"{role}.input",
             ctx.arg("input"),
