@@ -1,5 +1,6 @@
 """Parts of the attention core checked in float64 against the model that published them: ConViT's gated
-positional self-attention (timm), in its local blocks before the class token enters.
+positional self-attention (timm), in its local blocks before the class token enters; attention pooling with
+a learned probe (timm's ``global_pool='map'``, HF's SigLIP head), the core as a cross-attention.
 
 Every test has a control: the same spec with only that construct switched off must fail the same
 assertion.
@@ -13,6 +14,7 @@ import torch
 from reference import float64_reference, perturbed
 from test_constructs import Rename, _check, renamed
 from test_constructs_stems import IMAGE, VIT_KEYS, ejects_the_same, problem, vit_spec
+from torch import nn
 
 from specvit.compile import build_graph, build_model
 from specvit.spec.loader import parse_spec
@@ -88,3 +90,102 @@ def test_gated_positions_need_the_grid_alone() -> None:
         "encoder.overrides.0.block.gated_positions: gated positions are over the patch grid of a plain image "
         "stack (remove it)"
     )
+
+
+# ----------------------------------------------------------------- attention pooling with a learned probe
+
+
+def _probe_spec(on: bool = True) -> dict[str, Any]:
+    spec = vit_spec([], patch=6)
+    spec["encoder"]["prefix"]["cls"] = False
+    spec["head"]["pool"] = "attention" if on else "mean"
+    return spec
+
+
+_PROBE_KEYS: Rename = [
+    (r"head\.pool\.latent\.weight", "attn_pool.latent"),
+    (r"head\.pool\.attn\.(.*)", "attn_pool.{0}"),
+    (r"head\.pool\.(norm|mlp)\.(.*)", "attn_pool.{0}.{1}"),
+    *VIT_KEYS,
+]
+
+
+def _probe_diff(ref: nn.Module, rename: Rename, source: dict[str, torch.Tensor], on: bool) -> float:
+    """Max abs difference of the probe spec (pool mean when off) with ``ref``'s weights (``source``)."""
+    model = build_model(parse_spec(_probe_spec(on))).double().eval()
+    weights, used = renamed(model, source, rename)
+    model.load_state_dict(weights, strict=on)  # the control has no probe to load
+    assert used == set(source) or not on
+    x = torch.randn(2, 3, IMAGE, IMAGE, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), float64_reference():
+        return (model(x) - ref(x)).abs().max().item()
+
+
+def test_attention_pool_is_timms_map_pool() -> None:
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    ref = VisionTransformer(
+        img_size=IMAGE, patch_size=6, embed_dim=48, depth=2, num_heads=4, num_classes=5,
+        class_token=False, global_pool="map",
+    )  # fmt: skip
+    ref = perturbed(ref, 0).double().eval()
+    _check(lambda on: _probe_diff(ref, _PROBE_KEYS, ref.state_dict(), on))
+
+
+def test_attention_pool_is_siglips_head() -> None:
+    """HF's SigLIP vision tower pools with ``nn.MultiheadAttention`` over a probe; our classifier's linear
+    applied to its ``pooler_output`` is the reference."""
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    config = SiglipVisionConfig(
+        hidden_size=48, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        image_size=IMAGE, patch_size=6, hidden_act="gelu", attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    tower = perturbed(SiglipVisionModel(config), 0).double().eval()
+    fc = nn.Linear(48, 5).double()
+    source = {f"tower.{k}": v for k, v in tower.state_dict().items()} | {
+        f"fc.{k}": v for k, v in fc.state_dict().items()
+    }
+    packed = (
+        source.pop("tower.head.attention.in_proj_weight"),
+        source.pop("tower.head.attention.in_proj_bias"),
+    )
+    for name, w in zip(("weight", "bias"), packed, strict=True):  # (3D, ...) as [q; k; v]
+        source[f"q.{name}"], source[f"kv.{name}"] = w[:48], w[48:]
+    rename: Rename = [
+        (r"encoder\.patch_embed\.proj\.(\w+)", "tower.embeddings.patch_embedding.{0}"),
+        (r"encoder\.pos_embed\.weight", "tower.embeddings.position_embedding.weight"),
+        (r"encoder\.blocks\.(\d+)\.norm(\d)\.(\w+)", "tower.encoder.layers.{0}.layer_norm{1}.{2}"),
+        (
+            r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
+            tuple(f"tower.encoder.layers.{{0}}.self_attn.{c}_proj.{{1}}" for c in "qkv"),
+        ),
+        (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", "tower.encoder.layers.{0}.self_attn.out_proj.{1}"),
+        (r"encoder\.blocks\.(\d+)\.mlp\.(.*)", "tower.encoder.layers.{0}.mlp.{1}"),
+        (r"encoder\.norm\.(\w+)", "tower.post_layernorm.{0}"),
+        (r"head\.pool\.latent\.weight", "tower.head.probe"),
+        (r"head\.pool\.attn\.(q|kv)\.(\w+)", "{0}.{1}"),
+        (r"head\.pool\.attn\.proj\.(\w+)", "tower.head.attention.out_proj.{0}"),
+        (r"head\.pool\.norm\.(\w+)", "tower.head.layernorm.{0}"),
+        (r"head\.pool\.mlp\.(.*)", "tower.head.mlp.{0}"),
+        (r"head\.fc\.(\w+)", "fc.{0}"),
+    ]
+    _check(lambda on: _probe_diff(lambda x: fc(tower(x).pooler_output), rename, source, on))
+
+
+def test_attention_pool_ejects_and_checks_its_heads() -> None:
+    ejects_the_same(_probe_spec(), torch.randn(2, 3, IMAGE, IMAGE))
+    graph = build_graph(parse_spec(_probe_spec()))
+    assert graph["head.pool.attn"]["op"] == "cross_attention"
+    assert graph["head.pool.token"]["shape"] == ("B", 48)
+    spec = _probe_spec()
+    spec["head"]["probe"] = {"heads": 5}
+    assert (
+        problem(spec) == "head.probe.heads: the probe's 5 heads do not divide the width 48 (set "
+        "head.probe.heads to a divisor of 48)"
+    )
+    spec = _probe_spec(on=False)
+    spec["head"]["probe"] = {"heads": 4}
+    assert problem(spec) == "head.probe: probe sets pool: attention's probe (set pool: attention)"

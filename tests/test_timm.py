@@ -47,6 +47,17 @@ VIT: dict[str, tuple[str, dict[str, Any]]] = {
             "num_classes": 5,
         },
     ),
+    "vit_siglip_map_pool": (
+        "vit_tiny_patch16_224",
+        {
+            "depth": 2,
+            "img_size": 48,
+            "class_token": False,
+            "global_pool": "map",
+            "act_layer": "gelu_tanh",
+            "num_classes": 6,
+        },
+    ),
     "swin_tiny": (
         "swin_tiny_patch4_window7_224",
         {"embed_dim": 16, "depths": (2, 2, 2, 1), "num_heads": (1, 2, 4, 8), "num_classes": 10},
@@ -69,7 +80,6 @@ def test_timm_models_are_read_exactly(case: str) -> None:
 
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "another model class": ("resnet18", {}, "model: specvit has no family for timm's ResNet"),
-    "attention pooling": ("vit_tiny_patch16_224", {"depth": 1, "global_pool": "map"}, "model.attn_pool"),
     "max pooling": ("vit_tiny_patch16_224", {"depth": 1, "global_pool": "max"}, "model.global_pool"),
     "dynamic image size": (
         "vit_tiny_patch16_224",
@@ -115,6 +125,21 @@ def test_what_specvit_cannot_state_is_refused_by_name(case: str) -> None:
     with pytest.raises(SpecError) as err:
         specvit.from_timm(ref)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "message"),
+    [
+        ("latent_len", 2, "model.attn_pool.latent_len: VisionTransformer has attn_pool.latent_len=2"),
+        ("pool", "avg", "model.attn_pool.pool: VisionTransformer has attn_pool.pool='avg'"),
+    ],
+)
+def test_an_attention_pool_beyond_one_probe_is_refused(attribute: str, value: Any, message: str) -> None:
+    ref = timm_model("vit_tiny_patch16_224", seed=0, depth=1, class_token=False, global_pool="map")
+    assert specvit.from_timm(ref).head.pool == "attention"
+    setattr(ref.attn_pool, attribute, value)
+    with pytest.raises(SpecError, match=message):
+        specvit.from_timm(ref)
 
 
 def test_a_state_dict_converts_by_its_keys() -> None:

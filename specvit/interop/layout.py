@@ -30,6 +30,7 @@ __all__ = [
     "prefix",
     "rows",
     "same",
+    "unbatched",
 ]
 
 Transform = Callable[[Sequence[Tensor]], Tensor]
@@ -61,6 +62,11 @@ def batched(ts: Sequence[Tensor]) -> Tensor:
 def patches(ts: Sequence[Tensor]) -> Tensor:
     """A Conv2d patch weight (D, C, ph, pw) as the equivalent Linear weight (D, C*ph*pw); biases pass."""
     return ts[0].flatten(1) if ts[0].ndim == 4 else ts[0]
+
+
+def unbatched(ts: Sequence[Tensor]) -> Tensor:
+    """A learned (1, N, D) array (timm's ``attn_pool.latent``, SigLIP's ``probe``) as specvit's (N, D)."""
+    return ts[0].squeeze(0)
 
 
 def rows(start: int, stop: int | None) -> Transform:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patches, same
+from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patches, same, unbatched
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.spec.schema import ImageInput, Spec
 
@@ -107,10 +107,8 @@ def vit_block(r: Reader, path: str) -> dict[str, Any]:
 def vit_spec(r: Reader) -> dict[str, Any]:
     """The spec fields of a timm ``VisionTransformer``."""
     m = r.model
-    r.only("global_pool", ["token", "avg", ""], "specvit pools by the class token or the mean")
+    r.only("global_pool", ["token", "avg", "map", ""], "specvit pools by the class token, mean or a probe")
     r.only("pool_include_prefix", [False], "specvit's mean pool leaves the prefix tokens out")
-    if m.attn_pool is not None:
-        raise r.refuse("attn_pool", type(m.attn_pool).__name__, "attention pooling has no spec", "")
     blocks = [f"blocks.{i}" for i in range(len(m.blocks))]
     block = r.same(blocks, lambda b: vit_block(r, b), "block")
     registers = m.num_reg_tokens
@@ -125,13 +123,14 @@ def vit_spec(r: Reader) -> dict[str, Any]:
             raise r.refuse(which, r.norm(which), "specvit's norms outside blocks are the blocks' norm", "")
     head: Any = "none"
     if m.num_classes > 0:
-        pool = {"token": "cls", "avg": "mean"}.get(m.global_pool)
+        pool = {"token": "cls", "avg": "mean", "map": "attention"}.get(m.global_pool)
         if pool is None:
             raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
         head = {
             "kind": "classifier",
             "classes": m.num_classes,
             "pool": pool,
+            **({"probe": probe_spec(r, block)} if pool == "attention" else {}),
             "norm": fc_norm,
             "bias": _bias(r, "head"),
             "dropout": r.dropout("head_drop"),
@@ -164,6 +163,24 @@ def vit_spec(r: Reader) -> dict[str, Any]:
         },
         "head": head,
     }
+
+
+def probe_spec(r: Reader, block: dict[str, Any]) -> dict[str, Any]:
+    """The ``probe:`` of a timm ``AttentionPoolLatent`` (``global_pool='map'``): one latent, the blocks'
+    norm and activation, biased q and kv, no QK-norm or positions of its own."""
+    path = "attn_pool"
+    r.only(f"{path}.latent_len", [1], "specvit's probe is one learned query")
+    r.only(f"{path}.pool", ["token"], "specvit's probe pools to its one query")
+    r.absent(f"{path}.pos_embed", "a position table of the pool's own")
+    r.absent(f"{path}.q_norm", "a QK-norm in the pool")
+    if not (_bias(r, f"{path}.q") and _bias(r, f"{path}.kv")):
+        raise r.refuse(f"{path}.q.bias", None, "specvit's probe projections have biases", "")
+    if r.norm(f"{path}.norm") != _norm_only(block):
+        raise r.refuse(f"{path}.norm", r.norm(f"{path}.norm"), "the probe's norm is the blocks' norm", "")
+    mlp = mlp_spec(r, f"{path}.mlp")
+    if (mlp["activation"], mlp["bias"]) != (block["mlp"]["activation"], block["mlp"]["bias"]):
+        raise r.refuse(f"{path}.mlp", mlp, "the probe's MLP has the blocks' activation and biases", "")
+    return {"heads": r.at(f"{path}.num_heads"), "hidden": mlp["hidden"]}
 
 
 def _norm_only(block: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +227,12 @@ def vit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         "encoder.norm.{p}": one("norm.{p}"),
         "head.norm.{p}": one("fc_norm.{p}"),
         "head.fc.{p}": one("head.{p}"),
+        "head.pool.latent.weight": one("attn_pool.latent", unbatched),
     }
+    for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):  # the probe's, by timm's names
+        table[f"head.pool.{'attn.' * (part in ('q', 'kv', 'proj'))}{part}.{{p}}"] = one(
+            f"attn_pool.{part}.{{p}}"
+        )
     for part in (
         "norm1",
         "attn.qkv",
@@ -231,7 +253,7 @@ timm_family(
         classes=("VisionTransformer",),
         modules=frozenset(
             {"PatchEmbed", "Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm"}
-            | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
+            | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU", "AttentionPoolLatent"}
         ),
         keys=None,
         spec=vit_spec,

@@ -3,7 +3,7 @@ through attention"): ``head: {kind: distilled}`` puts one classifier on the clas
 distillation token (``prefix: {distillation: true}``) and outputs their average, or, in training with
 ``distilled_training`` set on the output module (``model.head.merge``), both logits.
 
-The whole definition: the spec fragment, the token pick and the merge's op; the module is
+The whole definition: the spec fragment and the merge's op; the module is
 :class:`specvit.nn.distill.DistilledLogits`.
 """
 
@@ -20,39 +20,9 @@ from specvit.ops.base import MAX_VOCAB, Dims, ModelCtx, Op, Params, Shape, fragm
 from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
 from specvit.ops.heads import HeadFragment
-from specvit.ops.structure import DropParams, OutputParams
+from specvit.ops.structure import DropParams, OutputParams, TokenParams
 
-__all__ = ["DistilledHead", "MergeParams", "TokenParams"]
-
-
-@dataclass(frozen=True)
-class TokenParams(Params):
-    """One prefix token of every sample, by its index.
-
-    Args:
-        index: the token's position in the sequence.
-        name: what the token is, for the diagram.
-    """
-
-    index: int
-    name: str
-
-
-@op
-class Token(Op):
-    kind = "token"
-    params_type = TokenParams
-    category = "head"
-
-    def shape(self, p: TokenParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        b, _, d = inputs["x"]
-        return (b, d)
-
-    def code(self, p: TokenParams, args: Mapping[str, str]) -> str:
-        return f"{args['x']}[:, {p.index}]"
-
-    def label(self, p: TokenParams) -> tuple[str, ...]:
-        return (f"the {p.name} token (index {p.index})",)
+__all__ = ["DistilledHead", "MergeParams"]
 
 
 @dataclass(frozen=True)

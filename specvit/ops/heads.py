@@ -27,6 +27,7 @@ from specvit.ops.embed import LinearParams
 from specvit.ops.fields import Probability
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
+from specvit.ops.probe import Probe, lower_probe
 from specvit.ops.structure import DropParams, OutputParams, ScaleParams, SoftcapParams
 
 __all__ = ["BoxMlpParams", "HeadFragment", "MapHead", "MapHeadBase", "PoolParams"]
@@ -125,10 +126,14 @@ class ClassifierHead(HeadFragment):
 
     kind: Literal["classifier"] = Field(description="Discriminator: a classification head.")
     classes: int = Field(ge=1, le=MAX_VOCAB, description="Number of classes.")
-    pool: Literal["cls", "mean", "eos"] = Field(
+    pool: Literal["cls", "mean", "eos", "attention"] = Field(
         "cls",
         description="cls: the class token; mean: average of the other tokens; eos: the end-of-text token "
-        "(CLIP's text tower; with bias: false the head is CLIP's text projection).",
+        "(CLIP's text tower; with bias: false the head is CLIP's text projection); attention: a learned "
+        "probe attends over the tokens, then a pre-norm MLP (SigLIP's head, timm's global_pool='map').",
+    )
+    probe: Probe | None = Field(
+        None, description="pool attention: the probe's heads and MLP width; null = the last block's."
     )
     eos_id: int | None = Field(
         None, ge=0, le=MAX_VOCAB, description="pool eos: the end token's id; null = the highest id (CLIP)."
@@ -138,6 +143,10 @@ class ClassifierHead(HeadFragment):
     dropout: Probability = Field(0.0, description="Dropout before the classifier.")
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+        if self.probe is not None and self.pool != "attention":
+            return [Problem("head.probe", "probe sets pool: attention's probe", "set pool: attention")]
+        if self.pool == "attention":
+            return (self.probe or Probe()).problems(stack)
         if self.pool == "eos" and (stack.input.kind != "tokens" or stack.num_prefix):
             return [
                 Problem(
@@ -157,11 +166,14 @@ class ClassifierHead(HeadFragment):
         return []
 
     def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
-        srcs = {"x": x} | ({"mask": mask} if mask and self.pool == "mean" else {})
-        if self.pool == "eos":
-            srcs["ids"] = f"{ctx.spec.output_stack}.input"
-        p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
-        x = _add(ctx, "head.pool", "pool", p, srcs, "head.pool")
+        if self.pool == "attention":
+            x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
+        else:
+            srcs = {"x": x} | ({"mask": mask} if mask and self.pool == "mean" else {})
+            if self.pool == "eos":
+                srcs["ids"] = f"{ctx.spec.output_stack}.input"
+            p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
+            x = _add(ctx, "head.pool", "pool", p, srcs, "head.pool")
         if self.norm:
             n, d = stack.block.norm, stack.out_width
             x = _add(ctx, "head.norm", n.kind, NormParams.of(n, d), {"x": x}, "head.norm")

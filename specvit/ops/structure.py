@@ -19,6 +19,7 @@ __all__ = [
     "MaskParams",
     "OutputParams",
     "ScaleParams",
+    "TokenParams",
 ]
 
 
@@ -340,3 +341,33 @@ class JoinClassToken(Op):
 
     def label(self, p: ClassTokenParams) -> tuple[str, ...]:
         return ("updated class token · other tokens unchanged",)
+
+
+@dataclass(frozen=True)
+class TokenParams(Params):
+    """One token of every sample, by its index (a prefix token; the attention pool's probe).
+
+    Args:
+        index: the token's position in the sequence.
+        name: what the token is, for the diagram.
+    """
+
+    index: int
+    name: str
+
+
+@op
+class Token(Op):
+    kind = "token"
+    params_type = TokenParams
+    category = "head"
+
+    def shape(self, p: TokenParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        b, _, d = inputs["x"]
+        return (b, d)
+
+    def code(self, p: TokenParams, args: Mapping[str, str]) -> str:
+        return f"{args['x']}[:, {p.index}]"
+
+    def label(self, p: TokenParams) -> tuple[str, ...]:
+        return (f"the {p.name} token (index {p.index})",)
