@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from test_constructs import EJECTED, _check, _decoder, _diff, _hf, _llama_keys, _ours, renamed
 from test_constructs import test_the_constructs_eject_to_the_same_model as _ejects_the_same
+from test_constructs_stems import ejects_the_same, problem
 
-from specvit.compile import build_graph
+from specvit.compile import build_graph, build_model
 from specvit.errors import SpecError
 from specvit.spec.loader import parse_spec
 
@@ -228,7 +230,7 @@ def test_a_relative_table_per_layer_is_umt5s() -> None:
 
 # ---------------------------------------------------------------- ALBERT: embeddings narrower than the blocks
 
-ALBERT_LAYER = "encoder.albert_layer_groups.0.albert_layers.0."
+ALBERT_LAYER = "encoder.albert_layer_groups.{0}.albert_layers.0."  # a group's one layer
 ALBERT_KEYS: list[tuple[str, str | tuple[str, ...]]] = [
     ("encoder.tok_embed.weight", "embeddings.word_embeddings.weight"),
     ("encoder.type_embed.weight", "embeddings.token_type_embeddings.weight"),
@@ -236,49 +238,123 @@ ALBERT_KEYS: list[tuple[str, str | tuple[str, ...]]] = [
     (r"encoder\.embed_norm\.(\w+)", "embeddings.LayerNorm.{0}"),
     (r"encoder\.embed_proj\.(\w+)", "encoder.embedding_hidden_mapping_in.{0}"),
     (
-        r"encoder\.blocks\.0\.attn\.qkv\.(\w+)",
-        tuple(ALBERT_LAYER + f"attention.{c}.{{0}}" for c in ("query", "key", "value")),
+        r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
+        tuple(ALBERT_LAYER + f"attention.{c}.{{1}}" for c in ("query", "key", "value")),
     ),
-    (r"encoder\.blocks\.0\.attn\.proj\.(\w+)", ALBERT_LAYER + "attention.dense.{0}"),
-    (r"encoder\.blocks\.0\.norm1\.(\w+)", ALBERT_LAYER + "attention.LayerNorm.{0}"),
-    (r"encoder\.blocks\.0\.mlp\.fc1\.(\w+)", ALBERT_LAYER + "ffn.{0}"),
-    (r"encoder\.blocks\.0\.mlp\.fc2\.(\w+)", ALBERT_LAYER + "ffn_output.{0}"),
-    (r"encoder\.blocks\.0\.norm2\.(\w+)", ALBERT_LAYER + "full_layer_layer_norm.{0}"),
+    (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", ALBERT_LAYER + "attention.dense.{1}"),
+    (r"encoder\.blocks\.(\d+)\.norm1\.(\w+)", ALBERT_LAYER + "attention.LayerNorm.{1}"),
+    (r"encoder\.blocks\.(\d+)\.mlp\.fc1\.(\w+)", ALBERT_LAYER + "ffn.{1}"),
+    (r"encoder\.blocks\.(\d+)\.mlp\.fc2\.(\w+)", ALBERT_LAYER + "ffn_output.{1}"),
+    (r"encoder\.blocks\.(\d+)\.norm2\.(\w+)", ALBERT_LAYER + "full_layer_layer_norm.{1}"),
 ]
+
+
+def _albert(layers: int, groups: int) -> tuple[Any, dict[str, Any], torch.Tensor, torch.Tensor]:
+    """HF's AlbertModel in float64 with ``groups`` layer groups over ``layers`` layers; its state dict,
+    token ids and last hidden state; and the BERT config of the same sizes (whose spec specvit reads)."""
+    from reference import float64_reference, perturbed
+    from transformers import AlbertConfig, AlbertModel, BertConfig
+
+    sizes = dict(
+        vocab_size=97, hidden_size=48, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=40
+    )
+    sizes |= dict(max_position_embeddings=32)
+    torch.manual_seed(10)
+    config = AlbertConfig(embedding_size=16, num_hidden_groups=groups, **sizes)
+    ref = perturbed(AlbertModel(config), 10).double().eval()
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), float64_reference():
+        theirs = ref(input_ids=ids).last_hidden_state
+    return BertConfig(hidden_act="gelu_new", **sizes), ref.state_dict(), ids, theirs
+
+
+def _albert_diff(
+    bert: Any, source: dict[str, Any], ids: torch.Tensor, theirs: torch.Tensor, on: bool, **stack: Any
+) -> float:
+    """Max abs difference with ALBERT of the BERT spec of its sizes with ``stack``'s keys set (``on``: the
+    construct tested is, and every weight of ALBERT but its pooler has a place)."""
+    import yaml
+
+    import specvit
+
+    data = yaml.safe_load(specvit.from_hf(bert).to_yaml())
+    data["encoder"] |= stack
+    model = specvit.build_model(specvit.parse_spec(data)).double().eval()
+    weights, used = renamed(model, source, ALBERT_KEYS)
+    assert not on or set(source) - used == {"pooler.weight", "pooler.bias"}  # the rest has its place
+    model.load_state_dict(weights, strict=on)
+    with torch.no_grad():
+        return (model(ids) - theirs).abs().max().item()
 
 
 def test_embeddings_narrower_than_the_blocks_are_alberts() -> None:
     """ALBERT's token, type and position tables and their LayerNorm are 16 wide; a linear layer maps them
-    to the 48-wide blocks (one layer: sharing one layer's weights along the depth is another construct)."""
-    import torch
-    import yaml
-    from reference import float64_reference, perturbed
-    from transformers import AlbertConfig, AlbertModel, BertConfig
+    to the 48-wide blocks (one layer here: its weights shared along the depth are the next test)."""
+    case = _albert(1, 1)
+    _check(lambda on: _albert_diff(*case, on, embed_width=16 if on else None))
 
-    import specvit
 
-    sizes = dict(
-        vocab_size=97, hidden_size=48, num_hidden_layers=1, num_attention_heads=4, intermediate_size=40
-    )
-    sizes |= dict(max_position_embeddings=32)
-    torch.manual_seed(10)
-    ref = perturbed(AlbertModel(AlbertConfig(embedding_size=16, **sizes)), 10).double().eval()
-    source = ref.state_dict()
-    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad(), float64_reference():
-        theirs = ref(input_ids=ids).last_hidden_state
+@pytest.mark.parametrize("groups", [1, 2])
+def test_shared_blocks_are_alberts_layer_groups(groups: int) -> None:
+    """Four layers over ``groups`` sets of weights, consecutive layers sharing one (ALBERT's
+    ``num_hidden_groups``); the control gives every layer weights of its own."""
+    case = _albert(4, groups)
+    _check(lambda on: _albert_diff(*case, on, embed_width=16, share={"blocks": groups} if on else None))
 
-    def diff(on: bool) -> float:
-        data = yaml.safe_load(specvit.from_hf(BertConfig(hidden_act="gelu_new", **sizes)).to_yaml())
-        data["encoder"]["embed_width"] = 16 if on else None
-        model = specvit.build_model(specvit.parse_spec(data)).double().eval()
-        weights, used = renamed(model, source, ALBERT_KEYS)
-        assert not on or set(source) - used == {"pooler.weight", "pooler.bias"}  # the rest has its place
-        model.load_state_dict(weights, strict=on)
-        with torch.no_grad():
-            return (model(ids) - theirs).abs().max().item()
 
-    _check(diff)
+def _shared(share: dict[str, Any] | None, **stack: Any) -> dict[str, Any]:
+    block = {"heads": 4, "mlp": {"hidden": 40, "activation": "gelu"}}
+    encoder = {"input": {"kind": "tokens", "vocab": 50}, "position": "rope", "width": 48, "depth": 6}
+    encoder |= {"block": block, "share": share, **stack}
+    return {"specvit": 1, "name": "shared", "model": "encoder", "encoder": encoder, "head": "none"}
+
+
+def test_shared_blocks_hold_one_copy_and_run_in_order() -> None:
+    graph = build_graph(parse_spec(_shared({"blocks": 2, "order": "cycle"})))
+    calls = [n for n in graph if graph[n]["op"] == "call"]
+    assert [graph[n]["p"].scope for n in calls] == [f"encoder.blocks.{i % 2}" for i in range(2, 6)]
+    model = build_model(graph)
+    assert {k.split(".")[2] for k in model.state_dict() if k.startswith("encoder.blocks.")} == {"0", "1"}
+    assert sum(graph[n]["params"] for n in graph) == sum(p.numel() for p in model.parameters())
+    block = sum(graph[n]["flops"] for n in graph if graph[n]["block"] == "encoder.blocks.0")
+    assert [graph[n]["flops"] for n in calls] == [block] * 4
+    grouped = build_graph(parse_spec(_shared({"blocks": 2})))
+    assert [grouped[n]["p"].scope for n in grouped if grouped[n]["op"] == "call"] == [
+        "encoder.blocks.0", "encoder.blocks.0", "encoder.blocks.1", "encoder.blocks.1"
+    ]  # fmt: skip
+    ejects_the_same(_shared({"blocks": 1}), torch.randint(0, 50, (2, 9)))
+
+
+def test_a_shared_block_is_drawn_once_with_its_runs() -> None:
+    from specvit.diagram.scene import Cluster, plan
+
+    graph = build_graph(parse_spec(_shared({"blocks": 1})))
+    collapsed = plan(graph)
+    (stack,) = [m for m in collapsed.members if isinstance(m, Cluster) and m.id == "encoder"]
+    (block,) = [m for m in stack.members if isinstance(m, Cluster)]
+    assert (block.title, block.note) == ("encoder.blocks.0  x6", "13.5K params · shared weights")
+    assert not [b for b in collapsed.boxes.values() if b.op == "call"]
+    assert ("encoder.blocks.0.add2", "encoder.norm") in {(link.src, link.dst) for link in collapsed.links}
+    expanded = plan(graph, "expanded")
+    assert [b.op for b in expanded.boxes.values()].count("call") == 5
+
+
+@pytest.mark.parametrize(
+    ("share", "stack", "message"),
+    [
+        ({"blocks": 4}, {}, "encoder.share: 4 sets of block weights do not divide the depth 6 (set share.blocks "
+         "to a divisor of 6)"),
+        ({"blocks": 1}, {"drop_path": 0.1}, "encoder.drop_path: stochastic depth's rate grows with the layer, "
+         "and shared blocks have one (set drop_path: 0, or remove share)"),
+        ({"blocks": 3, "order": "cycle"}, {"overrides": [{"layers": [4], "block": {"qkv_bias": False}}]},
+         "encoder.share: layers 1 and 4 share one set of weights, and their blocks differ (give the layers "
+         "of a set the same block, or remove share)"),
+    ],
+)  # fmt: skip
+def test_shared_blocks_refuse_what_differs_between_their_layers(
+    share: dict[str, Any], stack: dict[str, Any], message: str
+) -> None:
+    assert problem(_shared(share, **stack)) == message
 
 
 def test_embed_width_names_what_it_cannot_meet() -> None:

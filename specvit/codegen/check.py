@@ -61,18 +61,24 @@ def _scope_of(node: fx.Node) -> str:
 def _names(graph: ArchGraph, gm: fx.GraphModule) -> dict[fx.Node, str]:
     """Each traced node -> the ArchGraph node it executes."""
     by_arg = {graph[n]["p"].arg: n for n in graph.placeholders()}
-    calls = {graph[n]["p"].scope: n for n in graph if graph[n]["op"] == "call"}
+    calls: dict[str, list[str]] = {}  # scope -> the nodes calling it again, in order
+    for n in graph:
+        if graph[n]["op"] == "call":
+            calls.setdefault(graph[n]["p"].scope, []).append(n)
     expressions: dict[str, list[str]] = {}  # scope -> its expression nodes, in order
     for n, a in graph.nx.nodes(data=True):
         if not a["module"] and a["op"] not in ("input", "output", "call"):
             expressions.setdefault(a["scope"], []).append(n)
-    seen: Counter[str] = Counter()
+    seen: Counter[str] = Counter()  # expressions per scope
+    called: Counter[str] = Counter()  # calls per scope run again
     out: dict[fx.Node, str] = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             out[node] = by_arg[node.target]
         elif node.op == "call_module":
-            out[node] = calls.get(str(node.target), str(node.target))
+            again = calls.get(str(node.target), [])
+            out[node] = again[called[node.target]] if again else str(node.target)
+            called[str(node.target)] += 1
         elif node.op == "call_function":
             scope = _scope_of(node)
             queue = expressions.get(scope, [])

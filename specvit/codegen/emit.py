@@ -61,12 +61,15 @@ def _child_call(graph: ArchGraph, scope: Scope, child: Scope, unit: Unit, target
     return f"{outs} = {_call(target, scope.names[main], kwargs)}{_shape(graph, unit.writes[0])}"
 
 
-def _runs(scopes: dict[str, Scope], scope: Scope) -> list[list[Unit]]:
-    """The scope's units, consecutive blocks of one container that can run in one loop grouped together."""
+def _runs(graph: ArchGraph, scopes: dict[str, Scope], scope: Scope) -> list[list[Unit]]:
+    """The scope's units, consecutive blocks of one container that can run in one loop grouped together, and
+    a block with the calls that run it again (shared weights)."""
     runs: list[list[Unit]] = []
     for u in scope.units:
         prev = runs[-1][-1] if runs else None
-        if prev is not None and prev.child and u.child and _continues(scopes, prev, u):
+        if prev is not None and (
+            (prev.child and u.child and _continues(scopes, prev, u)) or _again(graph, prev, u)
+        ):
             runs[-1].append(u)
         else:
             runs.append([u])
@@ -90,6 +93,35 @@ def _continues(scopes: dict[str, Scope], prev: Unit, u: Unit) -> bool:
         and u.reads[1:] == prev.reads[1:]
         and list(pa.values()) == list(pb.values())
     )
+
+
+def _again(graph: ArchGraph, prev: Unit, u: Unit) -> bool:
+    """Whether ``u`` runs the block ``prev`` ran (or ran again), on its output, with the same side values."""
+    if u.child or graph[u.path]["op"] != "call" or not block_container(scope := graph[u.path]["p"].scope):
+        return False
+    main = prev.writes[0] if prev.child else prev.path
+    if prev.child:
+        return prev.path == scope and len(prev.writes) == 1
+    edges = {(port, src) for src, _, port in graph.nx.in_edges(u.path, data="port") if port != "x"}
+    return (
+        graph[prev.path]["op"] == "call"
+        and graph[prev.path]["p"].scope == scope
+        and edges
+        == {(port, src) for src, _, port in graph.nx.in_edges(prev.path, data="port") if port != "x"}
+        and any(src == main for src, _ in graph.nx.in_edges(u.path))
+    )
+
+
+def _repeat(graph: ArchGraph, scope: Scope, run: list[Unit]) -> list[str]:
+    """A block of shared weights run ``len(run)`` times, as one loop."""
+    call = next(u.path for u in run if not u.child)
+    args = {port: scope.names[src] for src, _, port in graph.nx.in_edges(call, data="port")}
+    first = run[0].reads[0] if run[0].child else args["x"]
+    lines = [] if scope.names[first] == "x" else [f"x = {scope.names[first]}"]
+    a = graph[call]
+    lines.append(f"for _ in range({len(run)}):  # {a['p'].scope}, shared weights")
+    lines.append(f"    x = {graph.op(call).code(a['p'], args | {'x': 'x'})}{_shape(graph, run[-1].path)}")
+    return lines
 
 
 def _loop(graph: ArchGraph, scopes: dict[str, Scope], scope: Scope, run: list[Unit]) -> list[str]:
@@ -153,9 +185,11 @@ def _signature(graph: ArchGraph, scope: Scope) -> str:
 
 def _body(graph: ArchGraph, scopes: dict[str, Scope], scope: Scope, units: list[Unit]) -> list[str]:
     body: list[str] = []
-    for run in _runs(scopes, Scope(scope.path, scope.params, units, scope.returns, scope.names)):
+    for run in _runs(graph, scopes, Scope(scope.path, scope.params, units, scope.returns, scope.names)):
         u = run[0]
-        if not u.child:
+        if any(not r.child and graph[r.path]["op"] == "call" for r in run[1:]):
+            body += _repeat(graph, scope, run)
+        elif not u.child:
             if graph[u.path]["op"] != "input":
                 body.append(_node(graph, scope, u.path))
         elif block_container(u.path) is not None:

@@ -208,7 +208,10 @@ def _name(graph: ArchGraph, scope: Scope, scopes: dict[str, Scope], parent: dict
     for u in scope.units:
         if not u.child and g.nodes[u.path]["op"] == "input":
             continue
-        if not u.child:
+        if not u.child and g.nodes[u.path]["op"] == "call" and block_container(g.nodes[u.path]["p"].scope):
+            scope.names[u.path] = "x"  # a block run again reassigns the tokens, as every block does
+            taken.add("x")
+        elif not u.child:
             name = _local(u.path, scope.path)
             while name in taken:
                 name += "_"

@@ -1,6 +1,6 @@
 """The diagram as a Mermaid flowchart, for Markdown pages (GitHub renders ```mermaid blocks).
 
-It draws the same :class:`~specvit.diagram.graphviz.Scene` as the Graphviz diagram: ``subgraph`` per
+It draws the same :class:`~specvit.diagram.scene.Scene` as the Graphviz diagram: ``subgraph`` per
 stack, block and head, one ``classDef`` colour per op category, memory edges dotted (``-.->``).
 """
 
@@ -54,7 +54,7 @@ def scene_to_mermaid(scene: Scene, direction: Direction = "TB") -> str:
     """The Mermaid flowchart text of a scene.
 
     Args:
-        scene: what to draw, from :func:`~specvit.diagram.graphviz.plan`.
+        scene: what to draw, from :func:`~specvit.diagram.scene.plan`.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
     """
     if direction not in ("TB", "LR"):

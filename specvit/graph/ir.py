@@ -145,6 +145,15 @@ class ArchGraph:
         )
         return list(seen)
 
+    def shared(self) -> dict[str, list[str]]:
+        """Blocks whose weights later layers share: block path -> the ``call`` nodes running it again."""
+        blocks = {a["block"] for _, a in self.nx.nodes(data=True)}
+        out: dict[str, list[str]] = {}
+        for n, a in self.nx.nodes(data=True):
+            if a["op"] == "call" and a["p"].scope in blocks:
+                out.setdefault(a["p"].scope, []).append(n)
+        return out
+
     # -- summary --------------------------------------------------------------------------------
 
     def summary(self, expand: bool = False) -> list[SummaryRow]:
@@ -180,8 +189,9 @@ class ArchGraph:
         for stack in ("encoder", "decoder"):
             for block in self.blocks(stack):
                 containers.setdefault(block.rsplit(".blocks.", 1)[0], []).append(block)
+        shared = self.shared()  # drawn once already, with the count of its runs
         for blocks in containers.values():
-            sigs = [self.signature(b) for b in blocks]
+            sigs = [(b,) if b in shared else self.signature(b) for b in blocks]
             i = 0
             while i < len(blocks):
                 period, reps = _period(sigs, i)

@@ -24,7 +24,7 @@ from specvit.ops.block import BlockCtx
 from specvit.ops.embed import LinearParams, PrefixParams
 from specvit.ops.grid import lower_merge
 from specvit.ops.norm import NormParams
-from specvit.ops.structure import DropParams, InputParams, MaskParams
+from specvit.ops.structure import CallParams, DropParams, InputParams, MaskParams
 from specvit.patterns.residual import expand, lower_steps
 from specvit.spec.loader import load_spec, parse_spec
 from specvit.spec.schema import Spec, StackSpec
@@ -220,6 +220,9 @@ class _Lowering:
     def blocks(self, s: StackSpec) -> None:
         """The blocks, stage by stage (a plain stack is one stage whose blocks are ``{role}.blocks.i``)."""
         role, index = self.role, 0  # index over the whole stack, for the stochastic-depth schedule
+        applied: dict[
+            int, tuple[str, str]
+        ] = {}  # a set of shared weights -> its block and that block's input
         for si, (depth, heads) in enumerate(zip(s.stage_depths, s.stage_heads, strict=True)):
             width = s.stage_widths[si]
             container = f"{role}.stages.{si}" if s.hierarchical else role
@@ -230,11 +233,17 @@ class _Lowering:
             for i in range(depth):
                 if index == s.prefix_at and index:  # the prefix enters late (CaiT's class token)
                     self.prefix(s)
+                w = s.weight_set(index)
+                if w in applied:  # a later layer of shared weights: its block again
+                    self.x = self.call_block(f"{role}.shared.{index}", *applied[w])
+                    index += 1
+                    continue
+                applied[w] = f"{container}.blocks.{w}", self.x
                 spec = s.layer(index)
                 b = BlockCtx(
                     self,
                     spec,
-                    f"{container}.blocks.{i}",
+                    f"{container}.blocks.{w if s.share else i}",
                     dim=width,
                     heads=heads,
                     kv_heads=s.kv_heads if not s.hierarchical else heads,
@@ -246,6 +255,26 @@ class _Lowering:
                 rate = round(s.drop_path * index / (s.total_depth - 1), 6) if s.total_depth > 1 else 0.0
                 self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)
                 index += 1
+
+    def call_block(self, path: str, block: str, first: str) -> str:
+        """A node running ``block`` again on the tokens, with the side values its first run read.
+
+        Args:
+            path: the node's path.
+            block: the block's path.
+            first: the tokens its first run read.
+        """
+        inside = {n for n, a in self.g.nodes(data=True) if a["block"] == block}
+        side: dict[str, str] = {}  # node -> the name its block reads it by
+        for name, node in self.side.items():  # the block's parameter names, as the scopes name them
+            side.setdefault(node, name)
+        srcs = {"x": self.x}
+        for u, _, port in self.g.in_edges(inside, data="port"):
+            if u not in inside and u != first:
+                srcs.setdefault(side.get(u, port), u)
+        flops = sum(int(self.g.nodes[n]["flops"]) for n in inside)
+        p = CallParams(block, self.shape(self.x), flops, self.role, tuple(k for k in srcs if k != "x"))
+        return self.add(path, "call", p, srcs, source=f"{self.role}.share")
 
     def model(self) -> None:
         outputs: dict[str, dict[str, str]] = {}

@@ -230,23 +230,29 @@ class Zeros(Op):
 
 @dataclass(frozen=True)
 class CallParams(Params):
-    """Run a stack again on another input, with its weights (CroCo's second view).
+    """Run a scope again on another input, with its weights: a stack (CroCo's second view) or a block whose
+    weights later layers share (ALBERT).
 
     Args:
-        scope: the stack run (``encoder``).
+        scope: the scope run (``encoder``, ``encoder.blocks.0``).
         shape: its output shape.
-        flops: the FLOPs of the stack's modules, run again.
+        flops: the FLOPs of the scope's modules, run again.
+        caller: the scope the call is made from (``""``: the model; ``encoder`` for its blocks).
+        kwargs: the scope's keyword arguments, in order: ports of the node of the same names.
     """
 
     scope: str
     shape: Shape
     flops: int = 0
+    caller: str = ""
+    kwargs: tuple[str, ...] = ()
 
 
 @op
 class Call(Op):
     kind = "call"
     params_type = CallParams
+    any_ports = True
 
     def shape(self, p: CallParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         return p.shape
@@ -255,7 +261,10 @@ class Call(Op):
         return p.flops
 
     def code(self, p: CallParams, args: Mapping[str, str]) -> str:
-        return f"self.{p.scope}({args['x']})"
+        rel = p.scope[len(p.caller) + 1 :] if p.caller else p.scope
+        target = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in rel.split("."))
+        kwargs = "".join(f", {k}={args[k]}" for k in p.kwargs if k in args)
+        return f"self{target}({args['x']}{kwargs})"
 
     def label(self, p: CallParams) -> tuple[str, ...]:
         return (f"the {p.scope} again · shared weights",)

@@ -58,7 +58,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         out += s.masking.check(f"{role}.masking", s, spec)
     out += check_positions(role, s, spec)
     out += check_cait(role, s, spec)
-    return out + _embed_width(role, s, spec)
+    return out + _embed_width(role, s, spec) + _share(role, s)
 
 
 def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
@@ -77,6 +77,49 @@ def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     if not why:
         return []
     return [Problem(f"{role}.embed_width", why, "remove embed_width (or the feature it meets)")]
+
+
+def _share(role: str, s: StackSpec) -> list[Problem]:
+    """What blocks sharing weights need: one depth that the sets divide, one block per set, and no setting
+    that differs between the layers a set runs (a stochastic-depth rate, the tokens, a KV-cache entry)."""
+    if s.share is None:
+        return []
+    at, n = f"{role}.share", s.share.blocks
+    why, fix = "", "remove share"
+    if s.hierarchical:
+        why = "shared blocks are a plain stack's: one number for depth"
+    elif s.total_depth % n:
+        why = f"{n} sets of block weights do not divide the depth {s.total_depth}"
+        fix = f"set share.blocks to a divisor of {s.total_depth}"
+    elif s.drop_path:
+        at, why = (
+            f"{role}.drop_path",
+            "stochastic depth's rate grows with the layer, and shared blocks have one",
+        )
+        fix = "set drop_path: 0, or remove share"
+    elif s.prefix_at:
+        at, why = f"{role}.prefix.at", "prefix tokens entering between blocks change what a shared block sees"
+        fix = "remove prefix.at, or remove share"
+    elif s.causal:
+        why = "a decoder's KV cache keeps one entry per attention layer, and a shared block is one layer"
+        fix = "remove share (shared blocks are an encoder's)"
+    elif any(b.mlp.moe is not None for b in s.layer_blocks):
+        why = "an MoE block passes its router statistics on, and a shared block would count them once"
+        fix = "remove share, or the MoE MLP"
+    if why:
+        return [Problem(at, why, fix)]
+    first: dict[int, int] = {}
+    for i in range(s.total_depth):
+        j = first.setdefault(s.weight_set(i), i)
+        if s.layer(j) is not s.layer(i):
+            return [
+                Problem(
+                    at,
+                    f"layers {j} and {i} share one set of weights, and their blocks differ",
+                    "give the layers of a set the same block, or remove share",
+                )
+            ]
+    return []
 
 
 def _siamese(role: str, s: StackSpec, spec: Spec) -> list[Problem]:

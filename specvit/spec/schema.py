@@ -73,6 +73,7 @@ __all__ = [
     "QueriesInput",
     "Rope2dPosition",
     "RopePosition",
+    "ShareSpec",
     "SiameseInput",
     "SinCos2dPosition",
     "SinCosPosition",
@@ -153,6 +154,22 @@ class PrefixSpec(Node):
         return int(self.cls) + int(self.distillation) + self.registers
 
 
+class ShareSpec(Node):
+    """Blocks that share weights: the stack holds ``blocks`` sets of block weights, each applied to
+    depth / blocks of its layers."""
+
+    blocks: int = Field(
+        ge=1,
+        le=MAX_DEPTH,
+        description="Sets of block weights, dividing the depth; 1 = one block applied depth times (ALBERT).",
+    )
+    order: Literal["grouped", "cycle"] = Field(
+        "grouped",
+        description="grouped: runs of consecutive layers share a set (layer i uses set i // (depth / blocks), "
+        "ALBERT's groups); cycle: layer i uses set i % blocks.",
+    )
+
+
 class DropoutSpec(Node):
     """Dropout probabilities, all 0 by default."""
 
@@ -222,6 +239,9 @@ class StackSpec(Node):
         "the linear 4C -> 2C (Swin); post, the linear then a norm over 2C (Swin-V2).",
     )
     final_norm: bool = Field(True, description="A norm after the last block.")
+    share: ShareSpec | None = Field(
+        None, description="Blocks that share one set of weights (the state dict holds each set once)."
+    )
 
     _layers: list[BlockSpec] = PrivateAttr(default_factory=list)
 
@@ -291,6 +311,13 @@ class StackSpec(Node):
     @property
     def stage_widths(self) -> list[int]:
         return [self.width * 2**i for i in range(len(self.stage_depths))]
+
+    def weight_set(self, i: int) -> int:
+        """The set of block weights layer ``i`` runs with: its own index unless blocks are shared."""
+        if self.share is None:
+            return i
+        n = self.share.blocks
+        return i % n if self.share.order == "cycle" else i // max(self.total_depth // n, 1)
 
     @property
     def total_depth(self) -> int:
@@ -447,6 +474,7 @@ class Spec(Node):
         parts = [f"{self.name}: {self.model}"]
         for role, s in self.stacks.items():
             depth, heads = (s.depth, s.block.heads) if not s.hierarchical else (s.stage_depths, s.stage_heads)
-            parts.append(f"{role} {s.input.kind} depth={depth} width={s.width} heads={heads}")
+            shared = f" ({s.share.blocks} weight set{'s' * (s.share.blocks > 1)})" if s.share else ""
+            parts.append(f"{role} {s.input.kind} depth={depth}{shared} width={s.width} heads={heads}")
         parts.append(f"head={self.head.kind}")
         return ", ".join(parts)
