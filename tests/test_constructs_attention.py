@@ -189,3 +189,84 @@ def test_attention_pool_ejects_and_checks_its_heads() -> None:
     spec = _probe_spec(on=False)
     spec["head"]["probe"] = {"heads": 4}
     assert problem(spec) == "head.probe: probe sets pool: attention's probe (set pool: attention)"
+
+
+# ------------------------------------------------------------------------------ DeBERTa: disentangled
+
+
+def _deberta_spec(on: bool = True) -> dict[str, Any]:
+    position = {"kind": "disentangled", "buckets": 8, "max_distance": 64} if on else "none"
+    block = {"heads": 4, "norm": {"kind": "layernorm", "eps": 1e-7, "placement": "post"}}
+    return {
+        "specvit": 1,
+        "name": "deberta",
+        "model": "encoder",
+        "encoder": {
+            "input": {"kind": "tokens", "vocab": 97},
+            "position": position,
+            "width": 48,
+            "depth": 2,
+            "block": block | {"mlp": {"hidden": 40, "activation": "gelu"}},
+            "embed_norm": True,
+            "final_norm": False,
+        },
+        "head": "none",
+    }
+
+
+_LAYER = "encoder.layer.{0}."
+_DEBERTA_KEYS: Rename = [
+    ("encoder.tok_embed.weight", "embeddings.word_embeddings.weight"),
+    (r"encoder\.embed_norm\.(\w+)", "embeddings.LayerNorm.{0}"),
+    ("encoder.rel_embed.weight", "encoder.rel_embeddings.weight"),
+    (r"encoder\.rel_embed\.norm\.(\w+)", "encoder.LayerNorm.{0}"),
+    (
+        r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
+        tuple(_LAYER + f"attention.self.{c}_proj.{{1}}" for c in ("query", "key", "value")),
+    ),
+    (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", _LAYER + "attention.output.dense.{1}"),
+    (r"encoder\.blocks\.(\d+)\.norm1\.(\w+)", _LAYER + "attention.output.LayerNorm.{1}"),
+    (r"encoder\.blocks\.(\d+)\.mlp\.fc1\.(\w+)", _LAYER + "intermediate.dense.{1}"),
+    (r"encoder\.blocks\.(\d+)\.mlp\.fc2\.(\w+)", _LAYER + "output.dense.{1}"),
+    (r"encoder\.blocks\.(\d+)\.norm2\.(\w+)", _LAYER + "output.LayerNorm.{1}"),
+]
+
+
+def test_disentangled_attention_is_debertas() -> None:
+    """DeBERTa-v3's layout at a small size: 8 log buckets to 64 over 20 tokens, a layer-normed relative
+    table shared by the layers, each projecting it with its own query and key weights."""
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    config = DebertaV2Config(
+        vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+        max_position_embeddings=64, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+        norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False, type_vocab_size=0,
+        layer_norm_eps=1e-7, attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ref = perturbed(DebertaV2Model(config), 0).double().eval()
+    source = ref.state_dict()
+    ids = torch.randint(0, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), float64_reference():
+        theirs = ref(input_ids=ids).last_hidden_state
+
+    def diff(on: bool) -> float:
+        model = build_model(parse_spec(_deberta_spec(on))).double().eval()
+        weights, used = renamed(model, source, _DEBERTA_KEYS)
+        assert used == set(source) or not on
+        model.load_state_dict(weights, strict=on)
+        with torch.no_grad():
+            return (model(ids) - theirs).abs().max().item()
+
+    _check(diff)
+
+
+def test_disentangled_attention_ejects_and_stays_an_encoders() -> None:
+    ejects_the_same(_deberta_spec(), torch.randint(0, 97, (2, 20)))
+    causal = _deberta_spec()
+    causal["model"], causal["decoder"] = "decoder", causal.pop("encoder")
+    causal["decoder"]["block"]["layers"] = ["masked_self_attention", "mlp"]
+    assert problem(causal) == (
+        "decoder.position: disentangled attention scores every key against every query: it is an encoder's "
+        "(use another position kind)"
+    )

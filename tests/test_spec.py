@@ -140,7 +140,7 @@ BAD = [
         VIT,
         "position: learned",
         "position: learnd",
-        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, sine2d, alibi, relative, relative2d, rope, rope2d, relative_decomposed (did you mean 'learned'?)",
+        "t.yaml:7:13: encoder.position.kind: 'learnd' is not one of none, learned, sincos, sincos2d, sine2d, alibi, disentangled, relative, relative2d, rope, rope2d, relative_decomposed (did you mean 'learned'?)",
     ),
     (
         VIT,

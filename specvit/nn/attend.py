@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specvit.nn.cache import KVCache
 from specvit.nn.functional import sdpa_layout
 from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.norm import make_norm
+from specvit.nn.partition import padded_grid
 from specvit.nn.scores import mix_heads, tanh_cap
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "QkvBias",
     "attend",
     "attend_math",
+    "check_parts",
     "dropout",
     "head_norm",
     "open_empty_rows",
@@ -36,6 +39,7 @@ __all__ = [
     "split_heads",
     "three_biases",
     "visible_keys",
+    "visible_mask",
 ]
 
 QkNorm = Literal["layernorm", "rmsnorm"]
@@ -289,3 +293,85 @@ def attend_math(
 def split_heads(t: Tensor, head_dim: int) -> Tensor:
     """(..., L, heads * hd) projections -> (..., heads, L, hd)."""
     return t.unflatten(-1, (-1, head_dim)).transpose(-3, -2)
+
+
+def visible_mask(
+    causal: bool,
+    window: int | None,
+    sizes: tuple[int, int, int, int, int],
+    masks: tuple[Tensor | None, Tensor | None],
+    cache: KVCache | None,
+    unbiased: bool,
+    device: torch.device,
+) -> tuple[Tensor | None, bool]:
+    """Which of the T keys each of the N queries (at positions past .. past + N - 1; key 0 at ``first``)
+    sees, broadcastable to (B, 1, N, T) with True = may attend, or None for all; or SDPA's own causal mask
+    (True) where nothing else hides a key (``unbiased``: no additive bias either).
+
+    Args:
+        causal: the layer is causal.
+        window: its sliding window, or None.
+        sizes: (B, N, T, past, first).
+        masks: the padding of the keys, (B, past + N) bool with True = padding, and of a memory, (B, T);
+            each or None.
+        cache: the KV cache, whose ``window`` bounds every causal layer.
+        unbiased: no additive bias: SDPA may apply its own causal mask.
+        device: where the mask is made.
+    """
+    (b, n, t, past, first), (mask, memory_mask) = sizes, masks
+    visible: Tensor | None = None
+    is_causal = False
+    if cache is not None and causal and cache.window is not None:
+        window = cache.window if window is None else min(window, cache.window)
+        visible = visible_keys(n, t, past - first, True, window, device)  # (N, T)
+    elif causal and past == 0 and mask is None and unbiased and window is None:
+        is_causal = True
+    elif window is not None or (causal and n > 1):  # causal, one new token: it sees every key
+        visible = visible_keys(n, t, past - first, causal, window, device)  # (N, T)
+    if mask is not None:
+        if mask.shape != (b, past + n):
+            raise ValueError(f"mask must have shape (B, T)=({b}, {past + n}), got {tuple(mask.shape)}")
+        keep = ~mask[:, None, None, past + n - t :]  # (B, 1, 1, T)
+        visible = keep if visible is None else visible & keep  # (B, 1, N, T)
+    if memory_mask is not None:
+        if memory_mask.shape != (b, t):
+            raise ValueError(f"memory_mask must have shape (B, M)=({b}, {t}), got {tuple(memory_mask.shape)}")
+        visible = ~memory_mask[:, None, None, :]  # (B, 1, 1, M)
+    return visible, is_causal
+
+
+def check_parts(
+    memory_dim: int | None,
+    projection: str,
+    relative: str | None,
+    grid: tuple[int, int] | None,
+    grid_window: int | None,
+    shift: int,
+    queries: int | None,
+    causal: bool,
+    gated: bool = False,
+    disentangled: bool = False,
+    gqa: bool = False,
+) -> None:
+    """Refuse the combinations of parts the core does not compute (``gqa``: fewer key/value heads)."""
+    problems = []
+    if disentangled and (
+        memory_dim is not None or grid_window is not None or queries is not None or causal or gqa
+    ):
+        problems.append("disentangled attention is MHA self-attention of every token, not causal")
+    if gated and (grid is None or grid_window is not None or memory_dim is not None or queries is not None):
+        problems.append("gated positions are over the whole token grid, every token querying itself")
+    if memory_dim is not None and (projection != "packed" or grid_window is not None or queries is not None):
+        problems.append("keys and values from a memory take the packed projection, no windows, all queries")
+    if queries is not None and causal:
+        problems.append("a subset of queries is never causal")
+    if relative is not None and grid is None:
+        problems.append(f"a {relative} relative bias needs the token grid")
+    if relative in ("table", "cpb") and grid_window is None:
+        problems.append(f"a {relative} relative bias is over windows: set grid_window")
+    if grid_window is not None and grid is None:
+        problems.append("windows need the token grid")
+    if shift and (grid is None or grid_window is None or padded_grid(grid, grid_window) != grid):
+        problems.append("shifted windows need a grid divisible by the window")
+    if problems:
+        raise ValueError("; ".join(problems))

@@ -10,7 +10,8 @@ The parts, each a constructor argument:
   inputs (``pos``), cosine attention with a learned per-head scale (Swin-V2).
 - **Scores**, in this order: ``q·k`` times ``scale``; talking heads mix them across heads (CaiT); additive
   biases (a ``bias`` input such as ALiBi or T5's buckets; a relative table of the layer's own: Swin's,
-  Swin-V2's continuous one, or MViTv2's decomposed one); soft-capping (Gemma 2); the masks (causal, a sliding
+  Swin-V2's continuous one, or MViTv2's decomposed one; DeBERTa's disentangled scores of a relative table
+  through the layer's own q and k projections); soft-capping (Gemma 2); the masks (causal, a sliding
   window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again;
   ConViT's gate mixes them with positional weights of the grid.
 - **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
@@ -29,7 +30,7 @@ Caches: one :class:`KVCache` per model; each attention layer reads and writes it
 ``layer_idx``, as HF's ``Cache`` objects do.
 
 Every forward takes the tokens positionally and everything else by keyword (``mask``, ``rope``, ``bias``,
-``pos``, ``cache``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
+``pos``, ``cache``, ``rel_embed``, ``rel_index``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
 
 Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens, G windows per
 sample (1 without a partition), L tokens per window (N without one), Nq query tokens.
@@ -52,23 +53,26 @@ from specvit.nn.attend import (
     QkvBias,
     attend,
     attend_math,
+    check_parts,
     dropout,
     head_norm,
     packed_projection,
+    project,
     project_positioned,
     resolve_heads,
     split_heads,
     three_biases,
-    visible_keys,
+    visible_mask,
 )
 from specvit.nn.cache import KVCache
 from specvit.nn.linear import Linear
-from specvit.nn.partition import padded_grid, window_merge, window_split
+from specvit.nn.partition import window_merge, window_split
 from specvit.nn.position import apply_rope
 from specvit.nn.scores import (
     MAX_LOGIT_SCALE,
     cpb_coords,
     decomposed_bias,
+    disentangled_bias,
     grid_offsets,
     relative_position_index,
     shift_mask,
@@ -114,6 +118,9 @@ class Attention(nn.Module):
         cpb_hidden: the hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for the window.
         softcap: soft-capping of the logits, ``softcap * tanh(logits / softcap)`` (Gemma 2), or None.
+        disentangled: DeBERTa's disentangled attention: the scores gain ``q_i · pos_k[r(i, j)] + k_j ·
+            pos_q[r(i, j)]`` (times ``scale``), pos_q and pos_k the ``rel_embed`` table through this layer's
+            query and key projections, r the ``rel_index`` rows (MHA self-attention of all tokens only).
         gated: ConViT's gated positional self-attention: the weights mixed with
             ``softmax(pos_proj([dx, dy, dx² + dy²]))`` over each query-key offset on the ``grid`` by a
             per-head gate ``sigmoid(gating_param)``, then renormalised.
@@ -155,6 +162,7 @@ class Attention(nn.Module):
         cpb_hidden: int = 512,
         pretrained: int = 0,
         softcap: float | None = None,
+        disentangled: bool = False,
         gated: bool = False,
         causal: bool = False,
         window: int | None = None,
@@ -169,12 +177,28 @@ class Attention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal, gated)
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
+        gqa = self.num_kv_heads != num_heads
+        check_parts(
+            memory_dim,
+            projection,
+            relative,
+            grid,
+            grid_window,
+            shift,
+            queries,
+            causal,
+            gated,
+            disentangled,
+            gqa,
+        )
+        self.disentangled = disentangled
         self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
         self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
         self.scale = 1.0 if cosine else scale  # cosine attention folds its learned scale into the queries
+        if disentangled and scale is None:  # DeBERTa scales its three terms by 1/sqrt(3 hd)
+            self.scale = (3 * self.head_dim) ** -0.5
         self.cosine, self.talking_heads, self.softcap = cosine, talking_heads, softcap
         self.relative, self.pretrained, self.gated = relative, pretrained, gated
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
@@ -183,33 +207,41 @@ class Attention(nn.Module):
         qk = {"bias": qk_norm_bias, "affine": qk_norm_affine, "unit_offset": qk_norm_unit_offset}
         self.q_norm = head_norm(qk_norm, h, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
-        if cosine:
-            self.logit_scale = nn.Parameter(
-                torch.full((h, 1, 1), math.log(10.0), device=device, dtype=dtype)
-            )  # (H, 1, 1)
-        if relative == "cpb":
-            self.cpb_mlp = nn.Sequential(
-                nn.Linear(2, cpb_hidden, device=device, dtype=dtype),
-                nn.ReLU(inplace=True),
-                nn.Linear(cpb_hidden, h, bias=False, device=device, dtype=dtype),
-            )
-        elif relative == "table":
-            m = grid_window or 0
-            self.relative_position_bias_table = nn.Parameter(
-                torch.zeros((2 * m - 1) ** 2, h, device=device, dtype=dtype)
-            )
-        if talking_heads:
-            self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
-            self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
-        if gated:
-            self.pos_proj = nn.Linear(3, h, device=device, dtype=dtype)  # an offset's score in each head
-            self.gating_param = nn.Parameter(torch.ones(h, device=device, dtype=dtype))
+        self._score_parameters(cpb_hidden, device, dtype)
         self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = dropout(proj_drop)
         if relative == "decomposed":
             qh, qw = self._extent
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
             self.rel_pos_w = nn.Parameter(torch.zeros(2 * qw - 1, hd, device=device, dtype=dtype))
+
+    def _score_parameters(
+        self, cpb_hidden: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> None:
+        """The parameters of the score parts before the output projection: cosine attention's logit scale,
+        Swin's table or Swin-V2's bias MLP, talking heads' maps, ConViT's positional projection and gates."""
+        h = self.num_heads
+        if self.cosine:
+            self.logit_scale = nn.Parameter(
+                torch.full((h, 1, 1), math.log(10.0), device=device, dtype=dtype)
+            )  # (H, 1, 1)
+        if self.relative == "cpb":
+            self.cpb_mlp = nn.Sequential(
+                nn.Linear(2, cpb_hidden, device=device, dtype=dtype),
+                nn.ReLU(inplace=True),
+                nn.Linear(cpb_hidden, h, bias=False, device=device, dtype=dtype),
+            )
+        elif self.relative == "table":
+            m = self.grid_window or 0
+            self.relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * m - 1) ** 2, h, device=device, dtype=dtype)
+            )
+        if self.talking_heads:
+            self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
+            self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
+        if self.gated:
+            self.pos_proj = nn.Linear(3, h, device=device, dtype=dtype)  # an offset's score in each head
+            self.gating_param = nn.Parameter(torch.ones(h, device=device, dtype=dtype))
 
     def _projections(
         self,
@@ -298,49 +330,11 @@ class Attention(nn.Module):
             return (bias[None] + regions[:, None]).reshape(1, groups * h, length, length)
         return bias[None].expand(groups, h, length, length).reshape(1, groups * h, length, length)
 
-    def _visible(
-        self,
-        b: int,
-        n: int,
-        t: int,
-        past: int,
-        first: int,
-        mask: Tensor | None,
-        memory_mask: Tensor | None,
-        cache: KVCache | None,
-        unbiased: bool,
-        device: torch.device,
-    ) -> tuple[Tensor | None, bool]:
-        """Which of the T keys each of the N queries (at positions past .. past + N - 1; key 0 at ``first``)
-        sees, broadcastable to (B, 1, N, T) with True = may attend, or None for all; or SDPA's own causal mask
-        (True) where nothing else hides a key (``unbiased``: no additive bias either)."""
-        visible: Tensor | None = None
-        is_causal = False
-        if cache is not None and self.causal and cache.window is not None:
-            window = cache.window if self.window is None else min(self.window, cache.window)
-            visible = visible_keys(n, t, past - first, True, window, device)  # (N, T)
-        elif self.causal and past == 0 and mask is None and unbiased and self.window is None:
-            is_causal = True
-        elif self.window is not None or (self.causal and n > 1):  # causal, one new token: it sees every key
-            visible = visible_keys(n, t, past - first, self.causal, self.window, device)  # (N, T)
-        if mask is not None:
-            if mask.shape != (b, past + n):
-                raise ValueError(f"mask must have shape (B, T)=({b}, {past + n}), got {tuple(mask.shape)}")
-            keep = ~mask[:, None, None, past + n - t :]  # (B, 1, 1, T)
-            visible = keep if visible is None else visible & keep  # (B, 1, N, T)
-        if memory_mask is not None:
-            if memory_mask.shape != (b, t):
-                raise ValueError(
-                    f"memory_mask must have shape (B, M)=({b}, {t}), got {tuple(memory_mask.shape)}"
-                )
-            visible = ~memory_mask[:, None, None, :]  # (B, 1, 1, M)
-        return visible, is_causal
-
     def _output(self, out: Tensor, b: int) -> Tensor:
         """The heads' outputs (B, G*H, Nq, hd) through the output projection, the windows merged: (B, Nq, D)."""
         h, hd = self.num_heads, self.head_dim
         if self.grid_window is not None:
-            assert self.grid is not None  # _check_parts: windows need the grid
+            assert self.grid is not None  # check_parts: windows need the grid
             out = out.unflatten(1, (-1, h)).transpose(2, 3).flatten(3)  # (B, G, L, H*hd)
             return window_merge(self.proj_drop(self.proj(out)), self.grid, self.grid_window, self.shift)
         out = out.transpose(1, 2).reshape(b, out.shape[2], h * hd)  # (B, Nq, H*hd)
@@ -359,6 +353,8 @@ class Attention(nn.Module):
         memory_mask: Tensor | None = None,
         memory_pos: Tensor | None = None,
         memory_rope: tuple[Tensor, Tensor] | None = None,
+        rel_embed: Tensor | None = None,
+        rel_index: Tensor | None = None,
     ) -> Tensor:
         """Attend x to itself (and to the cached tokens), or to the memory.
 
@@ -375,13 +371,15 @@ class Attention(nn.Module):
             memory_mask: (B, M) bool, True = padding memory token.
             memory_pos: (B or 1, M, Dm) positions added to the keys' input, not the values' (DETR).
             memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys (CroCo).
+            rel_embed: (2P, D) DeBERTa's relative table (with ``disentangled``).
+            rel_index: (N, N) long, its row for each query and key.
 
         Returns:
             (B, Nq, D): N tokens, or the first ``queries``.
         """
         (b, n, _), hd = x.shape, self.head_dim
         if self.grid_window is not None:
-            assert self.grid is not None  # _check_parts: windows need the grid
+            assert self.grid is not None  # check_parts: windows need the grid
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
         if self.cross:
             q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
@@ -393,27 +391,24 @@ class Attention(nn.Module):
         if rope is not None:
             q = apply_rope(q, *rope)
             k = k if self.cross else apply_rope(k, *rope)
-        if self.cosine:  # cos(q, k) * exp(logit scale): the scale is folded into the unit queries
-            logit_scale = torch.clamp(self.logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
-            q, k = F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1)
+        if self.cosine:
+            q, k = self._cosine(q, k)
         if self.grid_window is not None:  # windows and heads as one 4D attention, which every SDPA takes
             q, k, v = q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2)  # (B, G*H, L, hd)
         past, first = 0, 0  # query i sits at absolute position past + i, key j at first + j
         if cache is not None and not self.cross:
-            past = cache.length(self.layer_idx)
-            k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
-            first = past + n - k.shape[2]
+            past, first, k, v = self._append(cache, k, v, n)  # keys and values (B, Hkv, T, hd)
         t = k.shape[2]
         if bias is not None and bias.shape[-1] != t:
             bias = bias[..., -t:]  # the keys still held: (B or 1, H, N or 1, T)
-        if self.relative is not None:
-            own = self._relative_bias(q)  # (1 or B, G*H, L, L)
+        if self.relative is not None or self.disentangled:
+            own = self._own_bias(q, k, rel_embed, rel_index)  # (1 or B, G*H, L, L)
             bias = own if bias is None else bias + own
-
         visible, is_causal = None, False  # visible: broadcastable to (B, 1, N, T), True = may attend
         if self.causal or self.window is not None or mask is not None or memory_mask is not None:
-            visible, is_causal = self._visible(
-                b, n, t, past, first, mask, memory_mask, cache, bias is None, q.device
+            sizes, masks = (b, n, t, past, first), (mask, memory_mask)
+            visible, is_causal = visible_mask(
+                self.causal, self.window, sizes, masks, cache, bias is None, q.device
             )
         dropout_p = self.attn_drop if self.training else 0.0
         if self.talking_heads or self.softcap is not None or self.gated:
@@ -426,12 +421,49 @@ class Attention(nn.Module):
             cache.bound(self.layer_idx, self.window)
         return self._output(out, b)  # (B, Nq, D)
 
+    def _append(self, cache: KVCache, k: Tensor, v: Tensor, n: int) -> tuple[int, int, Tensor, Tensor]:
+        """The new keys and values appended to this layer's cache entry: the absolute positions of the first
+        new query and of the first key held, and the keys and values held (B, Hkv, T, hd)."""
+        past = cache.length(self.layer_idx)
+        k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
+        return past, past + n - k.shape[2], k, v
+
+    def _own_bias(self, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None) -> Tensor:
+        """The bias of the layer's own parts: its relative table and DeBERTa's disentangled scores."""
+        terms = [self._relative_bias(q)] if self.relative is not None else []  # (1 or B, G*H, L, L)
+        if self.disentangled:
+            terms.append(self._disentangled(q, k, rel_embed, rel_index))  # (B, H, N, N)
+        out = terms[0]
+        for term in terms[1:]:
+            out = out + term
+        return out
+
+    def _cosine(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosine attention's unit queries and keys, the learned scale exp(logit scale) folded into q."""
+        logit_scale = torch.clamp(self.logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
+        return F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1)
+
+    def _disentangled(
+        self, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None
+    ) -> Tensor:
+        """DeBERTa's content-to-position and position-to-content scores (B, H, N, N), scaled: the relative
+        table through this layer's query and key projections."""
+        assert rel_embed is not None and rel_index is not None  # the graph wires both with the part
+        h, hd = self.num_heads, self.head_dim
+        if self.projection == "split":
+            pos_q, pos_k = self.q(rel_embed), self.k(rel_embed)  # (2P, H * hd) each
+        else:
+            pos_q, pos_k = project(self, rel_embed, self.qkv, self.parts, slice(0, 2 * h * hd)).chunk(2, -1)
+        pos_q, pos_k = split_heads(pos_q, hd), split_heads(pos_k, hd)  # (H, 2P, hd)
+        assert self.scale is not None  # set with the part
+        return disentangled_bias(q, k, pos_q, pos_k, rel_index) * self.scale
+
     def _gate(self, q: Tensor) -> tuple[Tensor, Tensor] | None:
         """ConViT's positional weights (1, H, N, N) over the grid's offsets and the per-head gates (H, 1, 1),
         or None without gated positions."""
         if not self.gated:
             return None
-        assert self.grid is not None  # _check_parts: gated positions need the grid
+        assert self.grid is not None  # check_parts: gated positions need the grid
         offsets = grid_offsets(self.grid, q.device).to(q.dtype)  # (N, N, 3)
         positional = self.pos_proj(offsets).permute(2, 0, 1).softmax(dim=-1)  # (H, N, N)
         return positional[None], torch.sigmoid(self.gating_param).view(-1, 1, 1)
@@ -444,41 +476,12 @@ class Attention(nn.Module):
         for name in ("queries", "grid", "grid_window", "relative", "softcap"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
-        parts += [name for name in ("cosine", "talking_heads", "gated") if getattr(self, name)]
+        parts += [
+            name for name in ("cosine", "talking_heads", "disentangled", "gated") if getattr(self, name)
+        ]
         if self.shift:
             parts.append(f"shift={self.shift}")
         return ", ".join(parts)
-
-
-def _check_parts(
-    memory_dim: int | None,
-    projection: str,
-    relative: str | None,
-    grid: tuple[int, int] | None,
-    grid_window: int | None,
-    shift: int,
-    queries: int | None,
-    causal: bool,
-    gated: bool = False,
-) -> None:
-    """Refuse the combinations of parts the core does not compute."""
-    problems = []
-    if gated and (grid is None or grid_window is not None or memory_dim is not None or queries is not None):
-        problems.append("gated positions are over the whole token grid, every token querying itself")
-    if memory_dim is not None and (projection != "packed" or grid_window is not None or queries is not None):
-        problems.append("keys and values from a memory take the packed projection, no windows, all queries")
-    if queries is not None and causal:
-        problems.append("a subset of queries is never causal")
-    if relative is not None and grid is None:
-        problems.append(f"a {relative} relative bias needs the token grid")
-    if relative in ("table", "cpb") and grid_window is None:
-        problems.append(f"a {relative} relative bias is over windows: set grid_window")
-    if grid_window is not None and grid is None:
-        problems.append("windows need the token grid")
-    if shift and (grid is None or grid_window is None or padded_grid(grid, grid_window) != grid):
-        problems.append("shifted windows need a grid divisible by the window")
-    if problems:
-        raise ValueError("; ".join(problems))
 
 
 SelfAttention = Attention

@@ -1,4 +1,6 @@
-"""T5's bucketed relative position bias (Raffel et al., 2020): one learned scalar per head and distance bucket.
+"""Relative positions: T5's bucketed bias (Raffel et al., 2020), one learned scalar per head and distance
+bucket; BEiT's table over the patch grid; DeBERTa's table of relative embeddings (He et al., 2021) and the
+log-bucketed index into it, which the attention core's disentangled part reads.
 
 Dim legend: N new tokens (queries), T keys (cached + new), H heads.
 """
@@ -10,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RelativeBias", "relative_buckets"]
+__all__ = ["RelativeBias", "RelativeEmbedding", "log_bucket_index", "relative_buckets"]
 
 
 def relative_buckets(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
@@ -130,3 +132,57 @@ class GridRelativeBias(nn.Module):
 
     def extra_repr(self) -> str:
         return f"grid={self.grid}"
+
+
+def log_bucket_index(x: Tensor, buckets: int, max_distance: int) -> Tensor:
+    """(N, N) long: the row of DeBERTa's relative table for query i and key j of the tokens x (B, N, D).
+
+    The distance i - j is kept exactly up to ``buckets // 2``, log-bucketed beyond it up to ``max_distance``
+    (HF's ``make_log_bucket_position``, in float32 whatever x's dtype, as there), then offset into the table's
+    2 * ``buckets`` rows.
+
+    Args:
+        x: the tokens (only their count and device are read).
+        buckets: distances in each direction; the table has 2 * buckets rows.
+        max_distance: the distance the last bucket stands for.
+    """
+    ids = torch.arange(x.shape[1], device=x.device)
+    relative = ids[:, None] - ids[None, :]  # (N, N) query - key
+    mid = buckets // 2
+    near = (relative < mid) & (relative > -mid)
+    far = torch.where(near, torch.full_like(relative, mid - 1), relative.abs()).float()  # (N, N)
+    span = torch.log(torch.tensor((max_distance - 1) / mid, device=x.device))
+    log = torch.ceil(torch.log(far / mid) / span * (mid - 1)) + mid
+    bucket = torch.where(far <= mid, relative.float(), log * torch.sign(relative)).long()
+    return torch.clamp(bucket + buckets, 0, 2 * buckets - 1)  # (N, N)
+
+
+class RelativeEmbedding(nn.Module):
+    """DeBERTa's table of relative embeddings, one row per bucketed distance, optionally layer-normed; every
+    attention layer of the stack projects it with its own query and key weights.
+
+    Args:
+        rows: table rows (2 * buckets).
+        dim: their width D (the stack's).
+        norm: a LayerNorm over each row (``norm_rel_ebd: layer_norm``).
+        eps: its epsilon.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        dim: int,
+        norm: bool = True,
+        eps: float = 1e-7,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, dim, device=device, dtype=dtype))  # (2P, D)
+        self.norm = nn.LayerNorm(dim, eps=eps, device=device, dtype=dtype) if norm else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The (2P, D) table, for the tokens x (read for nothing but ordering)."""
+        return self.norm(self.weight)

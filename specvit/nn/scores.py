@@ -25,6 +25,7 @@ __all__ = [
     "MAX_LOGIT_SCALE",
     "cpb_coords",
     "decomposed_bias",
+    "disentangled_bias",
     "grid_offsets",
     "mix_heads",
     "relative_position_index",
@@ -128,3 +129,20 @@ def mix_heads(scores: Tensor, mix: nn.Linear, heads: int) -> Tensor:
 def tanh_cap(logits: Tensor, cap: float) -> Tensor:
     """``cap * tanh(logits / cap)``: the logits squashed into (-cap, cap) (Gemma 2's soft-capping)."""
     return torch.tanh(logits / cap) * cap
+
+
+def disentangled_bias(q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor, index: Tensor) -> Tensor:
+    """DeBERTa's content-to-position and position-to-content scores, unscaled: (B, H, N, N) with
+    ``q_i · pos_k[index[i, j]] + k_j · pos_q[index[i, j]]``.
+
+    Args:
+        q: (B, H, N, hd) queries.
+        k: (B, H, N, hd) keys.
+        pos_q: (H, 2P, hd) the relative table through the query projection.
+        pos_k: (H, 2P, hd) the table through the key projection.
+        index: (N, N) long, the table row of query i and key j.
+    """
+    b, h, n, _ = q.shape
+    c2p = torch.gather(q @ pos_k.transpose(-1, -2), -1, index.expand(b, h, n, n))  # (B, H, N, N)
+    p2c = torch.gather(k @ pos_q.transpose(-1, -2), -1, index.T.expand(b, h, n, n))  # (B, H, key, query)
+    return c2p + p2c.transpose(-1, -2)

@@ -20,7 +20,7 @@ from specvit.ops.position import block_rope
 
 __all__ = ["attention_params"]
 
-SELF_SIDE = ("mask", "rope", "bias", "pos", "cache")
+SELF_SIDE = ("mask", "rope", "bias", "pos", "cache", "rel_embed", "rel_index")
 CROSS_SIDE = ("memory", "memory_mask", "pos", "memory_pos", "rope", "memory_rope", "cache")
 
 

@@ -24,7 +24,19 @@ from specvit.ops.norm import norm_params
 
 __all__ = ["ATTENTION_MODULE", "SIDE_PORTS", "AttentionParams", "configuration", "core_args"]
 
-SIDE_PORTS = ("mask", "rope", "bias", "pos", "cache", "memory", "memory_mask", "memory_pos", "memory_rope")
+SIDE_PORTS = (
+    "mask",
+    "rope",
+    "bias",
+    "pos",
+    "cache",
+    "rel_embed",
+    "rel_index",
+    "memory",
+    "memory_mask",
+    "memory_pos",
+    "memory_rope",
+)
 """The side values an attention node reads, by the name the stack holds them under."""
 
 Relative = Literal["table", "cpb", "decomposed"]
@@ -39,6 +51,7 @@ _CORE_PARTS: dict[str, Any] = {
     "talking_heads": False,
     "relative": None,
     "softcap": None,
+    "disentangled": False,
     "gated": False,
     "causal": False,
     "window": None,
@@ -88,6 +101,8 @@ class AttentionParams(Params):
             (MViTv2's, ViTDet), or None.
         cosine: cosine attention with a learned per-head logit scale (Swin-V2).
         gated: ConViT's gated positional attention over the whole ``grid``.
+        disentangled: DeBERTa's content-to-position and position-to-content scores of the stack's relative
+            table (the ``rel_embed`` and ``rel_index`` ports).
         cpb_hidden: hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for ``window``.
         layer: the layer's index in a KV cache.
@@ -120,6 +135,7 @@ class AttentionParams(Params):
     relative: Relative | None = None
     cosine: bool = False
     gated: bool = False
+    disentangled: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
     layer: int = field(default=0, metadata={"varies": True})
@@ -283,6 +299,9 @@ class Attention(Op):
             out += 2 * linear_flops(b * n * n, p.heads, p.heads)
         if p.gated:
             out += linear_flops(n * n, 3, p.heads)  # the positional scores, once per forward
+        if p.disentangled:  # the table through the q and k projections, then its two products
+            rows = inputs["rel_embed"][0]
+            out += linear_flops(rows, p.dim, 2 * p.inner) + 2 * linear_flops(b * n, p.inner, rows)
         if p.relative == "decomposed":
             out += 2 * rows * p.inner * sum(p.extent)  # the two einsums
         elif p.relative == "cpb":
@@ -314,6 +333,7 @@ class Attention(Op):
             relative=p.relative,
             **cpb,
             softcap=p.softcap,
+            disentangled=p.disentangled,
             gated=p.gated,
             causal=p.causal,
             window=None if p.tiles else p.window,
@@ -351,4 +371,6 @@ class Attention(Op):
             lines.append("cosine attention · logit scale ≤ 100")
         if p.gated:
             lines.append("gated positions · softmax(q·k) and softmax of offsets, gated per head")
+        if p.disentangled:
+            lines.append("disentangled · content→position and position→content scores · scale 1/√(3·hd)")
         return tuple(lines)

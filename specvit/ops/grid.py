@@ -44,13 +44,13 @@ def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
     own |= {"gated": True} if b.spec.gated_positions else {}
     if w is None and not own:
         return {}, None
-    assert b.grid is not None
-    parts: dict[str, Any] = {"grid": b.grid, **own}
+    parts: dict[str, Any] = {**own} | ({"grid": b.grid} if b.grid is not None else {})
     if w is None:
         return parts, f"{b.stack.role}.block.gated_positions" if own.get(
             "gated"
         ) else f"{b.stack.role}.position"
     source = f"{b.stack.role}.block.window"
+    assert b.grid is not None  # the rules keep windows to image stacks
     if not w.bias:  # ViTDet's tiles: the window as written, padded where it does not divide the grid
         return parts | {"window": w.size}, source
     m, shift = block_window(w.size, w.shift, b.grid, b.index)
