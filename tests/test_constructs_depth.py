@@ -339,6 +339,43 @@ def test_a_shared_block_is_drawn_once_with_its_runs() -> None:
     assert [b.op for b in expanded.boxes.values()].count("call") == 5
 
 
+def test_a_shared_decoder_block_caches_each_run_apart() -> None:
+    """Six layers over three sets of weights in a decoder: each later run of a block keeps its keys and
+    values in a sub-cache of its own, so decoding token by token equals the whole forward, and generation
+    with the cache gives the tokens of generation without it. The control shares one cache entry between
+    a block's runs (as if a run had no cache of its own) and must fail the same assertion."""
+    from specvit.nn import KVCache
+
+    data = _shared(
+        {"blocks": 3}, block={"heads": 4, "kv_heads": 2, "layers": ["masked_self_attention", "mlp"]}
+    )
+    data["model"], data["decoder"] = "decoder", data.pop("encoder")
+    data["head"] = {"kind": "lm", "tied": True}
+    torch.manual_seed(0)
+    model = build_model(parse_spec(data)).double().eval()
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+
+    def stepwise(cache: KVCache) -> torch.Tensor:
+        with torch.no_grad():
+            steps = [model(ids[:, :8], cache=cache)]
+            steps += [model(ids[:, i : i + 1], cache=cache, offset=i) for i in range(8, 12)]
+        return torch.cat(steps, dim=1)
+
+    with torch.no_grad():
+        full = model(ids)
+    assert (stepwise(KVCache()) - full).abs().max().item() <= 1e-12
+    one = KVCache()
+    one.sub = lambda key: one  # type: ignore[method-assign]  # every run in the block's own entry
+    with pytest.raises(AssertionError):
+        assert (stepwise(one) - full).abs().max().item() <= 1e-12
+    prompt = ids[:, :4]
+    assert torch.equal(model.generate(prompt, 6), model.generate(prompt, 6, use_cache=False))
+    from specvit.diagram.scene import plan
+
+    drawn = [b.op for b in plan(model.graph).boxes.values()]  # type: ignore[arg-type]
+    assert "call" not in drawn and "sub_cache" not in drawn  # the runs and their caches fold into the blocks
+
+
 @pytest.mark.parametrize(
     ("share", "stack", "message"),
     [

@@ -150,11 +150,7 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     g = graph.nx
     fold = graph.fold() if view == "collapsed" else {}
     shared = graph.shared() if view == "collapsed" else {}
-    again = {  # a shared block's later runs -> its output, the box that stands for them
-        call: next(u for u, _, port in g.in_edges(calls[0], data="port") if port == "x")
-        for calls in shared.values()
-        for call in calls
-    }
+    again = _reruns(graph) if view == "collapsed" else {}
 
     def drawn(path: str) -> str:
         """The box standing for ``path``: its counterpart in the representative block of its run."""
@@ -212,6 +208,22 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     sizes = ", ".join(f"{k}={v}" for k, v in graph.dims.items() if "+" not in k)  # S+1 follows from S
     total = f"{format_count(graph.total_params)} params · {format_count(graph.total_flops)} FLOPs at {sizes}"
     return Scene(graph.name, total, boxes, top, links)
+
+
+def _reruns(graph: ArchGraph) -> dict[str, str]:
+    """A shared block's later runs, and the KV caches made for them alone -> the block's output, the box
+    that stands for them in the collapsed view."""
+    g, again = graph.nx, dict[str, str]()
+    for calls in graph.shared().values():
+        out = next(u for u, _, port in g.in_edges(calls[0], data="port") if port == "x")
+        for call in calls:
+            caches = [
+                u
+                for u, _, port in g.in_edges(call, data="port")
+                if port == "cache" and g.nodes[u]["op"] != "input"
+            ]
+            again |= dict.fromkeys([call, *caches], out)
+    return again
 
 
 def _links(

@@ -24,7 +24,7 @@ from specvit.ops.block import BlockCtx
 from specvit.ops.embed import LinearParams, PrefixParams
 from specvit.ops.grid import lower_merge
 from specvit.ops.norm import NormParams
-from specvit.ops.structure import CallParams, DropParams, InputParams, MaskParams
+from specvit.ops.structure import CallParams, DropParams, InputParams, MaskParams, SubCacheParams
 from specvit.patterns.residual import expand, lower_steps
 from specvit.spec.loader import load_spec, parse_spec
 from specvit.spec.schema import Spec, StackSpec
@@ -235,7 +235,7 @@ class _Lowering:
                     self.prefix(s)
                 w = s.weight_set(index)
                 if w in applied:  # a later layer of shared weights: its block again
-                    self.x = self.call_block(f"{role}.shared.{index}", *applied[w])
+                    self.x = self.call_block(index, *applied[w])
                     index += 1
                     continue
                 applied[w] = f"{container}.blocks.{w}", self.x
@@ -256,11 +256,12 @@ class _Lowering:
                 self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)
                 index += 1
 
-    def call_block(self, path: str, block: str, first: str) -> str:
-        """A node running ``block`` again on the tokens, with the side values its first run read.
+    def call_block(self, index: int, block: str, first: str) -> str:
+        """A node running ``block`` again on the tokens, with the side values its first run read; a KV cache
+        of its own for the run (``sub_cache``), whose entries the block's attention indexes fill again.
 
         Args:
-            path: the node's path.
+            index: the run's layer index in the stack.
             block: the block's path.
             first: the tokens its first run read.
         """
@@ -272,9 +273,15 @@ class _Lowering:
         for u, _, port in self.g.in_edges(inside, data="port"):
             if u not in inside and u != first:
                 srcs.setdefault(side.get(u, port), u)
+        role, source = self.role, f"{self.role}.share"
+        if "cache" in srcs:
+            p_cache = SubCacheParams(index)
+            srcs["cache"] = self.add(
+                f"{role}.cache_{index}", "sub_cache", p_cache, {"x": srcs["cache"]}, source=source
+            )
         flops = sum(int(self.g.nodes[n]["flops"]) for n in inside)
-        p = CallParams(block, self.shape(self.x), flops, self.role, tuple(k for k in srcs if k != "x"))
-        return self.add(path, "call", p, srcs, source=f"{self.role}.share")
+        p = CallParams(block, self.shape(self.x), flops, role, tuple(k for k in srcs if k != "x"))
+        return self.add(f"{role}.shared.{index}", "call", p, srcs, source=source)
 
     def model(self) -> None:
         outputs: dict[str, dict[str, str]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "sub_cache"]
 
 
 class KVCache:
@@ -35,6 +35,14 @@ class KVCache:
         self.seen: dict[int, int] = {}
         self.buffers: dict[int, tuple[Tensor, Tensor, int]] = {}  # keys, values (B, Hkv, capacity, hd), start
         self.memory: dict[int, tuple[Tensor, Tensor]] = {}
+        self.subs: dict[int, KVCache] = {}
+
+    def sub(self, key: int) -> KVCache:
+        """The cache of another run of shared layers (a block whose weights later layers share): entries of
+        their own under the same layer indexes, made on first use, bounded by the same ``window``."""
+        if key not in self.subs:
+            self.subs[key] = KVCache(self.window)
+        return self.subs[key]
 
     def length(self, layer: int) -> int:
         """Positions fed to self-attention layer ``layer`` so far (the absolute position of the next token);
@@ -81,3 +89,8 @@ class KVCache:
             self.buffers[layer] = (bk, bv, start + drop)  # the buffer is reused from its start when full
             self.keys[layer] = self.keys[layer][:, :, drop:]  # (B, Hkv, window - 1, hd)
             self.values[layer] = self.values[layer][:, :, drop:]
+
+
+def sub_cache(cache: KVCache | None, key: int) -> KVCache | None:
+    """``cache.sub(key)``, or None without a cache: the cache a shared block's run ``key`` reads and writes."""
+    return None if cache is None else cache.sub(key)

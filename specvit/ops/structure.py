@@ -19,6 +19,7 @@ __all__ = [
     "MaskParams",
     "OutputParams",
     "ScaleParams",
+    "SubCacheParams",
     "TokenParams",
 ]
 
@@ -268,6 +269,31 @@ class Call(Op):
 
     def label(self, p: CallParams) -> tuple[str, ...]:
         return (f"the {p.scope} again · shared weights",)
+
+
+@dataclass(frozen=True)
+class SubCacheParams(Params):
+    """The KV cache of one later run of a shared block: entries of its own under the block's layer indexes.
+
+    Args:
+        key: the run's layer index in its stack.
+    """
+
+    key: int
+
+
+@op
+class SubCache(Op):
+    kind = "sub_cache"
+    params_type = SubCacheParams
+    helpers = ("specvit.nn.cache:sub_cache",)
+    value = "KVCache"
+
+    def code(self, p: SubCacheParams, args: Mapping[str, str]) -> str:
+        return f"sub_cache({args['x']}, {p.key})"
+
+    def label(self, p: SubCacheParams) -> tuple[str, ...]:
+        return (f"KV cache of layer {p.key}'s run",)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
 
 def _share(role: str, s: StackSpec) -> list[Problem]:
     """What blocks sharing weights need: one depth that the sets divide, one block per set, and no setting
-    that differs between the layers a set runs (a stochastic-depth rate, the tokens, a KV-cache entry)."""
+    that differs between the layers a set runs (a stochastic-depth rate, the tokens, MoE statistics)."""
     if s.share is None:
         return []
     at, n = f"{role}.share", s.share.blocks
@@ -100,9 +100,6 @@ def _share(role: str, s: StackSpec) -> list[Problem]:
     elif s.prefix_at:
         at, why = f"{role}.prefix.at", "prefix tokens entering between blocks change what a shared block sees"
         fix = "remove prefix.at, or remove share"
-    elif s.causal:
-        why = "a decoder's KV cache keeps one entry per attention layer, and a shared block is one layer"
-        fix = "remove share (shared blocks are an encoder's)"
     elif any(b.mlp.moe is not None for b in s.layer_blocks):
         why = "an MoE block passes its router statistics on, and a shared block would count them once"
         fix = "remove share, or the MoE MLP"
