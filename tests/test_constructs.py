@@ -129,6 +129,24 @@ def _llama_keys(norms: tuple[str, str] = ("input_layernorm", "post_attention_lay
     ]
 
 
+def block_keys(
+    layer: str, qkv: tuple[str, str, str], proj: str, norm1: str, fc1: str, fc2: str, norm2: str
+) -> Rename:
+    """The rename table of an encoder's blocks in the BERT layout (biased q, k, v, output projection, two
+    MLP layers, a norm after each sublayer): HF's names under ``layer`` (``{0}`` the block's index), each
+    a module whose ``weight`` and ``bias`` map to specvit's."""
+    block = r"encoder\.blocks\.(\d+)\."
+    return [
+        (block + r"attn\.qkv\.(\w+)", tuple(layer + c + ".{1}" for c in qkv)),
+        *(
+            (block + ours.replace(".", r"\.") + r"\.(\w+)", layer + theirs + ".{1}")
+            for ours, theirs in (
+                ("attn.proj", proj), ("norm1", norm1), ("mlp.fc1", fc1), ("mlp.fc2", fc2), ("norm2", norm2)
+            )
+        ),
+    ]  # fmt: skip
+
+
 def _check(build: Callable[[bool], float]) -> None:
     """``build(on)`` gives the max abs difference with the construct on, and off (the control)."""
     assert build(True) <= TOL

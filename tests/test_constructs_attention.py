@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from reference import float64_reference, perturbed
-from test_constructs import Rename, _check, renamed
+from test_constructs import Rename, _check, block_keys, renamed
 from test_constructs_stems import IMAGE, VIT_KEYS, ejects_the_same, problem, vit_spec
 from torch import nn
 
@@ -214,21 +214,20 @@ def _deberta_spec(on: bool = True) -> dict[str, Any]:
     }
 
 
-_LAYER = "encoder.layer.{0}."
 _DEBERTA_KEYS: Rename = [
     ("encoder.tok_embed.weight", "embeddings.word_embeddings.weight"),
     (r"encoder\.embed_norm\.(\w+)", "embeddings.LayerNorm.{0}"),
     ("encoder.rel_embed.weight", "encoder.rel_embeddings.weight"),
     (r"encoder\.rel_embed\.norm\.(\w+)", "encoder.LayerNorm.{0}"),
-    (
-        r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
-        tuple(_LAYER + f"attention.self.{c}_proj.{{1}}" for c in ("query", "key", "value")),
+    *block_keys(
+        "encoder.layer.{0}.",
+        ("attention.self.query_proj", "attention.self.key_proj", "attention.self.value_proj"),
+        "attention.output.dense",
+        "attention.output.LayerNorm",
+        "intermediate.dense",
+        "output.dense",
+        "output.LayerNorm",
     ),
-    (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", _LAYER + "attention.output.dense.{1}"),
-    (r"encoder\.blocks\.(\d+)\.norm1\.(\w+)", _LAYER + "attention.output.LayerNorm.{1}"),
-    (r"encoder\.blocks\.(\d+)\.mlp\.fc1\.(\w+)", _LAYER + "intermediate.dense.{1}"),
-    (r"encoder\.blocks\.(\d+)\.mlp\.fc2\.(\w+)", _LAYER + "output.dense.{1}"),
-    (r"encoder\.blocks\.(\d+)\.norm2\.(\w+)", _LAYER + "output.LayerNorm.{1}"),
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_constructs import EJECTED, _check, _decoder, _diff, _hf, _llama_keys, _ours, renamed
+from test_constructs import EJECTED, _check, _decoder, _diff, _hf, _llama_keys, _ours, block_keys, renamed
 from test_constructs import test_the_constructs_eject_to_the_same_model as _ejects_the_same
 from test_constructs_stems import ejects_the_same, problem
 
@@ -230,22 +230,21 @@ def test_a_relative_table_per_layer_is_umt5s() -> None:
 
 # ---------------------------------------------------------------- ALBERT: embeddings narrower than the blocks
 
-ALBERT_LAYER = "encoder.albert_layer_groups.{0}.albert_layers.0."  # a group's one layer
 ALBERT_KEYS: list[tuple[str, str | tuple[str, ...]]] = [
     ("encoder.tok_embed.weight", "embeddings.word_embeddings.weight"),
     ("encoder.type_embed.weight", "embeddings.token_type_embeddings.weight"),
     ("encoder.pos_embed.weight", "embeddings.position_embeddings.weight"),
     (r"encoder\.embed_norm\.(\w+)", "embeddings.LayerNorm.{0}"),
     (r"encoder\.embed_proj\.(\w+)", "encoder.embedding_hidden_mapping_in.{0}"),
-    (
-        r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
-        tuple(ALBERT_LAYER + f"attention.{c}.{{1}}" for c in ("query", "key", "value")),
+    *block_keys(
+        "encoder.albert_layer_groups.{0}.albert_layers.0.",  # a group's one layer
+        ("attention.query", "attention.key", "attention.value"),
+        "attention.dense",
+        "attention.LayerNorm",
+        "ffn",
+        "ffn_output",
+        "full_layer_layer_norm",
     ),
-    (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", ALBERT_LAYER + "attention.dense.{1}"),
-    (r"encoder\.blocks\.(\d+)\.norm1\.(\w+)", ALBERT_LAYER + "attention.LayerNorm.{1}"),
-    (r"encoder\.blocks\.(\d+)\.mlp\.fc1\.(\w+)", ALBERT_LAYER + "ffn.{1}"),
-    (r"encoder\.blocks\.(\d+)\.mlp\.fc2\.(\w+)", ALBERT_LAYER + "ffn_output.{1}"),
-    (r"encoder\.blocks\.(\d+)\.norm2\.(\w+)", ALBERT_LAYER + "full_layer_layer_norm.{1}"),
 ]
 
 
