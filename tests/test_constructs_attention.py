@@ -188,7 +188,10 @@ def test_attention_pool_ejects_and_checks_its_heads() -> None:
     )
     spec = _probe_spec(on=False)
     spec["head"]["probe"] = {"heads": 4}
-    assert problem(spec) == "head.probe: probe sets pool: attention's probe (set pool: attention)"
+    assert problem(spec) == (
+        "head.probe: probe sets the attention pool, and this head pools by mean (set pool: attention, or "
+        "remove probe)"
+    )
 
 
 # ------------------------------------------------------------------------------ DeBERTa: disentangled

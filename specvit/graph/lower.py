@@ -220,9 +220,8 @@ class _Lowering:
     def blocks(self, s: StackSpec) -> None:
         """The blocks, stage by stage (a plain stack is one stage whose blocks are ``{role}.blocks.i``)."""
         role, index = self.role, 0  # index over the whole stack, for the stochastic-depth schedule
-        applied: dict[
-            int, tuple[str, str]
-        ] = {}  # a set of shared weights -> its block and that block's input
+        # a set of shared weights (share:) -> the block that holds it and that block's input
+        applied: dict[int, tuple[str, str]] = {}
         for si, (depth, heads) in enumerate(zip(s.stage_depths, s.stage_heads, strict=True)):
             width = s.stage_widths[si]
             container = f"{role}.stages.{si}" if s.hierarchical else role

@@ -144,7 +144,8 @@ class ClassifierHead(HeadFragment):
 
     def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
         if self.probe is not None and self.pool != "attention":
-            return [Problem("head.probe", "probe sets pool: attention's probe", "set pool: attention")]
+            why = f"probe sets the attention pool, and this head pools by {self.pool}"
+            return [Problem("head.probe", why, "set pool: attention, or remove probe")]
         if self.pool == "attention":
             return (self.probe or Probe()).problems(stack)
         if self.pool == "eos" and (stack.input.kind != "tokens" or stack.num_prefix):
