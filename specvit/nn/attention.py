@@ -275,15 +275,16 @@ class Attention(nn.Module):
         return self.grid
 
     def _qkv(self, x: Tensor, pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, [G,] H, Nq, hd), keys and values (B, [G,] Hkv, L, hd) of the tokens x: (B, [G,] L, D)."""
+        """Queries (B, [G,] H, Nq, hd), keys (QK-normed) and values (B, [G,] Hkv, L, hd) of the tokens x:
+        (B, [G,] L, D)."""
         h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         if self.projection == "split":
             q = self.q(x if self.queries is None else x[..., : self.queries, :])
-            return split_heads(q, hd), split_heads(self.k(x), hd), split_heads(self.v(x), hd)
+            return split_heads(q, hd), self.k_norm(split_heads(self.k(x), hd)), split_heads(self.v(x), hd)
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
         q, k, v = split_heads(qkv, hd).split((h, hkv, hkv), dim=-3)  # (B, [G,] H or Hkv, L, hd)
-        return (q if self.queries is None else q[..., : self.queries, :]), k, v
+        return (q if self.queries is None else q[..., : self.queries, :]), self.k_norm(k), v
 
     def _memory(
         self,
@@ -356,7 +357,8 @@ class Attention(nn.Module):
         rel_embed: Tensor | None = None,
         rel_index: Tensor | None = None,
     ) -> Tensor:
-        """Attend x to itself (and to the cached tokens), or to the memory.
+        """Attend x to itself (and to the cached tokens), or to the memory: (B, Nq, D), the N tokens or the
+        first ``queries``.
 
         Args:
             x: (B, N, D) tokens.
@@ -373,9 +375,6 @@ class Attention(nn.Module):
             memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys (CroCo).
             rel_embed: (2P, D) DeBERTa's relative table (with ``disentangled``).
             rel_index: (N, N) long, its row for each query and key.
-
-        Returns:
-            (B, Nq, D): N tokens, or the first ``queries``.
         """
         (b, n, _), hd = x.shape, self.head_dim
         if self.grid_window is not None:
@@ -386,7 +385,6 @@ class Attention(nn.Module):
             k, v = self._memory(memory, memory_pos, memory_rope, cache)  # (B, Hkv, M, hd)
         else:
             q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
-            k = self.k_norm(k)
         q = self.q_norm(q)
         if rope is not None:
             q = apply_rope(q, *rope)
@@ -401,8 +399,11 @@ class Attention(nn.Module):
         t = k.shape[2]
         if bias is not None and bias.shape[-1] != t:
             bias = bias[..., -t:]  # the keys still held: (B or 1, H, N or 1, T)
-        if self.relative is not None or self.disentangled:
-            own = self._own_bias(q, k, rel_embed, rel_index)  # (1 or B, G*H, L, L)
+        if self.relative is not None:
+            own = self._relative_bias(q)  # (1 or B, G*H, L, L)
+            bias = own if bias is None else bias + own
+        if self.disentangled:
+            own = self._disentangled(q, k, rel_embed, rel_index)  # (B, H, N, N)
             bias = own if bias is None else bias + own
         visible, is_causal = None, False  # visible: broadcastable to (B, 1, N, T), True = may attend
         if self.causal or self.window is not None or mask is not None or memory_mask is not None:
@@ -427,16 +428,6 @@ class Attention(nn.Module):
         past = cache.length(self.layer_idx)
         k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
         return past, past + n - k.shape[2], k, v
-
-    def _own_bias(self, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None) -> Tensor:
-        """The bias of the layer's own parts: its relative table and DeBERTa's disentangled scores."""
-        terms = [self._relative_bias(q)] if self.relative is not None else []  # (1 or B, G*H, L, L)
-        if self.disentangled:
-            terms.append(self._disentangled(q, k, rel_embed, rel_index))  # (B, H, N, N)
-        out = terms[0]
-        for term in terms[1:]:
-            out = out + term
-        return out
 
     def _cosine(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Cosine attention's unit queries and keys, the learned scale exp(logit scale) folded into q."""
