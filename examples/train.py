@@ -115,7 +115,7 @@ def synthetic_batch(spec: Spec, n: int, length: int, gen: torch.Generator) -> di
     head = spec.head
     role = spec.output_stack
     inp = spec.stacks[role].input
-    if not isinstance(head, ClassifierHead | LMHead):
+    if not isinstance(head, ClassifierHead | LMHead) or getattr(head, "classes", 0) is None:
         raise TrainError(f"{spec.name} has no head: there is no loss to train (add a classifier or lm head)")
     classes = head.classes if isinstance(head, ClassifierHead) else head.vocab or _vocab(spec, role)
     if spec.model == "encoder_decoder":

@@ -14,7 +14,6 @@ import torch
 from reference import float64_reference, perturbed
 from test_constructs import Rename, _check, block_keys, renamed
 from test_constructs_stems import IMAGE, VIT_KEYS, ejects_the_same, problem, vit_spec
-from torch import nn
 
 from specvit.compile import build_graph, build_model
 from specvit.spec.loader import parse_spec
@@ -95,10 +94,10 @@ def test_gated_positions_need_the_grid_alone() -> None:
 # ----------------------------------------------------------------- attention pooling with a learned probe
 
 
-def _probe_spec(on: bool = True) -> dict[str, Any]:
+def _probe_spec(on: bool = True, **head: Any) -> dict[str, Any]:
     spec = vit_spec([], patch=6)
     spec["encoder"]["prefix"]["cls"] = False
-    spec["head"]["pool"] = "attention" if on else "mean"
+    spec["head"] |= {"pool": "attention" if on else "mean", **head}
     return spec
 
 
@@ -110,9 +109,10 @@ _PROBE_KEYS: Rename = [
 ]
 
 
-def _probe_diff(ref: nn.Module, rename: Rename, source: dict[str, torch.Tensor], on: bool) -> float:
-    """Max abs difference of the probe spec (pool mean when off) with ``ref``'s weights (``source``)."""
-    model = build_model(parse_spec(_probe_spec(on))).double().eval()
+def _probe_diff(ref: Any, rename: Rename, source: dict[str, torch.Tensor], on: bool, **head: Any) -> float:
+    """Max abs difference of the probe spec (pool mean when off; ``head``'s keys set) with ``ref``'s
+    weights (``source``)."""
+    model = build_model(parse_spec(_probe_spec(on, **head))).double().eval()
     weights, used = renamed(model, source, rename)
     model.load_state_dict(weights, strict=on)  # the control has no probe to load
     assert used == set(source) or not on
@@ -134,8 +134,8 @@ def test_attention_pool_is_timms_map_pool() -> None:
 
 
 def test_attention_pool_is_siglips_head() -> None:
-    """HF's SigLIP vision tower pools with ``nn.MultiheadAttention`` over a probe; our classifier's linear
-    applied to its ``pooler_output`` is the reference."""
+    """HF's SigLIP vision tower pools with ``nn.MultiheadAttention`` over a probe; with ``classes: null``
+    the pooled features are its ``pooler_output``."""
     from transformers import SiglipVisionConfig, SiglipVisionModel
 
     config = SiglipVisionConfig(
@@ -144,35 +144,29 @@ def test_attention_pool_is_siglips_head() -> None:
     )  # fmt: skip
     torch.manual_seed(0)
     tower = perturbed(SiglipVisionModel(config), 0).double().eval()
-    fc = nn.Linear(48, 5).double()
-    source = {f"tower.{k}": v for k, v in tower.state_dict().items()} | {
-        f"fc.{k}": v for k, v in fc.state_dict().items()
-    }
-    packed = (
-        source.pop("tower.head.attention.in_proj_weight"),
-        source.pop("tower.head.attention.in_proj_bias"),
-    )
+    source = dict(tower.state_dict())
+    packed = source.pop("head.attention.in_proj_weight"), source.pop("head.attention.in_proj_bias")
     for name, w in zip(("weight", "bias"), packed, strict=True):  # (3D, ...) as [q; k; v]
         source[f"q.{name}"], source[f"kv.{name}"] = w[:48], w[48:]
     rename: Rename = [
-        (r"encoder\.patch_embed\.proj\.(\w+)", "tower.embeddings.patch_embedding.{0}"),
-        (r"encoder\.pos_embed\.weight", "tower.embeddings.position_embedding.weight"),
-        (r"encoder\.blocks\.(\d+)\.norm(\d)\.(\w+)", "tower.encoder.layers.{0}.layer_norm{1}.{2}"),
+        (r"encoder\.patch_embed\.proj\.(\w+)", "embeddings.patch_embedding.{0}"),
+        (r"encoder\.pos_embed\.weight", "embeddings.position_embedding.weight"),
+        (r"encoder\.blocks\.(\d+)\.norm(\d)\.(\w+)", "encoder.layers.{0}.layer_norm{1}.{2}"),
         (
             r"encoder\.blocks\.(\d+)\.attn\.qkv\.(\w+)",
-            tuple(f"tower.encoder.layers.{{0}}.self_attn.{c}_proj.{{1}}" for c in "qkv"),
+            tuple(f"encoder.layers.{{0}}.self_attn.{c}_proj.{{1}}" for c in "qkv"),
         ),
-        (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", "tower.encoder.layers.{0}.self_attn.out_proj.{1}"),
-        (r"encoder\.blocks\.(\d+)\.mlp\.(.*)", "tower.encoder.layers.{0}.mlp.{1}"),
-        (r"encoder\.norm\.(\w+)", "tower.post_layernorm.{0}"),
-        (r"head\.pool\.latent\.weight", "tower.head.probe"),
+        (r"encoder\.blocks\.(\d+)\.attn\.proj\.(\w+)", "encoder.layers.{0}.self_attn.out_proj.{1}"),
+        (r"encoder\.blocks\.(\d+)\.mlp\.(.*)", "encoder.layers.{0}.mlp.{1}"),
+        (r"encoder\.norm\.(\w+)", "post_layernorm.{0}"),
+        (r"head\.pool\.latent\.weight", "head.probe"),
         (r"head\.pool\.attn\.(q|kv)\.(\w+)", "{0}.{1}"),
-        (r"head\.pool\.attn\.proj\.(\w+)", "tower.head.attention.out_proj.{0}"),
-        (r"head\.pool\.norm\.(\w+)", "tower.head.layernorm.{0}"),
-        (r"head\.pool\.mlp\.(.*)", "tower.head.mlp.{0}"),
-        (r"head\.fc\.(\w+)", "fc.{0}"),
+        (r"head\.pool\.attn\.proj\.(\w+)", "head.attention.out_proj.{0}"),
+        (r"head\.pool\.norm\.(\w+)", "head.layernorm.{0}"),
+        (r"head\.pool\.mlp\.(.*)", "head.mlp.{0}"),
     ]
-    _check(lambda on: _probe_diff(lambda x: fc(tower(x).pooler_output), rename, source, on))
+    features = {"classes": None}
+    _check(lambda on: _probe_diff(lambda x: tower(x).pooler_output, rename, source, on, **features))
 
 
 def test_attention_pool_ejects_and_checks_its_heads() -> None:

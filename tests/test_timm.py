@@ -58,6 +58,14 @@ VIT: dict[str, tuple[str, dict[str, Any]]] = {
             "num_classes": 6,
         },
     ),
+    "vit_pooled_features_no_classifier": (
+        "vit_small_patch16_224",
+        {"depth": 2, "img_size": 48, "global_pool": "avg", "fc_norm": True, "num_classes": 0},
+    ),
+    "vit_siglip_map_pool_features": (
+        "vit_tiny_patch16_224",
+        {"depth": 1, "img_size": 32, "class_token": False, "global_pool": "map", "num_classes": 0},
+    ),
     "swin_tiny": (
         "swin_tiny_patch4_window7_224",
         {"embed_dim": 16, "depths": (2, 2, 2, 1), "num_heads": (1, 2, 4, 8), "num_classes": 10},
@@ -78,6 +86,29 @@ def test_timm_models_are_read_exactly(case: str) -> None:
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
 
 
+POOLED_FEATURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "eva": ("eva02_tiny_patch14_224", {"depth": 1, "img_size": 28}),
+    "cait": ("cait_xxs24_224", {"depth": 1, "depth_token_only": 1, "img_size": 32}),
+    "beit": ("beit_base_patch16_224", {"depth": 1, "img_size": 32, "embed_dim": 32, "num_heads": 2}),
+    "swin": ("swin_tiny_patch4_window7_224", {"embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2)}),
+    "swinv2": (
+        "swinv2_tiny_window8_256",
+        {"img_size": 64, "embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2)},
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(POOLED_FEATURES))
+def test_every_family_reads_its_pooled_features(family: str) -> None:
+    """``num_classes=0``: timm returns the pooled (and normed) features; the spec's classifier has
+    ``classes: null``, and the outputs are equal."""
+    name, kwargs = POOLED_FEATURES[family]
+    ref = timm_model(name, seed=2, num_classes=0, **kwargs)
+    model, diff = timm_parity(ref)
+    assert model.spec.head.classes is None  # type: ignore[union-attr]
+    assert diff <= 1e-5, diff
+
+
 REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
     "another model class": ("resnet18", {}, "model: specvit has no family for timm's ResNet"),
     "max pooling": ("vit_tiny_patch16_224", {"depth": 1, "global_pool": "max"}, "model.global_pool"),
@@ -95,11 +126,6 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         "vit_tiny_patch16_224",
         {"depth": 1, "act_layer": "hard_swish"},
         "Hardswish",
-    ),
-    "pooled features, no classifier": (
-        "vit_tiny_patch16_224",
-        {"depth": 1, "num_classes": 0},
-        "model.num_classes",
     ),
     "a norm in the patch embedding": (
         "vit_tiny_patch16_224",

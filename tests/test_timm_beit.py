@@ -152,7 +152,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "a norm inside the MLP": ({"scale_mlp": True}, "model.blocks.0.mlp.norm"),
     "a classifier without pooling": ({"global_pool": ""}, "model.global_pool"),
-    "pooled features without a classifier": ({"num_classes": 0}, "model.num_classes"),
 }
 
 

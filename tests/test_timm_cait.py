@@ -98,7 +98,6 @@ def test_from_timm_of_the_presets_model_is_the_preset(preset: str) -> None:
         ({"drop_path_rate": 0.1}, "model.blocks.0.drop_path.drop_prob", "one rate for every self-attention"),
         ({"global_pool": ""}, "model.global_pool", "pools by the class token or the mean"),
         ({"act_layer": nn.Tanh}, "model.blocks.0.mlp.act", "does not read"),
-        ({"num_classes": 0}, "model.num_classes", "without a classifier"),
     ],
 )
 def test_what_specvit_cannot_state_is_refused(kwargs: dict[str, Any], path: str, text: str) -> None:

@@ -134,7 +134,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "post-norm block class": ({"use_post_norm": True}, "model.blocks.0: Eva has blocks.0: EvaBlockPostNorm"),
     "learned rope frequencies": ({"rope_type": "mixed"}, "model.rope: Eva has rope: RotaryEmbeddingMixed"),
-    "pooled features, no classifier": ({"num_classes": 0}, "model.num_classes"),
 }
 
 

@@ -187,10 +187,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         {"img_size": 64, "embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2), "global_pool": "max"},
         "model.head.global_pool.pool: SwinTransformerV2 has head.global_pool.pool: FastAdaptiveMaxPool",
     ),
-    "pooled features, no classifier": (
-        {"img_size": 64, "embed_dim": 16, "depths": (1, 1), "num_heads": (1, 2), "num_classes": 0},
-        "model.num_classes",
-    ),
 }
 
 

@@ -87,21 +87,19 @@ def _head(r: Reader, block: dict[str, Any]) -> tuple[Any, bool]:
     for which in ("norm", "fc_norm"):
         if type(getattr(m, which)).__name__ != "Identity" and r.norm(which) != own:
             raise r.refuse(which, r.norm(which), "specvit's norms outside blocks are the blocks' norm", "")
-    if m.num_classes == 0:
-        if m.global_pool or fc_norm:
-            raise r.refuse(
-                "num_classes", 0, "pooled features without a classifier have no spec", "global_pool=''"
-            )
+    if m.num_classes == 0 and not m.global_pool:
+        if fc_norm:
+            raise r.refuse("fc_norm", r.norm("fc_norm"), "a norm of features that are not pooled", "")
         return "none", final_norm
     pool = {"token": "cls", "avg": "mean"}.get(m.global_pool)
     if pool is None:
         raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
     head = {
         "kind": "classifier",
-        "classes": m.num_classes,
+        "classes": m.num_classes or None,  # 0: the pooled features
         "pool": pool,
         "norm": fc_norm,
-        "bias": r.at("head").bias is not None,
+        "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
         "dropout": r.dropout("head_drop"),
     }
     return head, final_norm

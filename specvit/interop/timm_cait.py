@@ -84,8 +84,6 @@ def _cait(r: Reader) -> dict[str, Any]:
         block["head_dim"] = None  # the default: width / heads
     if r.norm("norm") != {k: v for k, v in block["norm"].items() if k != "placement"}:
         raise r.refuse("norm", r.norm("norm"), "specvit's final norm is the blocks' norm", "")
-    if m.num_classes <= 0:
-        raise r.refuse("num_classes", m.num_classes, "pooled features without a classifier have no spec", "")
     stack: dict[str, Any] = {
         "input": image_input(r),
         "prefix": {"cls": True, "at": len(sa)},
@@ -111,9 +109,9 @@ def _cait(r: Reader) -> dict[str, Any]:
         "encoder": stack,
         "head": {
             "kind": "classifier",
-            "classes": m.num_classes,
+            "classes": m.num_classes or None,  # 0: the pooled features
             "pool": {"token": "cls", "avg": "mean"}[m.global_pool],
-            "bias": m.head.bias is not None,
+            "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
             "dropout": r.dropout("head_drop"),
         },
     }

@@ -118,14 +118,12 @@ def _head(r: Reader) -> Any:
     r.only("global_pool", ["token", "avg"], "specvit pools by the class token or the mean")
     if m.attn_pool is not None:
         raise r.refuse("attn_pool", type(m.attn_pool).__name__, "attention pooling has no spec", "")
-    if m.num_classes <= 0:
-        raise r.refuse("num_classes", 0, "pooled features without a classifier have no spec", "")
     return {
         "kind": "classifier",
-        "classes": m.num_classes,
+        "classes": m.num_classes or None,  # 0: the pooled features
         "pool": {"token": "cls", "avg": "mean"}[m.global_pool],
         "norm": type(m.fc_norm).__name__ != "Identity",
-        "bias": _bias(r, "head"),
+        "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
         "dropout": r.dropout("head_drop"),
     }
 

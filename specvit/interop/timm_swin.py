@@ -84,9 +84,8 @@ def swin_common(r: Reader) -> tuple[list[str], dict[str, Any]]:
 
 def _head(r: Reader) -> dict[str, Any] | str:
     m = r.model
-    if m.num_classes == 0:
-        raise r.refuse("num_classes", 0, "pooled features without a classifier have no spec", "")
-    return {"kind": "classifier", "pool": "mean", "classes": m.num_classes, "dropout": r.dropout("head.drop")}
+    classes = m.num_classes or None  # 0: the pooled features
+    return {"kind": "classifier", "pool": "mean", "classes": classes, "dropout": r.dropout("head.drop")}
 
 
 def _swin(r: Reader) -> dict[str, Any]:

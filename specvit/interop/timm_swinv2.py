@@ -42,9 +42,8 @@ def _attention(r: Reader, blocks: list[str]) -> dict[str, Any]:
 
 def _head(r: Reader) -> dict[str, Any]:
     m = r.model
-    if m.num_classes == 0:
-        raise r.refuse("num_classes", 0, "pooled features without a classifier have no spec", "")
-    return {"kind": "classifier", "pool": "mean", "classes": m.num_classes, "dropout": r.dropout("head.drop")}
+    classes = m.num_classes or None  # 0: the pooled features
+    return {"kind": "classifier", "pool": "mean", "classes": classes, "dropout": r.dropout("head.drop")}
 
 
 def _swinv2(r: Reader) -> dict[str, Any]:

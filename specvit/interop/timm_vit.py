@@ -122,23 +122,21 @@ def vit_spec(r: Reader) -> dict[str, Any]:
         if type(getattr(m, which)).__name__ != "Identity" and r.norm(which) != _norm_only(block):
             raise r.refuse(which, r.norm(which), "specvit's norms outside blocks are the blocks' norm", "")
     head: Any = "none"
-    if m.num_classes > 0:
-        pool = {"token": "cls", "avg": "mean", "map": "attention"}.get(m.global_pool)
-        if pool is None:
-            raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
+    if m.global_pool:  # pooled, then classified unless num_classes=0 (the pooled features)
+        pool = {"token": "cls", "avg": "mean", "map": "attention"}[m.global_pool]
         head = {
             "kind": "classifier",
-            "classes": m.num_classes,
+            "classes": m.num_classes or None,
             "pool": pool,
             **({"probe": probe_spec(r, block)} if pool == "attention" else {}),
             "norm": fc_norm,
-            "bias": _bias(r, "head"),
             "dropout": r.dropout("head_drop"),
         }
-    elif m.global_pool or fc_norm:
-        raise r.refuse(
-            "num_classes", 0, "pooled features without a classifier have no spec", "global_pool=''"
-        )
+        head |= {"bias": _bias(r, "head")} if m.num_classes else {}
+    elif m.num_classes > 0:
+        raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
+    elif fc_norm:
+        raise r.refuse("fc_norm", r.norm("fc_norm"), "a norm of features that are not pooled", "")
     return {
         "specvit": 1,
         "name": "timm_vision_transformer",

@@ -125,7 +125,12 @@ class ClassifierHead(HeadFragment):
     """Pool the tokens, then a linear classifier."""
 
     kind: Literal["classifier"] = Field(description="Discriminator: a classification head.")
-    classes: int = Field(ge=1, le=MAX_VOCAB, description="Number of classes.")
+    classes: int | None = Field(
+        ge=1,
+        le=MAX_VOCAB,
+        description="Number of classes; null = no classifier, the pooled features out (timm's num_classes=0, "
+        "a SigLIP tower's pooler_output).",
+    )
     pool: Literal["cls", "mean", "eos", "attention"] = Field(
         "cls",
         description="cls: the class token; mean: average of the other tokens; eos: the end-of-text token "
@@ -180,7 +185,7 @@ class ClassifierHead(HeadFragment):
             x = _add(ctx, "head.norm", n.kind, NormParams.of(n, d), {"x": x}, "head.norm")
         if self.dropout:
             x = _add(ctx, "head.drop", "dropout", DropParams(self.dropout), {"x": x}, "head.dropout")
-        _output(ctx, {"x": _fc(ctx, x, self.classes, self.bias)})
+        _output(ctx, {"x": x if self.classes is None else _fc(ctx, x, self.classes, self.bias)})
 
 
 @fragment("head")
