@@ -117,7 +117,22 @@ encoder:
   block: {heads: 2, norm: {placement: post}}
 """
 
-TRAINED = {"vit": VIT, "encdec": ENCDEC}
+SHARED = """specvit: 1
+name: dist_shared
+model: encoder
+encoder:
+  input: {kind: image, size: 16, patch: 4, channels: 1}
+  prefix: {cls: true}
+  position: learned
+  width: 32
+  depth: 4
+  share: {blocks: 2, order: cycle}
+  block: {heads: 2, mlp: {ratio: 2}}
+head: {kind: classifier, classes: 4}
+"""
+"""A ViT whose two sets of block weights each run twice per forward."""
+
+TRAINED = {"vit": VIT, "encdec": ENCDEC, "shared": SHARED}
 """Specs trained for STEPS steps on one process, under DDP and under FSDP2."""
 INIT = {"vit": VIT, "encdec": ENCDEC, "lm": LM, "vit_extra": VIT_EXTRA, "bert": BERT}
 """Specs built on the meta device, sharded, materialised and initialised."""

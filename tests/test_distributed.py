@@ -112,6 +112,7 @@ def test_converted_timm_models_train_under_fsdp2(
 def test_fsdp2_groups_are_the_blocks_and_the_root(dist_run: tuple[Path, dict[str, Any]]) -> None:
     _, results = dist_run
     assert results["vit/groups"] == ["", "encoder.blocks.0", "encoder.blocks.1"]
+    assert results["shared/groups"] == ["", "encoder.blocks.0", "encoder.blocks.1"]  # two sets, four layers
     blocks = [f"{role}.blocks.{i}" for role in ("decoder", "encoder") for i in (0, 1)]
     assert results["encdec/groups"] == ["", *blocks]  # the shared, tied embedding: in the root group
 
