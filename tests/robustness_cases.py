@@ -284,7 +284,8 @@ CASES: list[Case] = [
         "stack_key_in_a_block",
         "a stack key written in a block (`encoder.block.position`)",
         "12:5: encoder.block.position: unknown key 'position' (position belongs under encoder, not "
-        "encoder.block)",
+        "encoder.block; a block varies the stack's rotary positions by its rope: {base: theta} or rope: false, "
+        "in blocks: or overrides:)",
         text=_valid_with("    layers:", "    position: learned\n    layers:"),
     ),
     Case(

@@ -181,8 +181,17 @@ def _home(key: Any, parent: KeyPath, data: Any) -> str:
     for depth in range(len(parent) - 1, 0, -1):  # a key of an enclosing section (a stack's position)
         outer = _fields_of(parent[:depth], data, model=True)
         if outer is not None and key in outer.model_fields:
-            return f"{key} belongs under {dotted(parent[:depth])}, not {dotted(parent)}"
+            home = f"{key} belongs under {dotted(parent[:depth])}, not {dotted(parent)}"
+            in_block = {"block", "blocks"} & set(parent)
+            return home + (_PER_BLOCK.get(key, "") if in_block else "")
     return ""
+
+
+_PER_BLOCK = {
+    "position": "; a block varies the stack's rotary positions by its rope: {base: theta} or rope: false, "
+    "in blocks: or overrides:",
+}
+"""What a block may vary of a stack key written in it, said after where the key belongs."""
 
 
 def _suggest(word: Any, options: list[str]) -> str:
