@@ -117,19 +117,9 @@ encoder:
   block: {heads: 2, norm: {placement: post}}
 """
 
-SHARED = """specvit: 1
-name: dist_shared
-model: encoder
-encoder:
-  input: {kind: image, size: 16, patch: 4, channels: 1}
-  prefix: {cls: true}
-  position: learned
-  width: 32
-  depth: 4
-  share: {blocks: 2, order: cycle}
-  block: {heads: 2, mlp: {ratio: 2}}
-head: {kind: classifier, classes: 4}
-"""
+SHARED = VIT.replace("dist_vit", "dist_shared").replace(
+    "  depth: 2\n", "  depth: 4\n  share: {blocks: 2, order: cycle}\n"
+)
 """A ViT whose two sets of block weights each run twice per forward."""
 
 TRAINED = {"vit": VIT, "encdec": ENCDEC, "shared": SHARED}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from specvit.graph.ir import ArchGraph
+from specvit.ops.base import attr_path
 
 __all__ = ["Scope", "Unit", "analyse", "attr_path", "block_container"]
 
@@ -55,14 +56,6 @@ class Scope:
     returns: list[str]
     names: dict[str, str] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
-
-
-def attr_path(rel: str) -> str:
-    """``stages.1.downsample.norm`` -> ``stages[1].downsample.norm``: a module path as attribute access."""
-    out = ""
-    for part in rel.split("."):
-        out += f"[{part}]" if part.isdigit() else f".{part}"
-    return out.lstrip(".")
 
 
 def block_container(scope: str) -> tuple[str, int] | None:

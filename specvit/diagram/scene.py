@@ -150,7 +150,7 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     g = graph.nx
     fold = graph.fold() if view == "collapsed" else {}
     shared = graph.shared() if view == "collapsed" else {}
-    again = _reruns(graph) if view == "collapsed" else {}
+    again = _reruns(graph, shared)
 
     def drawn(path: str) -> str:
         """The box standing for ``path``: its counterpart in the representative block of its run."""
@@ -210,11 +210,11 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
     return Scene(graph.name, total, boxes, top, links)
 
 
-def _reruns(graph: ArchGraph) -> dict[str, str]:
-    """A shared block's later runs, and the KV caches made for them alone -> the block's output, the box
-    that stands for them in the collapsed view."""
+def _reruns(graph: ArchGraph, shared: dict[str, list[str]]) -> dict[str, str]:
+    """The ``shared`` blocks' later runs, and the KV caches made for them alone -> the block's output, the
+    box that stands for them in the collapsed view."""
     g, again = graph.nx, dict[str, str]()
-    for calls in graph.shared().values():
+    for calls in shared.values():
         out = next(u for u, _, port in g.in_edges(calls[0], data="port") if port == "x")
         for call in calls:
             caches = [

@@ -57,6 +57,12 @@ class Reader:
         """The error for an attribute whose value specvit cannot state exactly."""
         return SpecError(Problem(f"model.{path}", f"{self.cls} has {path}={value!r}: {why}", fix))
 
+    def classifier(self) -> dict[str, Any]:
+        """A classifier head's ``classes`` and the bias of timm's ``head`` linear; ``num_classes=0`` is
+        ``classes: None`` (the pooled features, timm's ``head`` an ``nn.Identity``)."""
+        classes = self.model.num_classes or None
+        return {"classes": classes} | ({"bias": self.at("head").bias is not None} if classes else {})
+
     def only(self, path: str, allowed: Sequence[Any], why: str) -> Any:
         """An attribute whose value must be one of ``allowed``; anything else is refused."""
         value = self.at(path)

@@ -96,10 +96,9 @@ def _head(r: Reader, block: dict[str, Any]) -> tuple[Any, bool]:
         raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
     head = {
         "kind": "classifier",
-        "classes": m.num_classes or None,  # 0: the pooled features
+        **r.classifier(),
         "pool": pool,
         "norm": fc_norm,
-        "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
         "dropout": r.dropout("head_drop"),
     }
     return head, final_norm

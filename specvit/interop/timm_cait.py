@@ -109,9 +109,8 @@ def _cait(r: Reader) -> dict[str, Any]:
         "encoder": stack,
         "head": {
             "kind": "classifier",
-            "classes": m.num_classes or None,  # 0: the pooled features
+            **r.classifier(),
             "pool": {"token": "cls", "avg": "mean"}[m.global_pool],
-            "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
             "dropout": r.dropout("head_drop"),
         },
     }

@@ -120,10 +120,9 @@ def _head(r: Reader) -> Any:
         raise r.refuse("attn_pool", type(m.attn_pool).__name__, "attention pooling has no spec", "")
     return {
         "kind": "classifier",
-        "classes": m.num_classes or None,  # 0: the pooled features
+        **r.classifier(),
         "pool": {"token": "cls", "avg": "mean"}[m.global_pool],
         "norm": type(m.fc_norm).__name__ != "Identity",
-        "bias": getattr(m.head, "bias", None) is not None,  # nn.Identity without classes
         "dropout": r.dropout("head_drop"),
     }
 

@@ -126,13 +126,12 @@ def vit_spec(r: Reader) -> dict[str, Any]:
         pool = {"token": "cls", "avg": "mean", "map": "attention"}[m.global_pool]
         head = {
             "kind": "classifier",
-            "classes": m.num_classes or None,
+            **r.classifier(),
             "pool": pool,
             **({"probe": probe_spec(r, block)} if pool == "attention" else {}),
             "norm": fc_norm,
             "dropout": r.dropout("head_drop"),
         }
-        head |= {"bias": _bias(r, "head")} if m.num_classes else {}
     elif m.num_classes > 0:
         raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
     elif fc_norm:

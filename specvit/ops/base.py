@@ -37,6 +37,7 @@ __all__ = [
     "Params",
     "Shape",
     "StackCtx",
+    "attr_path",
     "fragment",
     "fragments",
     "linear_flops",
@@ -131,6 +132,14 @@ def numel(shape: tuple[int, ...]) -> int:
     for d in shape[:-1]:
         out *= d
     return out
+
+
+def attr_path(rel: str) -> str:
+    """``stages.1.downsample.norm`` -> ``stages[1].downsample.norm``: a module path as attribute access."""
+    out = ""
+    for part in rel.split("."):
+        out += f"[{part}]" if part.isdigit() else f".{part}"
+    return out.lstrip(".")
 
 
 def linear_flops(tokens: int, d_in: int, d_out: int) -> int:

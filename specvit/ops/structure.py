@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from specvit.ops.base import Dims, Op, Params, Shape, op
+from specvit.ops.base import Dims, Op, Params, Shape, attr_path, op
 
 __all__ = [
     "AddParams",
@@ -262,10 +262,9 @@ class Call(Op):
         return p.flops
 
     def code(self, p: CallParams, args: Mapping[str, str]) -> str:
-        rel = p.scope[len(p.caller) + 1 :] if p.caller else p.scope
-        target = "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in rel.split("."))
+        target = attr_path(p.scope[len(p.caller) + 1 :] if p.caller else p.scope)
         kwargs = "".join(f", {k}={args[k]}" for k in p.kwargs if k in args)
-        return f"self{target}({args['x']}{kwargs})"
+        return f"self.{target}({args['x']}{kwargs})"
 
     def label(self, p: CallParams) -> tuple[str, ...]:
         return (f"the {p.scope} again · shared weights",)
