@@ -77,7 +77,7 @@ def _torch(spec: Spec, keys: Sequence[str]) -> Layout:
         table[block + "attn.qkv.{p}"] = one(layer + "self_attn.in_proj_{p}")
         table[block + "attn.proj.{p}"] = one(layer + "self_attn.out_proj.{p}")
         if role == "decoder":
-            q_rows = stack.heads * stack.head_dim  # in_proj packs [q; k; v]
+            q_rows = stack.facts.heads * stack.facts.head_dim  # in_proj packs [q; k; v]
             table[block + "cross_attn.q.{p}"] = one(layer + "multihead_attn.in_proj_{p}", rows(0, q_rows))
             table[block + "cross_attn.kv.{p}"] = one(layer + "multihead_attn.in_proj_{p}", rows(q_rows, None))
             table[block + "cross_attn.proj.{p}"] = one(layer + "multihead_attn.out_proj.{p}")

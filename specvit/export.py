@@ -49,7 +49,7 @@ def dynamic_shapes(model: SpecModel) -> tuple[dict[int, torch.export.Dim], ...]:
     Args:
         model: a compiled model.
     """
-    limits = sequence_limits(model.spec)
+    limits = sequence_limits(model.graph)
     dims: dict[str, torch.export.Dim] = {}
     for symbol, name in AXIS_NAMES.items():
         top = MAX_BATCH if symbol == "B" else limits.get(symbol)

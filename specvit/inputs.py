@@ -36,8 +36,6 @@ MAX_BATCH = 4096  # the batch range an export is valid for
 AXIS_NAMES = {"B": "batch", "S": "seq_len", "S_src": "src_len", "S_tgt": "tgt_len"}
 """The graph's free dims, by the names exported files and messages give them."""
 
-_STACK_OF = {"S_src": "encoder", "S_tgt": "decoder"}
-
 
 def input_names(graph: ArchGraph) -> list[str]:
     """The model's required forward arguments, in order (``x``; ``src``, ``tgt``): what an export takes.
@@ -48,21 +46,22 @@ def input_names(graph: ArchGraph) -> list[str]:
     return [graph[n]["p"].arg for n in graph.placeholders() if graph[n]["p"].required]
 
 
-def sequence_limits(spec: Spec) -> dict[str, int]:
+def sequence_limits(source: ArchGraph | Spec) -> dict[str, int]:
     """The longest length each sequence dim may take: a learned table's rows less the prefix it covers.
 
     Args:
-        spec: the model's spec.
+        source: the model's graph (or its spec): each stack's resolved ``max_len``.
 
     Returns:
         ``{"S": 1024}`` for GPT-2; ``{"S_src": ..., "S_tgt": ...}`` for an encoder-decoder.
     """
-    symbols = ("S_src", "S_tgt") if spec.model == "encoder_decoder" else ("S",)
-    out = {}
-    for symbol in symbols:
-        stack = spec.stacks.get(_STACK_OF.get(symbol, spec.output_stack))
-        out[symbol] = stack.max_len if stack is not None else MAX_LEN
-    return out
+    if isinstance(source, ArchGraph):
+        kind, facts = source.kind, source.facts
+    else:
+        kind, facts = source.model, {role: stack.facts for role, stack in source.stacks.items()}
+    if kind == "encoder_decoder":
+        return {"S_src": facts["encoder"].max_len, "S_tgt": facts["decoder"].max_len}
+    return {"S": facts["encoder" if kind == "encoder" else "decoder"].max_len}
 
 
 def dynamic_axes(graph: ArchGraph) -> dict[str, dict[int, str]]:
@@ -110,7 +109,7 @@ def example_inputs(
         device = next(source.parameters()).device
     sizes = dict(graph.dims, B=_count(batch, "batch"))
     if seq_len is not None:
-        for symbol, limit in sequence_limits(graph.spec).items():
+        for symbol, limit in sequence_limits(graph).items():
             if seq_len > limit:
                 raise ValueError(f"seq_len {seq_len} is longer than {graph.name} takes ({symbol} <= {limit})")
             sizes[symbol] = seq_len
@@ -202,7 +201,7 @@ def check_inputs(graph: ArchGraph, values: dict[str, object], offset: int = 0) -
 
     if _tracing():
         return
-    limits = sequence_limits(graph.spec)
+    limits = sequence_limits(graph)
     sizes: dict[str, tuple[int, str]] = {}  # symbol -> (size, the argument that set it)
     for n in graph.placeholders():
         p = graph[n]["p"]

@@ -340,7 +340,7 @@ def _fits(model: SpecModel, symbol: str, start: int, new: int) -> None:
     """Refuse, before decoding, a generation that would run past the learned position table."""
     from specvit.inputs import InputError, sequence_limits
 
-    limit = sequence_limits(model.spec)[symbol]
+    limit = sequence_limits(model.graph)[symbol]
     if start + new > limit:
         raise InputError(
             f"generate: {start} + max_new_tokens {new} = {start + new} positions, more than {model.graph.name} "

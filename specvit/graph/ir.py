@@ -22,7 +22,7 @@ Edges carry values: ``port`` says which input of the target they feed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ import networkx as nx
 
 from specvit.ops import OPS
 from specvit.ops.base import Dim, Shape
+from specvit.ops.facts import StackFacts
 
 if TYPE_CHECKING:
     from specvit.spec.schema import Spec
@@ -86,14 +87,25 @@ class ArchGraph:
         dims: the concrete value of each symbolic dim (``{"B": 1, "S": 128}``).
         kind: the model kind (``encoder``, ``decoder``, ``encoder_decoder``).
         init: the weight-init convention (``vit``, ``xavier``, ``normal``).
+        facts: each stack's resolved numbers, by role (``encoder``, ``decoder``): what input checks,
+            export, ``generate`` and the importers read of the spec.
     """
 
-    def __init__(self, spec: Spec, nx_graph: nx.MultiDiGraph, dims: dict[str, int], kind: str, init: str):
+    def __init__(
+        self,
+        spec: Spec,
+        nx_graph: nx.MultiDiGraph,
+        dims: dict[str, int],
+        kind: str,
+        init: str,
+        facts: Mapping[str, StackFacts],
+    ):
         self.spec = spec
         self.nx = nx_graph
         self.dims = dims
         self.kind = kind
         self.init = init
+        self.facts = dict(facts)
 
     # -- access ---------------------------------------------------------------------------------
 

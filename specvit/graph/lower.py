@@ -148,7 +148,8 @@ class _Lowering:
         self.n = _symbol(self.spec, role)
         self.tag_sides()
         s.input.lower(self)
-        if s.causal:  # decoding token by token: the KV cache and the position of the first new token
+        f = s.facts
+        if f.causal:  # decoding token by token: the KV cache and the position of the first new token
             for arg, dtype, default in (("cache", "cache", None), ("offset", "int", 0)):
                 path = f"{role}.{arg}"
                 self.side[arg] = self.placeholder(
@@ -165,27 +166,27 @@ class _Lowering:
         self.positions(s, "before_prefix")
         if s.masking is not None:  # after the patches' positions, before the prefix tokens (MAE)
             s.masking.lower(self)
-        if not s.prefix_at:
+        if not f.prefix_at:
             self.prefix(s)
         self.positions(s, "tokens")
         if s.embed_norm:
-            self.x = self.norm(f"{role}.embed_norm", s, s.embedding_width, f"{role}.embed_norm")
+            self.x = self.norm(f"{role}.embed_norm", s, f.embedding_width, f"{role}.embed_norm")
         if s.dropout.embedding:
             p = DropParams(s.dropout.embedding)
             self.x = self.add(
                 f"{role}.pos_drop", "dropout", p, {"x": self.x}, source=f"{role}.dropout.embedding"
             )
-        if s.embedding_width != s.width:  # the embeddings mapped to the blocks' width (ALBERT)
-            proj = LinearParams(s.embedding_width, s.width)
+        if f.embedding_width != f.width:  # the embeddings mapped to the blocks' width (ALBERT)
+            proj = LinearParams(f.embedding_width, f.width)
             self.x = self.add(
                 f"{role}.embed_proj", "linear", proj, {"x": self.x}, source=f"{role}.embed_width"
             )
         self.positions(s, "attention")
         self.blocks(s)
-        if s.prefix_at and s.prefix_at == s.total_depth:  # after the last block
+        if f.prefix_at and f.prefix_at == f.total_depth:  # after the last block
             self.prefix(s)
         if s.final_norm:
-            self.x = self.norm(f"{role}.norm", s, s.out_width, f"{role}.final_norm")
+            self.x = self.norm(f"{role}.norm", s, f.out_width, f"{role}.final_norm")
         self.tag_sides()
         self.memory.update({"x": self.x} | ({"mask": self.side["mask"]} if "mask" in self.side else {}))
 
@@ -201,14 +202,15 @@ class _Lowering:
                 p.lower(self)
 
     def prefix(self, s: StackSpec) -> None:
-        if not s.num_prefix:
+        f = s.facts
+        if not f.num_prefix:
             return
         role = self.role
-        p = PrefixParams(s.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
+        p = PrefixParams(f.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
         self.x = self.add(f"{role}.prefix", "prefix", p, {"x": self.x}, source=f"{role}.prefix")
-        self.n = self.dims.plus(self.n, s.num_prefix)
+        self.n = self.dims.plus(self.n, f.num_prefix)
         if "mask" in self.side:
-            mask = MaskParams(s.num_prefix)
+            mask = MaskParams(f.num_prefix)
             self.side["mask"] = self.add(
                 f"{role}.prefix_mask", "extend_mask", mask, {"x": self.side["mask"]}, source=f"{role}.prefix"
             )
@@ -219,18 +221,17 @@ class _Lowering:
 
     def blocks(self, s: StackSpec) -> None:
         """The blocks, stage by stage (a plain stack is one stage whose blocks are ``{role}.blocks.i``)."""
-        role, index = self.role, 0  # index over the whole stack, for the stochastic-depth schedule
+        role, index, f = self.role, 0, s.facts  # index over the whole stack: the stochastic-depth schedule
         # a set of shared weights (share:) -> the block that holds it and that block's input
         applied: dict[int, tuple[str, str]] = {}
-        for si, (depth, heads) in enumerate(zip(s.stage_depths, s.stage_heads, strict=True)):
-            width = s.stage_widths[si]
+        for si, stage in enumerate(f.stages):
             container = f"{role}.stages.{si}" if s.hierarchical else role
             if si > 0:
                 assert self.grid is not None
                 self.x = lower_merge(self, f"{container}.downsample", self.grid, s.block.norm)
                 self.grid = (self.grid[0] // 2, self.grid[1] // 2)
-            for i in range(depth):
-                if index == s.prefix_at and index:  # the prefix enters late (CaiT's class token)
+            for i in range(stage.depth):
+                if index == f.prefix_at and index:  # the prefix enters late (CaiT's class token)
                     self.prefix(s)
                 w = s.weight_set(index)
                 if w in applied:  # a later layer of shared weights: its block again
@@ -243,15 +244,15 @@ class _Lowering:
                     self,
                     spec,
                     f"{container}.blocks.{w if s.share else i}",
-                    dim=width,
-                    heads=heads,
-                    kv_heads=s.kv_heads if not s.hierarchical else heads,
-                    head_dim=s.head_dim if not s.hierarchical else width // heads,
+                    dim=stage.width,
+                    heads=stage.heads,
+                    kv_heads=stage.kv_heads,
+                    head_dim=stage.head_dim,
                     layers=self.layers,
                     index=i,
                     grid=self.grid,
                 )
-                rate = round(s.drop_path * index / (s.total_depth - 1), 6) if s.total_depth > 1 else 0.0
+                rate = round(s.drop_path * index / (f.total_depth - 1), 6) if f.total_depth > 1 else 0.0
                 self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)
                 index += 1
 
@@ -331,7 +332,7 @@ def build_graph(
     """
 
     def default(stack: StackSpec | None) -> int:
-        return min(stack.max_len, DEFAULT_SEQ_LEN) if stack is not None else DEFAULT_SEQ_LEN
+        return min(stack.facts.max_len, DEFAULT_SEQ_LEN) if stack is not None else DEFAULT_SEQ_LEN
 
     dims = {"B": batch}
     if spec.model == "encoder_decoder":
@@ -344,7 +345,8 @@ def build_graph(
     lowering.model()
     used = {d for _, shape in lowering.g.nodes(data="shape") for d in shape if isinstance(d, str)}
     sizes = {k: v for k, v in lowering.dims.sizes.items() if k in used}
-    graph = ArchGraph(spec, lowering.g, sizes, spec.model, spec.init or "vit")
+    facts = {role: stack.facts for role, stack in spec.stacks.items()}
+    graph = ArchGraph(spec, lowering.g, sizes, spec.model, spec.init or "vit", facts)
     verify(graph)
     return graph
 

@@ -148,7 +148,7 @@ def cait_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         raise ValueError(
             f"source 'timm' converts Cait state dicts (image encoders); {spec.name!r} is not one"
         )
-    depth = stack.prefix_at
+    depth = stack.facts.prefix_at
     block, layer = "encoder.blocks.{i}.", "blocks.{i}."
     table: dict[str, Entry] = {
         "encoder.patch_embed.proj.{p}": one(

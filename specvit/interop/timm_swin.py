@@ -121,7 +121,7 @@ def swin_table(stack: StackSpec, block_params: Sequence[str]) -> dict[str, Entry
         "encoder.norm.{p}": one("norm.{p}"),
         "head.fc.{p}": one("head.fc.{p}"),
     }
-    for s in range(len(stack.stage_depths)):
+    for s in range(len(stack.facts.stages)):
         ours, theirs = f"encoder.stages.{s}.", f"layers.{s}."
         for part in ("downsample.norm", "downsample.reduction"):
             table[ours + part + ".{p}"] = one(theirs + part + ".{p}")

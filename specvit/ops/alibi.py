@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.position import Phase, PositionFragment
 
 __all__ = ["AlibiParams", "AlibiPosition"]
@@ -64,7 +65,7 @@ class AlibiPosition(PositionFragment):
     def writes(self) -> str:
         return "bias"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if stack.input.kind not in ("tokens", "features"):
             return [
                 Problem(
@@ -77,5 +78,5 @@ class AlibiPosition(PositionFragment):
 
     def lower(self, ctx: StackCtx) -> None:
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", ""), "mask": ctx.side.get("mask", "")}
-        p = AlibiParams(ctx.stack.heads, ctx.stack.causal)
+        p = AlibiParams(ctx.stack.facts.heads, ctx.stack.facts.causal)
         ctx.side["bias"] = ctx.add(f"{ctx.role}.alibi", "alibi", p, srcs, source=f"{ctx.role}.position")

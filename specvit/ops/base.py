@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
 from specvit.errors import Problem
+from specvit.ops.facts import SpecView, StackView
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = [
     "OPS",
@@ -67,7 +71,7 @@ class Fragment(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, validate_assignment=False)
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         """Cross-field problems of this fragment, written at key path ``at`` of ``spec``.
 
         Args:
@@ -189,7 +193,7 @@ class Filler(Protocol):
 
     def ones(self, param: Any) -> None: ...
 
-    def children(self, module: Any) -> None: ...
+    def children(self, module: nn.Module) -> None: ...
 
 
 class Op:
@@ -249,7 +253,7 @@ class Op:
         """The Python expression computing the node from its inputs' variable names (expression ops)."""
         raise NotImplementedError(f"op {self.kind!r} builds a module; it has no expression")
 
-    def init(self, module: Any, p: Any, fill: Filler) -> None:
+    def init(self, module: nn.Module, p: Any, fill: Filler) -> None:
         """Initialise the module's parameters under ``fill.convention``; default: by layer type."""
         fill.children(module)
 
@@ -283,7 +287,9 @@ def op(cls: OpType) -> OpType:
 class ModelCtx(Protocol):
     """What a fragment's ``lower`` may use of the whole-model lowering (see :mod:`specvit.graph.lower`)."""
 
-    spec: Any
+    @property
+    def spec(self) -> SpecView: ...
+
     dims: Dims
     memory: dict[str, str]
     outputs: dict[str, tuple[str, str, Params]]
@@ -339,11 +345,13 @@ class StackCtx(ModelCtx, Protocol):
     """
 
     role: str
-    stack: Any
     x: str
     n: Dim
     grid: tuple[int, int] | None
     side: dict[str, str]
+
+    @property
+    def stack(self) -> StackView: ...
 
     def arg(self, what: str) -> str: ...
 

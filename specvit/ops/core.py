@@ -17,10 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, linear_flops, op
 from specvit.ops.norm import norm_params
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["ATTENTION_MODULE", "SIDE_PORTS", "AttentionParams", "configuration", "core_args"]
 
@@ -346,7 +349,7 @@ class Attention(Op):
             layer_idx=p.layer,
         )
 
-    def init(self, module: Any, p: AttentionParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: AttentionParams, fill: Filler) -> None:
         from torch.nn.init import trunc_normal_
 
         fill.children(module)  # layers by type (the bias MLP's too, as timm's init does)

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import MAX_LEN, Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import MAX_LEN, Dims, Filler, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.position import Phase, PositionFragment
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["DisentangledPosition", "RelativeEmbeddingParams", "RelativeIndexParams"]
 
@@ -55,9 +59,9 @@ class RelativeEmbeddingOp(Op):
     def params(self, p: RelativeEmbeddingParams) -> int:
         return p.rows * p.dim + 2 * p.dim * p.norm
 
-    def init(self, module: Any, p: RelativeEmbeddingParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: RelativeEmbeddingParams, fill: Filler) -> None:
         fill.matrix(module.weight)
-        fill.children(module.norm)
+        fill.children(module.get_submodule("norm"))
 
     def label(self, p: RelativeEmbeddingParams) -> tuple[str, ...]:
         return (f"{p.rows} relative embeddings" + (" · layernorm" if p.norm else ""),)
@@ -122,7 +126,7 @@ class DisentangledPosition(PositionFragment):
     def attention_parts(self) -> dict[str, Any]:
         return {"disentangled": True}
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         why = ""
         if stack.causal:
             why = "disentangled attention scores every key against every query: it is an encoder's"

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import MAX_VOCAB, Dims, ModelCtx, Op, Params, Shape, fragment, op
 from specvit.ops.embed import LinearParams
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Probability
 from specvit.ops.heads import HeadFragment
 from specvit.ops.structure import DropParams, OutputParams, TokenParams
@@ -59,7 +60,7 @@ class DistilledHead(HeadFragment):
     bias: bool = Field(True, description="Bias in both classifiers.")
     dropout: Probability = Field(0.0, description="Dropout before each classifier.")
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if not (stack.prefix.cls and stack.prefix.distillation):
             return [
                 Problem(
@@ -71,7 +72,7 @@ class DistilledHead(HeadFragment):
             ]
         return []
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         def add(path: str, kind: str, p: Params, srcs: Mapping[str, str], source: str = "head") -> str:
             return ctx.add(path, kind, p, srcs, source=source, stack="head", scope="head")
 

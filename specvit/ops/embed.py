@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, numel, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, linear_flops, numel, op
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = [
     "LinearParams",
@@ -205,7 +208,7 @@ class Prefix(Op):
     def params(self, p: PrefixParams) -> int:
         return p.count * p.dim
 
-    def init(self, module: Any, p: PrefixParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: PrefixParams, fill: Filler) -> None:
         std = 1e-6 if fill.convention == "vit" else 0.02
         for param in module.parameters(recurse=False):
             fill(param, lambda t: t.normal_(std=std))
@@ -245,7 +248,7 @@ class Queries(Op):
     def params(self, p: QueriesParams) -> int:
         return p.count * p.dim
 
-    def init(self, module: Any, p: QueriesParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: QueriesParams, fill: Filler) -> None:
         fill(module.weight, lambda t: t.normal_())  # nn.Embedding's N(0, 1), as DETR
 
     def label(self, p: QueriesParams) -> tuple[str, ...]:
@@ -306,7 +309,7 @@ class Linear(Op):
             return {"source": Ref(p.tied_to), "bias": p.bias}
         return {"in_features": p.d_in, "out_features": p.d_out, "bias": p.bias}
 
-    def init(self, module: Any, p: LinearParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: LinearParams, fill: Filler) -> None:
         if p.shared_with:
             return
         if p.zero_init:

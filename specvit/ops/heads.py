@@ -24,6 +24,7 @@ from specvit.ops.base import (
 )
 from specvit.ops.conv import MapOps, MapPoolParams, ToMapParams, lower_map_ops, map_ops_problems
 from specvit.ops.embed import LinearParams
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Probability
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
@@ -38,7 +39,7 @@ class HeadFragment(Fragment):
 
     kind: str
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         """Add the head's nodes reading the output stack's tokens ``x`` (and padding ``mask``), and the output."""
         raise NotImplementedError
 
@@ -147,7 +148,7 @@ class ClassifierHead(HeadFragment):
     bias: bool = Field(True, description="Bias in the classifier.")
     dropout: Probability = Field(0.0, description="Dropout before the classifier.")
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if self.probe is not None and self.pool != "attention":
             why = f"probe sets the attention pool, and this head pools by {self.pool}"
             return [Problem("head.probe", why, "set pool: attention, or remove probe")]
@@ -171,7 +172,7 @@ class ClassifierHead(HeadFragment):
             ]
         return []
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         if self.pool == "attention":
             x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
         else:
@@ -209,7 +210,7 @@ class LMHead(HeadFragment):
         description="Soft-cap the logits: softcap * tanh(logits / softcap) (Gemma 2: 30); null = none.",
     )
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if stack.input.kind != "tokens":
             return [
                 Problem(
@@ -228,7 +229,7 @@ class LMHead(HeadFragment):
             ]
         return []
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         spec = ctx.spec
         owner = "encoder" if spec.shared_embeddings else spec.output_stack
         tied = f"{owner}.tok_embed" if self.tied else None
@@ -280,7 +281,7 @@ class DetectionHead(HeadFragment):
     )
     box_layers: int = Field(3, ge=1, le=8, description="Layers of the box MLP (hidden width = the model's).")
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if spec.model == "encoder":
             return [
                 Problem(
@@ -291,7 +292,7 @@ class DetectionHead(HeadFragment):
             ]
         return []
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         d = stack.out_width
         logits = _add(
             ctx, "head.class_embed", "linear", LinearParams(d, self.classes + 1), {"x": x}, "head.classes"
@@ -324,10 +325,10 @@ class PatchesHead(HeadFragment):
     )
 
     @staticmethod
-    def _image(stack: Any, spec: Any) -> Any:
+    def _image(stack: StackView, spec: SpecView) -> Any:
         return spec.encoder if stack.input.kind in ("siamese", "unmask") else stack
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         image = self._image(stack, spec)
         if image is None or image.input.kind != "image" or image.hierarchical:
             reads = stack.input.kind if not stack.hierarchical else "merged patches"
@@ -359,13 +360,15 @@ class PatchesHead(HeadFragment):
             return [Problem(key, "the masked loss needs the masked patches", "use an unmask decoder (MAE)")]
         return []
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         image = self._image(stack, ctx.spec).input
         (ph, pw), c = image.patch, image.channels
         if stack.input.kind != "unmask":
             _output(ctx, {"x": _fc(ctx, x, ph * pw * c, self.bias)})
             return
-        prefix = ctx.spec.encoder.num_prefix
+        encoder = ctx.spec.encoder
+        assert encoder is not None  # an unmask decoder reads an encoder (a rule of its own)
+        prefix = encoder.facts.num_prefix
         if prefix:
             x = _add(ctx, "head.patches", "drop_prefix", DropPrefixParams(prefix), {"x": x})
         pred = _fc(ctx, x, ph * pw * c, self.bias)
@@ -379,7 +382,7 @@ class NoHead(HeadFragment):
 
     kind: Literal["none"] = Field(description="Discriminator: features out.")
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         _output(ctx, {"x": x})
 
 
@@ -404,7 +407,7 @@ class MapHeadBase(HeadFragment):
         """The layers over the map."""
         raise NotImplementedError
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         from specvit.ops.inputs import ImageInput
 
         if not isinstance(stack.input, ImageInput) or stack.hierarchical or stack.num_prefix:
@@ -419,7 +422,7 @@ class MapHeadBase(HeadFragment):
             return [Problem("head.classes", "a classifier reads one vector per image", "set pool: mean")]
         return map_ops_problems(self.source, self.layers(), stack.out_width, stack.input.grid)
 
-    def lower(self, ctx: ModelCtx, x: str, stack: Any, mask: str | None) -> None:
+    def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
         x = _add(ctx, "head.map", "to_map", ToMapParams(stack.input.grid), {"x": x})
         x = lower_map_ops(ctx, x, self.layers(), f"head.{self.path}", self.source, "head")
         if self.pool == "mean":

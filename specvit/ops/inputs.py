@@ -14,6 +14,7 @@ from specvit.errors import Problem
 from specvit.ops.base import MAX_LEN, MAX_VOCAB, MAX_WIDTH, Fragment, StackCtx, fragment
 from specvit.ops.conv import MapOps, ToTokensParams, lower_map_ops, map_ops_problems, map_out
 from specvit.ops.embed import LinearParams, PatchEmbedParams, QueriesParams, TokenEmbedParams, TypeEmbedParams
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Pair
 from specvit.ops.structure import CallParams, ZerosParams
 
@@ -97,7 +98,7 @@ class ImageInput(InputFragment):
     def tokens(self) -> int:
         return self.num_patches
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, self.size)
         if stem:
             return stem
@@ -148,7 +149,7 @@ class TokensInput(InputFragment):
         0, ge=0, le=MAX_VOCAB, description="Token-type (segment) vocabulary, as BERT's 2; 0 for none."
     )
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if self.padding_idx is not None and self.padding_idx >= self.vocab:
             return [
                 Problem(
@@ -174,7 +175,7 @@ class TokensInput(InputFragment):
         shared = role == "decoder" and ctx.spec.shared_embeddings
         p = TokenEmbedParams(
             self.vocab,
-            ctx.stack.embedding_width,
+            ctx.stack.facts.embedding_width,
             self.padding_idx,
             self.scale,
             "encoder.tok_embed" if shared else None,
@@ -192,7 +193,7 @@ class TokensInput(InputFragment):
                 stack=role,
                 group=2,
             )
-            tp = TypeEmbedParams(self.type_vocab, ctx.stack.embedding_width)
+            tp = TypeEmbedParams(self.type_vocab, ctx.stack.facts.embedding_width)
             src = f"{role}.input.type_vocab"
             ctx.x = ctx.add(f"{role}.type_embed", "type_embed", tp, {"x": ctx.x, "types": types}, source=src)
 
@@ -216,7 +217,7 @@ class FeaturesInput(InputFragment):
     def tokens(self) -> int | None:
         return self.grid[0] * self.grid[1] if self.grid is not None else None
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if self.project is False and self.dim != stack.width:
             return [
                 Problem(
@@ -267,7 +268,7 @@ class SignalInput(InputFragment):
     def tokens(self) -> int:
         return self.stem_out[1][0]
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, (self.length,))
         channels = self.stem_out[0]
         if stem or channels == stack.width:
@@ -306,7 +307,7 @@ class QueriesInput(InputFragment):
     def tokens(self) -> int:
         return self.count
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         role = at.split(".")[0]
         out = []
         if not (role == "decoder" and spec.model == "encoder_decoder"):
@@ -353,6 +354,7 @@ class SiameseInput(InputFragment):
 
     def lower(self, ctx: StackCtx) -> None:
         role, enc = ctx.role, ctx.spec.encoder
+        assert enc is not None  # a siamese decoder reads an encoder (a rule of its own)
         image = enc.input
         (h, w), c = image.size, image.channels
         memory = ctx.side["memory"]

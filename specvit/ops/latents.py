@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import MAX_LEN, Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import MAX_LEN, Dims, Filler, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.inputs import InputFragment
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["LatentsInput", "LatentsParams"]
 
@@ -47,7 +51,7 @@ class Latents(Op):
     def params(self, p: LatentsParams) -> int:
         return p.count * p.dim
 
-    def init(self, module: Any, p: LatentsParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: LatentsParams, fill: Filler) -> None:
         from torch.nn.init import trunc_normal_
 
         fill(module.weight, lambda t: trunc_normal_(t, std=0.02))  # Perceiver's TruncatedNormal(0.02)
@@ -66,7 +70,7 @@ class LatentsInput(InputFragment):
         ge=1, le=MAX_LEN, description="Number of latents N; the decoder's cost does not grow with the input."
     )
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         role = at.split(".")[0]
         out = []
         if not (role == "decoder" and spec.model == "encoder_decoder"):

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import Dims, Fragment, ModelCtx, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import Dims, Filler, Fragment, ModelCtx, Op, Params, Shape, StackCtx, fragment, op
 from specvit.ops.embed import LinearParams
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.inputs import InputFragment
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["MaskingSpec", "UnmaskInput", "keep_count", "lower_pixel_loss"]
 
@@ -170,7 +174,7 @@ class Unmask(Op):
     def ctor(self, p: UnmaskParams) -> dict[str, Any]:
         return {"dim": p.dim, "prefix": p.prefix}
 
-    def init(self, module: Any, p: UnmaskParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: UnmaskParams, fill: Filler) -> None:
         fill(module.mask_token, lambda t: t.normal_(std=0.02))  # MAE: normal(0.02)
 
     def label(self, p: UnmaskParams) -> tuple[str, ...]:
@@ -247,7 +251,7 @@ class MaskingSpec(Fragment):
 
     ratio: float = Field(gt=0.0, lt=1.0, description="The fraction of patches removed (MAE: 0.75).")
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         role = at.split(".")[0]
         if stack.input.kind != "image" or stack.hierarchical:
             return [
@@ -323,7 +327,7 @@ class UnmaskInput(InputFragment):
     )
     reads_encoder: ClassVar[bool] = True  # the decoder needs no cross-attention to read the encoder
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         enc = spec.encoder
         if (
             spec.model != "encoder_decoder"
@@ -368,22 +372,24 @@ class UnmaskInput(InputFragment):
 
     def lower(self, ctx: StackCtx) -> None:
         role, enc = ctx.role, ctx.spec.encoder
+        assert enc is not None  # an unmask decoder reads an encoder (a rule of its own)
         memory = ctx.side["memory"]
         dm = ctx.shape(memory)[-1]
         assert isinstance(dm, int)
         src = f"{role}.input"
         x = ctx.add(f"{role}.embed", "linear", LinearParams(dm, ctx.stack.width), {"x": memory}, source=src)
-        p = UnmaskParams(ctx.stack.width, enc.input.num_patches, enc.num_prefix)
+        p = UnmaskParams(ctx.stack.width, enc.input.num_patches, enc.facts.num_prefix)
         ctx.x = ctx.add(
             f"{role}.unshuffle", "unmask", p, {"x": x, "ids_restore": "encoder.restore"}, source=src
         )
-        ctx.n, ctx.grid = enc.num_prefix + enc.input.num_patches, enc.input.grid
+        ctx.n, ctx.grid = enc.facts.num_prefix + enc.input.num_patches, enc.input.grid
 
 
 def lower_pixel_loss(ctx: ModelCtx, pred: str, loss: bool, norm_pix: bool) -> dict[str, str]:
     """The outputs of a patches head on a masked model: ``loss`` (if asked), ``logits``, ``mask``,
     ``ids_restore``; ``pred`` is the (B, N, P) pixel prediction."""
     enc = ctx.spec.encoder
+    assert enc is not None  # a masked model has an encoder
     out = {}
     if loss:
         p = MaskedMseParams(enc.input.patch, norm_pix)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from specvit.ops.base import Dims, Op, Params, Shape, linear_flops, numel, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, linear_flops, numel, op
+from specvit.ops.block import BlockCtx
 from specvit.ops.embed import LinearParams
 from specvit.ops.mlp import GATED
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["MoeParams", "RouterParams", "lower_moe"]
 
@@ -82,7 +86,7 @@ class Moe(Op):
             args |= {"shared_hidden": p.shared_hidden, "shared_gate": p.shared_gate}
         return args
 
-    def init(self, module: Any, p: MoeParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: MoeParams, fill: Filler) -> None:
         fill.children(module)
         fill.matrices(module.fc1)
         fill.matrices(module.fc2)
@@ -148,7 +152,7 @@ class RouterLoss(Op):
         return ("load balancing over every MoE layer",)
 
 
-def lower_moe(b: Any, x: str, name: str, hidden: int) -> str:
+def lower_moe(b: BlockCtx, x: str, name: str, hidden: int) -> str:
     """The router, experts and statistics nodes of the MoE MLP of block ``b`` reading ``x``; returns the
     experts' output. The model's ``router_loss`` output is read from the last statistics."""
     moe, mlp = b.spec.mlp.moe, b.spec.mlp

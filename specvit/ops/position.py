@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem, SpecError
-from specvit.ops.base import MAX_LEN, Dims, Fragment, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import MAX_LEN, Dims, Filler, Fragment, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.block import BlockCtx
+from specvit.ops.facts import SpecView, StackView
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["Phase", "PositionFragment", "block_rope"]
 
@@ -43,7 +48,7 @@ class PositionFragment(Fragment):
         :class:`~specvit.ops.core.AttentionParams` fields): MViTv2's decomposed tables."""
         return {}
 
-    def lower_layer(self, b: Any, x: str, name: str) -> str | None:
+    def lower_layer(self, b: BlockCtx, x: str, name: str) -> str | None:
         """A node of one self-attention layer's own (BEiT's per-layer bias table), read as its ``bias``;
         None for kinds that give the stack one value."""
         return None
@@ -63,7 +68,7 @@ def _needs(at: str, ok: bool, what: str, fix: str) -> list[Problem]:
     return [] if ok else [Problem(at, what, fix)]
 
 
-def _grid_only(kind: str, at: str, stack: Any) -> list[Problem]:
+def _grid_only(kind: str, at: str, stack: StackView) -> list[Problem]:
     from specvit.ops.inputs import ImageInput
 
     return _needs(
@@ -116,7 +121,7 @@ class LearnedOp(Op):
     def ctor(self, p: LearnedParams) -> dict[str, Any]:
         return {"num_positions": p.max_len, "dim": p.dim, "start": p.start}
 
-    def init(self, module: Any, p: LearnedParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: LearnedParams, fill: Filler) -> None:
         if fill.convention == "vit":
             fill(module.weight, lambda t: _trunc_normal(t, 0.02))
         else:
@@ -157,7 +162,7 @@ class LearnedPosition(PositionFragment):
     def phase(self) -> Phase:
         return "tokens" if self.include_prefix else "before_prefix"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         from specvit.ops.inputs import ImageInput, SignalInput
 
         if isinstance(stack.input, ImageInput | SignalInput):
@@ -195,7 +200,7 @@ class LearnedPosition(PositionFragment):
                 )
             )
         rows = self.max_len if self.max_len is not None else needed
-        p = LearnedParams(rows + self.offset, ctx.stack.embedding_width, self.offset)
+        p = LearnedParams(rows + self.offset, ctx.stack.facts.embedding_width, self.offset)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_learned", p, srcs, source=f"{ctx.role}.position")
 
@@ -243,7 +248,7 @@ class SinCosPosition(PositionFragment):
         "tutorial); concat: all sines, then all cosines (Marian).",
     )
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         return _needs(
             at,
             stack.embedding_width % 2 == 0,
@@ -252,7 +257,7 @@ class SinCosPosition(PositionFragment):
         )
 
     def lower(self, ctx: StackCtx) -> None:
-        p = SinCosParams(ctx.stack.embedding_width, self.base, self.layout)
+        p = SinCosParams(ctx.stack.facts.embedding_width, self.base, self.layout)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_sincos", p, srcs, source=f"{ctx.role}.position")
 
@@ -302,7 +307,7 @@ class SinCos2dPosition(PositionFragment):
     def phase(self) -> Phase:
         return "before_prefix"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         return _grid_only("sincos2d", at, stack) + _needs(
             at,
             stack.width % 4 == 0,
@@ -357,7 +362,7 @@ class Sine2dPosition(PositionFragment):
     def writes(self) -> str:
         return "pos"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         out: list[Problem] = []
         if stack.grid is None:
             out.append(

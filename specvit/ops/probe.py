@@ -15,6 +15,7 @@ from pydantic import Field
 from specvit.errors import Problem
 from specvit.ops.base import MAX_HEADS, MAX_WIDTH, Fragment, ModelCtx
 from specvit.ops.core import AttentionParams, configuration
+from specvit.ops.facts import StackView
 from specvit.ops.latents import LatentsParams
 from specvit.ops.mlp import MlpParams
 from specvit.ops.norm import NormParams
@@ -33,7 +34,7 @@ class Probe(Fragment):
         None, ge=1, le=MAX_WIDTH, description="Hidden width of the MLP after it; null = the last block's."
     )
 
-    def problems(self, stack: Any) -> list[Problem]:
+    def problems(self, stack: StackView) -> list[Problem]:
         """The probe's heads must split the stack's output width."""
         d, heads = stack.out_width, self.heads or stack.stage_heads[-1]
         if d % heads:
@@ -47,7 +48,7 @@ class Probe(Fragment):
         return []
 
 
-def lower_probe(ctx: ModelCtx, x: str, stack: Any, mask: str | None, probe: Probe) -> str:
+def lower_probe(ctx: ModelCtx, x: str, stack: StackView, mask: str | None, probe: Probe) -> str:
     """Add the probe's nodes reading the output stack's tokens ``x`` (padding ``mask``: keys it ignores).
 
     Args:

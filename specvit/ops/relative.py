@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.position import Phase, PositionFragment
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["RelativeParams", "RelativePosition"]
 
@@ -58,8 +62,8 @@ class RelativeOp(Op):
     def ctor(self, p: RelativeParams) -> dict[str, Any]:
         return {k: v for k, v in p.as_dict().items() if k != "shared"}  # where the table sits, not what it is
 
-    def init(self, module: Any, p: RelativeParams, fill: Any) -> None:
-        fill(module.embedding.weight, lambda t: t.normal_(std=0.02))
+    def init(self, module: nn.Module, p: RelativeParams, fill: Filler) -> None:
+        fill(module.get_parameter("embedding.weight"), lambda t: t.normal_(std=0.02))
 
     def label(self, p: RelativeParams) -> tuple[str, ...]:
         side = "both directions" if p.bidirectional else "keys before"
@@ -84,7 +88,7 @@ class RelativePosition(PositionFragment):
     def writes(self) -> str:
         return "bias"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         exact = self.buckets // (2 if not stack.causal else 1) // 2
         if exact < 1 or self.max_distance <= exact:
             return [
@@ -98,7 +102,7 @@ class RelativePosition(PositionFragment):
 
     def params(self, ctx: StackCtx) -> RelativeParams:
         return RelativeParams(
-            ctx.stack.heads, self.buckets, self.max_distance, not ctx.stack.causal, self.shared
+            ctx.stack.facts.heads, self.buckets, self.max_distance, not ctx.stack.facts.causal, self.shared
         )
 
     def lower(self, ctx: StackCtx) -> None:
@@ -147,7 +151,7 @@ class GridRelativeOp(Op):
     def params(self, p: GridRelativeParams) -> int:
         return p.rows * p.heads
 
-    def init(self, module: Any, p: GridRelativeParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: GridRelativeParams, fill: Filler) -> None:
         fill.zeros(module.relative_position_bias_table)
 
     def label(self, p: GridRelativeParams) -> tuple[str, ...]:
@@ -171,7 +175,7 @@ class GridRelativePosition(PositionFragment):
     def writes(self) -> str:
         return "bias"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if stack.input.kind != "image" or stack.hierarchical or not stack.prefix.cls or stack.num_prefix != 1:
             return [
                 Problem(
@@ -182,9 +186,9 @@ class GridRelativePosition(PositionFragment):
             ]
         return []
 
-    def params(self, ctx: Any) -> GridRelativeParams:
+    def params(self, ctx: StackCtx) -> GridRelativeParams:
         assert ctx.grid is not None
-        return GridRelativeParams(ctx.stack.heads, ctx.grid)
+        return GridRelativeParams(ctx.stack.facts.heads, ctx.grid)
 
     def lower(self, ctx: StackCtx) -> None:
         if self.shared:

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.position import Phase, PositionFragment, _base, _needs, block_rope
 
 __all__ = ["RopeParams", "RopePosition"]
@@ -111,7 +112,7 @@ class RopePosition(PositionFragment):
         """The channels rotated: ``dims``, or ``int(head_dim * fraction)`` as GPT-NeoX's ``rotary_ndims``."""
         return self.dims if self.dims is not None else int(head_dim * self.fraction)
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         hd, rot = stack.head_dim, self.rotated(stack.head_dim)
         if self.dims is not None:
             return _needs(
@@ -137,7 +138,7 @@ class RopePosition(PositionFragment):
     def lower(self, ctx: StackCtx) -> None:
         """The stack's tables (``side["rope"]``), and one more per other theta its blocks set
         (``side["rope_10000"]``): computed once, read by every block of that theta."""
-        hd, rot = ctx.stack.head_dim, self.rotated(ctx.stack.head_dim)
+        hd, rot = ctx.stack.facts.head_dim, self.rotated(ctx.stack.facts.head_dim)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         bases = {self.base: "rope"} | {
             b.rope.base: block_rope(b.rope.base)

@@ -6,12 +6,13 @@ reads); this fragment chooses its grid, its channel layout and its coordinates.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import StackCtx, fragment
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.position import Phase, PositionFragment, _base, _grid_only, _needs
 from specvit.ops.rope import RopeParams
 
@@ -43,7 +44,7 @@ class Rope2dPosition(PositionFragment):
     def phase(self) -> Phase:
         return "attention"
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         hd = stack.head_dim
         problems = _grid_only("rope2d", at, stack) + _needs(
             at,
@@ -63,10 +64,10 @@ class Rope2dPosition(PositionFragment):
     def lower(self, ctx: StackCtx) -> None:
         assert ctx.grid is not None
         p = RopeParams(
-            ctx.stack.head_dim,
+            ctx.stack.facts.head_dim,
             self.base,
             ctx.grid,
-            ctx.stack.num_prefix,
+            ctx.stack.facts.num_prefix,
             layout=self.layout,
             ref=None if self.ref_grid is None else (self.ref_grid[0], self.ref_grid[1]),
         )

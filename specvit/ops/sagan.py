@@ -10,15 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, StackCtx, fragment, op
 from specvit.ops.block import BlockCtx, Sublayer, sublayer
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Pair
 from specvit.ops.inputs import InputFragment
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["FeatureMapInput", "SaganParams"]
 
@@ -66,7 +70,7 @@ class SaganAttention(Op):
         convs = 2 * b * n * c * (2 * qk + c)  # three 1x1 convs
         return convs + 2 * b * n * n * qk + 2 * b * c * n * n  # g^T f, then h beta^T
 
-    def init(self, module: Any, p: SaganParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: SaganParams, fill: Filler) -> None:
         fill.children(module)
         fill.zeros(module.gamma)  # the block starts as the identity
 
@@ -99,7 +103,7 @@ class FeatureMapInput(InputFragment):
     channels: int = Field(ge=1, le=65536, description="Channels C of the map; the stack's width.")
     size: Pair = Field(description="Spatial size of the map: one int for square maps, or [height, width].")
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         role, out = at.split(".")[0], []
         if self.channels != stack.width:
             out.append(
@@ -135,7 +139,7 @@ class FeatureMapInput(InputFragment):
         ctx.n, ctx.grid = h * w, (h, w)
 
 
-def _map_blocks(role: str, stack: Any) -> list[Problem]:
+def _map_blocks(role: str, stack: StackView) -> list[Problem]:
     """Every block of a feature-map stack is a graph of map ops; SAGAN's attention has one head."""
     out: list[Problem] = []
     if stack.heads != 1:

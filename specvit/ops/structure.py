@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from specvit.ops.base import Dims, Op, Params, Shape, attr_path, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, attr_path, op
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = [
     "AddParams",
@@ -181,7 +184,7 @@ class LayerScale(Op):
     def ctor(self, p: LayerScaleParams) -> dict[str, Any]:
         return {"dim": p.dim, "init_value": p.init}
 
-    def init(self, module: Any, p: LayerScaleParams, fill: Any) -> None:
+    def init(self, module: nn.Module, p: LayerScaleParams, fill: Filler) -> None:
         fill(module.gamma, lambda t: t.fill_(p.init))
 
     def label(self, p: LayerScaleParams) -> tuple[str, ...]:

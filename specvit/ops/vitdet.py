@@ -18,6 +18,7 @@ from pydantic import Field
 from specvit.errors import Problem
 from specvit.ops.base import MAX_WIDTH, fragment
 from specvit.ops.conv import ConvLayer, NormLayer
+from specvit.ops.facts import SpecView, StackView
 from specvit.ops.heads import MapHeadBase
 from specvit.ops.position import Phase, PositionFragment
 
@@ -71,7 +72,7 @@ class DecomposedPosition(PositionFragment):
     def attention_parts(self) -> dict[str, Any]:
         return {"relative": "decomposed"}
 
-    def check(self, at: str, stack: Any, spec: Any) -> list[Problem]:
+    def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         from specvit.ops.inputs import ImageInput
 
         if not isinstance(stack.input, ImageInput) or stack.hierarchical or stack.num_prefix:

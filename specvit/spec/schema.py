@@ -18,6 +18,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 from specvit.errors import Location
 from specvit.ops import SUBLAYERS, fragments
 from specvit.ops.base import MAX_DEPTH, MAX_LEN, MAX_WIDTH, Fragment
+from specvit.ops.facts import StackFacts, resolve
 from specvit.ops.fields import Probability, per_stage, shortcut_union
 from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
 from specvit.ops.inputs import (
@@ -244,6 +245,7 @@ class StackSpec(Node):
     )
 
     _layers: list[BlockSpec] = PrivateAttr(default_factory=list)
+    _facts: StackFacts | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _resolve(self) -> StackSpec:
@@ -283,6 +285,14 @@ class StackSpec(Node):
                 unique[key] = block
             out.append(unique[key])
         return out
+
+    @property
+    def facts(self) -> StackFacts:
+        """The stack's resolved numbers, computed once from the properties below (the one place each is
+        derived); the lowering and every stage after it read these, through the graph."""
+        if self._facts is None:
+            self._facts = resolve(self)
+        return self._facts
 
     @property
     def layer_blocks(self) -> list[BlockSpec]:
