@@ -25,6 +25,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     T5Config,
     T5ForConditionalGeneration,
 )
@@ -145,6 +147,45 @@ def test_greedy_generation_matches_hf(name: str) -> None:
     assert torch.equal(ours, theirs)
     # not only a degenerate repeat, which a broken cache could reproduce too
     assert any(len(set(row[4:].tolist())) > 1 for row in ours)
+
+
+def test_a_family_without_new_math_is_a_spec() -> None:
+    """Qwen2 is Llama's block with q, k and v biases and RoPE's theta at 1e6: docs/examples/qwen2_tiny.yaml
+    states it with no new code (docs/architecture.md, "Adding a family"), HF's weights load through the
+    converter as they are, and logits and greedy tokens are HF's. The control, the spec with Llama's
+    default theta, fails the same comparison."""
+    spec = specvit.load_spec(ROOT / "docs" / "examples" / "qwen2_tiny.yaml")
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(5)
+    ref = perturbed(Qwen2ForCausalLM(config), seed=5)
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    control = specvit.load_spec(spec, overrides={"decoder.position.base": 10000.0})
+    with torch.no_grad():
+        theirs = ref(input_ids=tokens).logits
+        torch.testing.assert_close(converted(ref, spec)(tokens), theirs, atol=ATOL, rtol=0)
+        with pytest.raises(AssertionError, match="Tensor-likes are not close"):
+            torch.testing.assert_close(converted(ref, control)(tokens), theirs, atol=ATOL, rtol=0)
+        prompt = tokens[:, :4]
+        ours = converted(ref, spec).generate(prompt, 12)
+        hf = ref.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=12,
+            min_new_tokens=12,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    assert torch.equal(ours, hf)
 
 
 def _t5(kw: dict[str, Any], seed: int) -> nn.Module:
