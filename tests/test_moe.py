@@ -94,6 +94,22 @@ def test_mixtral_routes_and_balances_as_hf() -> None:
         assert _compare(control, ref)[0] <= TOL
 
 
+def test_padding_routes_nowhere_in_the_load_balancing_loss() -> None:
+    """With a padding mask the router loss counts the real tokens only, as HF's ``load_balancing_loss_func``
+    with the ``attention_mask``; the control, the same call without the mask, counts the padding too."""
+    ref = _mixtral()
+    model = _ours(_decoder(_block(1e-5), {"kind": "rope", "base": 1e6}, 48), ref, _moe_keys())
+    ids = torch.randint(0, VOCAB, (2, N), generator=torch.Generator().manual_seed(3))
+    pad = torch.zeros(2, N, dtype=torch.bool)
+    pad[0, :3] = True  # left padding of the first row
+    with torch.no_grad():
+        ours, control = model(ids, key_padding_mask=pad)["router_loss"], model(ids)["router_loss"]
+        with float64_reference():
+            theirs = ref(ids, attention_mask=(~pad).long(), output_router_logits=True).aux_loss
+    assert (ours - theirs).abs().item() <= LOSS_TOL
+    assert (control - theirs).abs().item() > LOSS_TOL
+
+
 def _qwen2_moe() -> nn.Module:
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 

@@ -37,7 +37,7 @@ def route(logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor, 
     return probs, weights, index
 
 
-def routing_stats(logits: Tensor, stats: Tensor | None, top_k: int) -> Tensor:
+def routing_stats(logits: Tensor, stats: Tensor | None, top_k: int, mask: Tensor | None = None) -> Tensor:
     """Add one layer's routing to the running statistics of the load-balancing loss.
 
     Args:
@@ -45,14 +45,21 @@ def routing_stats(logits: Tensor, stats: Tensor | None, top_k: int) -> Tensor:
         stats: (2, E) the statistics of the layers before (None for the first): per expert, the tokens
             routed to it (over all k choices) and the sum of its probabilities.
         top_k: experts per token.
+        mask: (B, N) or, while decoding, (B, cached + N) padding mask, True = padding: padding tokens
+            count for no expert (HF's ``attention_mask`` in ``load_balancing_loss_func``).
 
     Returns:
         (2, E) statistics including this layer.
     """
     flat = logits.flatten(0, -2)  # (T, E)
     probs, _, index = route(flat, top_k, normalize=False)
-    counts = F.one_hot(index, flat.shape[-1]).sum(dim=(0, 1)).to(probs.dtype)  # (E,)
-    layer = torch.stack((counts, probs.sum(dim=0)))  # (2, E)
+    chosen = (
+        F.one_hot(index, flat.shape[-1]).sum(dim=1).to(probs.dtype)
+    )  # (T, E): times each expert is picked
+    if mask is not None:
+        keep = (~mask[:, -logits.shape[1] :]).reshape(-1, 1).to(probs.dtype)  # (T, 1): the new tokens' rows
+        chosen, probs = chosen * keep, probs * keep
+    layer = torch.stack((chosen.sum(dim=0), probs.sum(dim=0)))  # (2, E)
     return layer if stats is None else stats + layer
 
 

@@ -122,7 +122,7 @@ class RouterParams(Params):
 class RouterStats(Op):
     kind = "router_stats"
     params_type = RouterParams
-    ports = ("logits", "stats")
+    ports = ("logits", "stats", "mask")
     required = ("logits",)
     helpers = ("specvit.nn.moe:routing_stats",)
 
@@ -130,10 +130,11 @@ class RouterStats(Op):
         return (2, p.experts)
 
     def code(self, p: RouterParams, args: Mapping[str, str]) -> str:
-        return f"routing_stats({args['logits']}, {args.get('stats', 'None')}, {p.top_k})"
+        mask = f", mask={args['mask']}" if "mask" in args else ""
+        return f"routing_stats({args['logits']}, {args.get('stats', 'None')}, {p.top_k}{mask})"
 
     def label(self, p: RouterParams) -> tuple[str, ...]:
-        return (f"tokens and probability per expert · top {p.top_k}",)
+        return (f"tokens and probability per expert · top {p.top_k} · padding left out",)
 
 
 @op
@@ -177,6 +178,7 @@ def lower_moe(b: BlockCtx, x: str, name: str, hidden: int) -> str:
     out = b.add(name, "moe", p, {"x": x, "logits": router}, source=f"{b.stack.role}.block.mlp")
     outputs = b.stack.outputs
     srcs = {"logits": router} | ({"stats": outputs["router_loss"][0]} if "router_loss" in outputs else {})
+    srcs |= {"mask": b.side["mask"]} if "mask" in b.side else {}  # padding tokens route nowhere
     route = RouterParams(moe.experts, moe.top_k)
     stats = b.add(b.beside(name, "mlp", "router_stats"), "router_stats", route, srcs, source=source)
     outputs["router_loss"] = (stats, "router_loss", route)
