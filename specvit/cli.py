@@ -127,7 +127,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from specvit.diagram.diff import diff_graphs, format_diff, highlight
+    from specvit.diagram.diff import diff_graphs, diff_json, format_diff, highlight, marked
     from specvit.diagram.graphviz import ENGINE_FORMATS, RenderError, draw_dot, to_dot
     from specvit.graph import build_graph
     from specvit.io import atomic_write
@@ -136,15 +136,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     b = build_graph(_load(args.b, args.set), **_sizes(args))
     rows = diff_graphs(a, b)
     if args.json:
-        side = {
-            g: {"name": x.name, "params": x.total_params, "flops": x.total_flops}
-            for g, x in (("a", a), ("b", b))
-        }
-        print(json.dumps({**side, "rows": [r.as_dict() for r in rows]}, indent=2))
+        print(json.dumps(diff_json(a, b, rows), indent=2))
     else:
         print(format_diff(a, b, rows))
     if args.output:
-        dot = highlight(to_dot(b, args.view, "TB"), rows)
+        dot = highlight(to_dot(b, args.view, "TB"), marked(rows, b, args.view))
         suffix = args.output.rsplit(".", 1)[-1].lower()
         try:
             if suffix == "dot":
@@ -156,7 +152,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
         except RenderError as exc:
             print(f"specvit diff: {exc}", file=sys.stderr)
             return EXIT_IO_ERROR
-        print(f"wrote {args.output} (B, with what differs from A outlined in red)", file=sys.stderr)
+        print(f"wrote {args.output} (B, with the nodes that differ by their own settings outlined in red)",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -347,16 +344,24 @@ def _add_reading(sub: Any) -> None:
 
     p = sub.add_parser(
         "diff",
-        help="what changes between two specs, node by node, with params and FLOPs deltas",
-        description="Compare two specs (files or preset names) node by node: the nodes changed, added and "
-        "removed, with output shapes, parameters and FLOPs, folded over runs of blocks; totals and deltas "
-        "first. --set changes B, so 'specvit diff X X --set encoder.depth=6' shows what an override does. "
-        "-o draws B's diagram with the differences outlined.",
+        help="what changes between two specs, node by node and setting by setting, with deltas",
+        description="Compare two specs (files or preset names) node by node: every resolved setting of "
+        "every node (heads, head_dim, activation, eps, norms, pooling, windows, positions, biases, dropout "
+        "and drop-path rates; the init convention as the row 'model'), its output shape, parameters, FLOPs "
+        "and inputs. Each row says what changed ('heads 12 -> 8'): changed (its own settings), reshaped "
+        "(only its shape or FLOPs, from a change upstream), rewired (other inputs; norm placement), added "
+        "or removed; runs of blocks that change alike fold into one row; totals and deltas first. No row "
+        "means the same model. --set changes B, so 'specvit diff X X --set encoder.depth=6' shows what an "
+        "override does. --json prints each row's fields before and after. -o draws B's diagram with the "
+        "changed, rewired and added nodes outlined.",
     )
     p.add_argument("a", metavar="A", help="the spec before")
     p.add_argument("b", metavar="B", help="the spec after")
     p.add_argument(
-        "-o", "--output", metavar="FILE", help="also draw B with the differences (.svg .png .pdf .dot)"
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="also draw B with the nodes that differ by their own settings outlined (.svg .png .pdf .dot)",
     )
     _add_view(p, "drawn")
     _add_json(p)

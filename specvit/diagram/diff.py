@@ -1,172 +1,108 @@
-"""``specvit diff A B``: what changes between two models, node by node, with parameter and FLOP deltas.
+"""``specvit diff A B``: what changes between two models, node by node and setting by setting.
 
-Nodes are matched by path (module paths are node paths, so they are the state_dict's names too). A
-node is *changed* when its op, output shape, parameters or FLOPs differ, *rewired* when only its inputs
-do (pre- and post-norm blocks hold the same nodes, wired differently); whole blocks present on one
-side only are reported as blocks; runs of blocks that change alike fold into one row
+Nodes are matched by path (module paths are node paths, so they are the state_dict's names too). For a
+node on both sides the diff compares its op, every resolved setting (each field of its op's frozen
+:class:`~specvit.ops.Params`: heads, head_dim, activation, eps, windows, biases, rates ...), its output
+shape, parameters and FLOPs, and what it reads; the graph's own settings (the init convention, the model
+kind, the sizes FLOPs are counted at) are compared as the row ``model``. Settings are read generically
+from the dataclass fields, never from a list of ops, so a field added to an op is compared from then on.
+A field declared ``metadata={"setting": False}`` (a KV-cache layer index: a position the lowering counts)
+is not a setting and is not compared; a field that ``varies`` along the depth (dropout and
+stochastic-depth rates) is one, and a folded run shows its range (``p 0.0091..0.1 -> 0.018..0.2``).
+
+A row's status says where a difference comes from:
+
+- *changed*: the node's own op, settings or parameter count differ (``heads 3 -> 6``);
+- *reshaped*: its op and settings are the same, but its output shape or FLOPs differ because what flows
+  into it does (every block after a larger image); listed so that the rows account for the totals;
+- *rewired*: the same settings, but the node reads other nodes (pre- and post-norm blocks hold the same
+  nodes, wired differently), whatever its shape; nodes are named as in their block (``x`` its input,
+  ``out`` its output), and a norm's row says ``norm placement``, what it reads and what reads it;
+- *added*, *removed*: a node or a whole block present on one side only.
+
+Two models are the same only when there is no row. Runs of blocks that change alike fold into one row
 (``encoder.blocks.0-11.attn``), as the summary folds repeats.
+
+``diff -o`` outlines in B's diagram the nodes that differ by themselves: changed, rewired and added ones.
+A node reshaped only because of a change upstream is not outlined (a larger image outlines the input, the
+patch embedding and the position table, not every block after them); the text lists it. In the collapsed
+view a folded run is drawn as its first block, outlined when a block of the run is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from specvit.diagram.compare import MODEL, Change, DiffRow, diff_graphs
+from specvit.diagram.scene import View, plan
 from specvit.diagram.text import format_count
 from specvit.graph.ir import ArchGraph
 
-__all__ = ["DiffRow", "diff_graphs", "format_diff", "highlight"]
+__all__ = [
+    "Change",
+    "DiffRow",
+    "change_text",
+    "diff_graphs",
+    "diff_json",
+    "format_diff",
+    "highlight",
+    "marked",
+]
 
-Status = Literal["changed", "rewired", "added", "removed"]
-_BLOCK = re.compile(r"^(?P<head>.*\.blocks\.)(?P<i>\d+)(?P<tail>(\..*)?)$")
-
-
-@dataclass
-class DiffRow:
-    """One difference: a node (or a block, or a run of them) and its before and after.
-
-    Attributes:
-        status: changed, rewired (same node, other inputs), added (in B only) or removed (in A only).
-        path: the node's or block's path; a folded run reads ``encoder.blocks.0-11.attn``.
-        op: the op kind (``block`` for a whole block).
-        before: (shape, params, FLOPs) in A, or None.
-        after: (shape, params, FLOPs) in B, or None.
-        count: how many nodes or blocks the row stands for.
-        paths: the node paths it stands for (in B where present, else in A).
-    """
-
-    status: Status
-    path: str
-    op: str
-    before: tuple[Any, int, int] | None
-    after: tuple[Any, int, int] | None
-    count: int = 1
-    paths: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The row as JSON-ready data."""
-
-        def side(v: tuple[Any, int, int] | None) -> dict[str, Any] | None:
-            return None if v is None else {"shape": list(v[0]), "params": v[1], "flops": v[2]}
-
-        return {"status": self.status, "path": self.path, "op": self.op, "count": self.count,
-                "before": side(self.before), "after": side(self.after)}  # fmt: skip
+OUTLINED = ("changed", "rewired", "added")
+"""The statuses ``diff -o`` outlines."""
 
 
-def _info(g: ArchGraph, n: str) -> tuple[Any, int, int]:
-    a = g[n]
-    return (tuple(a["shape"]), int(a["params"]), int(a["flops"]))
+def show(v: Any) -> str:
+    """A setting's value as a spec writes it: ``none``, ``true``, ``1e-06``, ``(B, 197, 192)``."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, tuple | list):
+        return "(" + ", ".join(show(x) for x in v) + ")"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return type(v).__name__ + show(dataclasses.astuple(v))
+    return str(v) if v != "" else '""'
 
 
-def _block_totals(g: ArchGraph, block: str) -> tuple[Any, int, int]:
-    nodes = [n for n in g if g[n]["block"] == block]
-    return (g[nodes[-1]]["shape"], sum(g[n]["params"] for n in nodes), sum(g[n]["flops"] for n in nodes))
+def _span(values: tuple[Any, ...]) -> str:
+    """Per-block values of a folded run: one value, or the first and the last."""
+    first, last = values[0], values[-1]
+    return show(first) if all(v == first for v in values) else f"{show(first)}..{show(last)}"
 
 
-def _inputs(g: ArchGraph, n: str) -> list[str]:
-    """The node's inputs, block indices left out: the last block feeding the final norm is no rewiring."""
-    return sorted(re.sub(r"\.blocks\.\d+", ".blocks.*", p) for p in g.nx.predecessors(n))
-
-
-def _merged_order(a: ArchGraph, b: ArchGraph) -> list[str]:
-    """A's nodes in execution order, each node of B alone placed after its predecessor in B."""
-    order = list(a)
-    where = {n: i for i, n in enumerate(order)}
-    previous = None
-    inserts: dict[str | None, list[str]] = {}
-    for n in b:
-        if n in where:
-            previous = n
-        else:
-            inserts.setdefault(previous, []).append(n)
-    out = inserts.get(None, [])[:]
-    for n in order:
-        out.append(n)
-        out.extend(inserts.get(n, []))
-    return out
-
-
-def _node_rows(a: ArchGraph, b: ArchGraph) -> list[DiffRow]:
-    """Every difference, one row per node, whole one-sided blocks as one row each, in execution order."""
-    blocks_a = {a[n]["block"] for n in a if a[n]["block"]}
-    blocks_b = {b[n]["block"] for n in b if b[n]["block"]}
-    rows: list[DiffRow] = []
-    done: set[str] = set()
-    order = _merged_order(a, b)
-    for n in order:
-        in_a, in_b = n in a, n in b
-        block = (b[n] if in_b else a[n])["block"]
-        if block and (block in blocks_a) != (block in blocks_b):  # a block on one side only
-            if block not in done:
-                done.add(block)
-                side = _block_totals(b if in_b else a, block)
-                status: Status = "added" if in_b else "removed"
-                rows.append(DiffRow(status, block, "block", None if in_b else side, side if in_b else None))
-            continue
-        if in_a and in_b:
-            before, after = _info(a, n), _info(b, n)
-            if before != after or a[n]["op"] != b[n]["op"]:
-                rows.append(DiffRow("changed", n, b[n]["op"], before, after))
-            elif _inputs(a, n) != _inputs(b, n):
-                rows.append(DiffRow("rewired", n, b[n]["op"], before, after))
-        elif in_b:
-            rows.append(DiffRow("added", n, b[n]["op"], None, _info(b, n)))
-        else:
-            rows.append(DiffRow("removed", n, a[n]["op"], _info(a, n), None))
-    for r in rows:
-        r.paths = [r.path]
-    return rows
-
-
-def _fold(rows: list[DiffRow]) -> list[DiffRow]:
-    """Runs of consecutive blocks that differ alike become one row with a block range."""
-    out: list[DiffRow] = []
-    for r in rows:
-        m = _BLOCK.match(r.path)
-        prev = out[-1] if out else None
-        if m and prev is not None:
-            pm = _BLOCK.match(prev.paths[-1])
-            same = (prev.status, prev.op, prev.before, prev.after) == (r.status, r.op, r.before, r.after)
-            if (pm and same and pm["head"] == m["head"] and pm["tail"] == m["tail"]
-                    and int(m["i"]) == int(pm["i"]) + 1):  # fmt: skip
-                first = _BLOCK.match(prev.paths[0])
-                assert first is not None
-                prev.paths.append(r.path)
-                prev.count += 1
-                prev.path = f"{m['head']}{first['i']}-{m['i']}{m['tail']}"
-                continue
-        out.append(r)
-    return out
-
-
-def diff_graphs(a: ArchGraph, b: ArchGraph) -> list[DiffRow]:
-    """The differences from ``a`` to ``b``, folded over runs of blocks, in execution order.
-
-    Args:
-        a: the graph before.
-        b: the graph after.
-    """
-    rows = _node_rows(a, b)
-    by_template: dict[tuple[Any, ...], list[DiffRow]] = {}
-    singles: list[DiffRow] = []
-    for r in rows:  # gather each node's rows across blocks, so that a run folds whatever lies between
-        m = _BLOCK.match(r.path)
-        if m:
-            key = (m["head"], m["tail"], r.status, r.op, r.before, r.after)
-            by_template.setdefault(key, []).append(r)
-        else:
-            singles.append(r)
-    folded = [f for group in by_template.values() for f in _fold(group)]
-    position = {id(r): i for i, r in enumerate(rows)}
-    return sorted([*singles, *folded], key=lambda r: position[id(r)])
+def change_text(c: Change) -> str:
+    """One change in words: ``heads 3 -> 6``, ``window 7 -> none``, ``reads add1 -> x``."""
+    if c.field in ("inputs", "feeds"):
+        verb = "reads" if c.field == "inputs" else "feeds"
+        gone = [x for x in c.before if x not in c.after]  # what both sides read is left unsaid
+        new = [x for x in c.after if x not in c.before]
+        return f"{verb} {', '.join(gone) or 'nothing'} -> {', '.join(new) or 'nothing'}"
+    before, after = (_span(c.before), _span(c.after)) if c.per_block else (show(c.before), show(c.after))
+    if before == after:  # two floats alike to 6 digits
+        before, after = repr(c.before), repr(c.after)
+    return f"{c.field} {before} -> {after}"
 
 
 def _side(v: tuple[Any, int, int] | None) -> str:
     if v is None:
         return "-"
-    shape = "(" + ", ".join(str(d) for d in v[0]) + ")"
-    return f"{shape} {format_count(v[1])} params"
+    return f"{show(v[0])}, {format_count(v[1])} params"
+
+
+def row_text(r: DiffRow) -> str:
+    """What a row says changed: its changes, or for a node on one side only its shape and parameters."""
+    if r.status in ("added", "removed"):
+        return _side(r.after if r.status == "added" else r.before) + " each" * (r.count > 1)
+    text = "; ".join(change_text(c) for c in r.changes)
+    if r.category == "norm" and any(c.field == "inputs" for c in r.changes):
+        text = "norm placement: " + text
+    return text
 
 
 def _delta(n: int) -> str:
@@ -190,11 +126,11 @@ def format_diff(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None) -
     ]
     if not rows:
         return "\n".join([*lines, "the two models are the same, node for node"])
-    table = [("", "path", "op", "A", "B", "params", "FLOPs")]
+    table = [("", "path", "op", "what changed", "params", "FLOPs")]
     for r in rows:
         before = r.before or (None, 0, 0)
         after = r.after or (None, 0, 0)
-        table.append((r.status, r.path, r.op, _side(r.before), _side(r.after),
+        table.append((r.status, r.path, r.op, row_text(r),
                       _delta((after[1] - before[1]) * r.count),
                       _delta((after[2] - before[2]) * r.count)))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -202,32 +138,89 @@ def format_diff(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None) -
     return "\n".join([*lines, "", *body])
 
 
+def _jsonable(v: Any) -> Any:
+    """A value as JSON data: tuples as lists, dataclasses as objects, anything else not JSON as text."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, tuple | list):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _jsonable(dataclasses.asdict(v))
+    return str(v)
+
+
+def row_json(r: DiffRow) -> dict[str, Any]:
+    """A row as JSON data: status, path, op, the nodes it stands for, its two sides and, per field, the
+    value before and after (per block, aligned with ``paths``, for a setting that varies)."""
+
+    def side(v: tuple[Any, int, int] | None) -> dict[str, Any] | None:
+        return None if v is None else {"shape": _jsonable(v[0]), "params": v[1], "flops": v[2]}
+
+    changes = {
+        c.field: {"before": _jsonable(c.before), "after": _jsonable(c.after), "per_block": c.per_block,
+                  "text": change_text(c)}
+        for c in r.changes
+    }  # fmt: skip
+    return {"status": r.status, "path": r.path, "op": r.op, "count": r.count, "paths": r.paths,
+            "before": side(r.before), "after": side(r.after), "changes": changes,
+            "text": row_text(r)}  # fmt: skip
+
+
+def diff_json(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None) -> dict[str, Any]:
+    """The diff as JSON data: each model's name and totals, ``same``, and the rows (:func:`row_json`).
+
+    Args:
+        a: the graph before.
+        b: the graph after.
+        rows: the differences; default :func:`diff_graphs`.
+    """
+    rows = diff_graphs(a, b) if rows is None else rows
+    side = {
+        g: {"name": x.name, "params": x.total_params, "flops": x.total_flops} for g, x in (("a", a), ("b", b))
+    }
+    return {**side, "same": not rows, "rows": [row_json(r) for r in rows]}
+
+
+def marked(rows: list[DiffRow], b: ArchGraph, view: View = "collapsed") -> set[str]:
+    """The boxes of B's diagram that ``diff -o`` outlines: the nodes changed, rewired or added (whole
+    added blocks: all their nodes), each as the box that draws it in ``view``.
+
+    Args:
+        rows: the differences from :func:`diff_graphs`.
+        b: the graph after, the one drawn.
+        view: ``collapsed`` or ``expanded``, as drawn.
+    """
+    boxes = plan(b, view).boxes
+    fold = b.fold() if view == "collapsed" else {}
+    out: set[str] = set()
+    for r in rows:
+        if r.status not in OUTLINED or r.path == MODEL:
+            continue
+        for p in r.paths:
+            for n in [p] if p in b else [n for n in b if b[n]["block"] == p]:
+                block = b[n]["block"]
+                box = fold[block].rep + n[len(block) :] if block in fold else n
+                if box in boxes:
+                    out.add(box)
+    return out
+
+
 _NODE = re.compile(r'^\s*(?:"(?P<q>[^"]+)"|(?P<p>[\w.]+))\s*\[')
 
 
-def highlight(dot: str, rows: list[DiffRow]) -> str:
-    """``dot`` (a diagram of B) with the nodes that changed or were added outlined in red.
-
-    In the collapsed view, a folded run of blocks is drawn as its first block; it is marked when any
-    block of the run differs. Removed nodes are not in B's diagram; the text diff lists them.
+def highlight(dot: str, boxes: set[str]) -> str:
+    """``dot`` with the given boxes outlined in red.
 
     Args:
         dot: the DOT text of B's diagram.
-        rows: the differences from :func:`diff_graphs`.
+        boxes: the box ids to outline, from :func:`marked`.
     """
-    marked: set[str] = set()
-    for r in rows:
-        if r.status == "removed":
-            continue
-        for p in r.paths:
-            marked.add(p)
-            m = _BLOCK.match(p)
-            if m:
-                marked.add(f"{m['head']}0{m['tail']}")
     out = []
     for line in dot.splitlines():
         m = _NODE.match(line)
-        if m and (m["q"] or m["p"]) in marked and line.rstrip().endswith("]"):
+        if m and (m["q"] or m["p"]) in boxes and line.rstrip().endswith("]"):
             line = line[: line.rfind("]")] + ' color="#d62728" penwidth=3]'
         out.append(line)
     return "\n".join(out) + ("\n" if dot.endswith("\n") else "")

@@ -159,7 +159,9 @@ class Params:
     """Base of every op's resolved hyper-parameters: a frozen dataclass of concrete values.
 
     A field declared with ``metadata={"varies": True}`` may differ between repeats of one block (a
-    stochastic-depth rate, a KV-cache layer index) without making them different blocks.
+    stochastic-depth rate, a KV-cache layer index) without making them different blocks. A field declared
+    with ``metadata={"setting": False}`` is no setting of the spec but a position the lowering counts (the
+    KV-cache layer index): ``specvit diff`` does not compare it.
     """
 
     def as_dict(self) -> dict[str, Any]:

@@ -141,7 +141,7 @@ class AttentionParams(Params):
     disentangled: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
-    layer: int = field(default=0, metadata={"varies": True})
+    layer: int = field(default=0, metadata={"varies": True, "setting": False})
 
     @property
     def inner(self) -> int:
