@@ -93,7 +93,7 @@ def _setting_changes(pa: Any, pb: Any) -> list[Change]:
         if name not in sb:
             continue
         vb = sb[name][0]
-        if va != vb or type(va) is not type(vb):
+        if va != vb:
             out.append(Change(name, (va,) if varies else va, (vb,) if varies else vb, varies))
     return out
 
