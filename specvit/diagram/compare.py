@@ -215,7 +215,7 @@ def _node_rows(a: ArchGraph, b: ArchGraph) -> list[DiffRow]:
 
 def _fold_key(r: DiffRow) -> tuple[Any, ...]:
     """What must be equal for two rows to fold: everything but the values of settings that vary."""
-    changes = tuple((c.field, c.per_block or (c.before, c.after)) for c in r.changes)
+    changes = tuple((c.field, c.per_block or repr((c.before, c.after))) for c in r.changes)  # hashable
     return (r.status, r.op, r.before, r.after, changes)
 
 
