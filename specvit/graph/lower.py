@@ -65,6 +65,8 @@ class _Lowering:
 
     def arg(self, what: str) -> str:
         names = _ARGS[(self.spec.model, self.role)]
+        if what == "global":  # which tokens are global: global_attention_mask, src_global_attention_mask
+            return names[1].replace("key_padding", "global_attention")
         return {"input": names[0], "mask": names[1], "types": names[2]}[what]
 
     def total_flops(self, scope: str) -> int:
@@ -148,6 +150,18 @@ class _Lowering:
         self.n = _symbol(self.spec, role)
         self.tag_sides()
         s.input.lower(self)
+        if any(b.global_tokens and b.global_tokens.first is None for b in s.layer_blocks):
+            self.side["global_mask"] = self.placeholder(  # which tokens are global, per sample (Longformer)
+                f"{role}.global_mask",
+                self.arg("global"),
+                ("B", self.n),
+                dtype="bool",
+                required=False,
+                keyword=True,
+                what="global tokens",
+                stack=role,
+                group=3,
+            )
         if s.causal:  # decoding token by token: the KV cache and the position of the first new token
             for arg, dtype, default in (("cache", "cache", None), ("offset", "int", 0)):
                 path = f"{role}.{arg}"
