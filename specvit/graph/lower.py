@@ -33,12 +33,23 @@ __all__ = ["DEFAULT_SEQ_LEN", "build_graph", "graph_of"]
 
 DEFAULT_SEQ_LEN = 128
 
-# Forward argument names by model kind and role: the input, its padding mask and its token types.
+# Forward argument names by model kind and role: the input, its padding mask, its token types and which
+# of its tokens are global.
 _ARGS = {
-    ("encoder", "encoder"): ("x", "key_padding_mask", "token_type_ids"),
-    ("decoder", "decoder"): ("tokens", "key_padding_mask", "token_type_ids"),
-    ("encoder_decoder", "encoder"): ("src", "src_key_padding_mask", "src_token_type_ids"),
-    ("encoder_decoder", "decoder"): ("tgt", "tgt_key_padding_mask", "tgt_token_type_ids"),
+    ("encoder", "encoder"): ("x", "key_padding_mask", "token_type_ids", "global_attention_mask"),
+    ("decoder", "decoder"): ("tokens", "key_padding_mask", "token_type_ids", "global_attention_mask"),
+    ("encoder_decoder", "encoder"): (
+        "src",
+        "src_key_padding_mask",
+        "src_token_type_ids",
+        "src_global_attention_mask",
+    ),
+    ("encoder_decoder", "decoder"): (
+        "tgt",
+        "tgt_key_padding_mask",
+        "tgt_token_type_ids",
+        "tgt_global_attention_mask",
+    ),
 }
 
 
@@ -65,7 +76,7 @@ class _Lowering:
 
     def arg(self, what: str) -> str:
         names = _ARGS[(self.spec.model, self.role)]
-        return {"input": names[0], "mask": names[1], "types": names[2]}[what]
+        return {"input": names[0], "mask": names[1], "types": names[2], "global": names[3]}[what]
 
     def total_flops(self, scope: str) -> int:
         return sum(int(a["flops"]) for _, a in self.g.nodes(data=True) if a["stack"] == scope)
@@ -149,6 +160,18 @@ class _Lowering:
         self.tag_sides()
         s.input.lower(self)
         f = s.facts
+        if any(b.global_tokens and b.global_tokens.first is None for b in s.layer_blocks):
+            self.side["global_mask"] = self.placeholder(  # which tokens are global, per sample (Longformer)
+                f"{role}.global_mask",
+                self.arg("global"),
+                ("B", self.n),
+                dtype="bool",
+                required=False,
+                keyword=True,
+                what="global tokens",
+                stack=role,
+                group=3,
+            )
         if f.causal:  # decoding token by token: the KV cache and the position of the first new token
             for arg, dtype, default in (("cache", "cache", None), ("offset", "int", 0)):
                 path = f"{role}.{arg}"

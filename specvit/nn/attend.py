@@ -352,9 +352,19 @@ def check_parts(
     gated: bool = False,
     disentangled: bool = False,
     gqa: bool = False,
+    global_tokens: str | int | None = None,
+    global_projection: bool = False,
 ) -> None:
     """Refuse the combinations of parts the core does not compute (``gqa``: fewer key/value heads)."""
     problems = []
+    if global_tokens is not None and (memory_dim is not None or queries is not None or grid_window or causal):
+        problems.append("global tokens are in a self-attention of every token, not causal, without windows")
+    if global_projection and (global_tokens is None or projection != "packed" or gated or disentangled):
+        problems.append(
+            "global projections mirror the packed qkv of global tokens, without gated or disentangled"
+        )
+    if isinstance(global_tokens, int) and global_tokens < 1:
+        problems.append(f"the first {global_tokens} tokens cannot be global: use K >= 1")
     if disentangled and (
         memory_dim is not None or grid_window is not None or queries is not None or causal or gqa
     ):

@@ -15,6 +15,8 @@ The parts, each a constructor argument:
   window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again;
   ConViT's gate mixes them with positional weights of the grid.
 - **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
+- **Global tokens** beside a sliding window (Longformer): the ``global_mask`` input's or the first K; they see
+  and are seen by every token, their rows again through their own ``qkv_global`` (:mod:`specvit.nn.global_tokens`).
 - **Partition**: with a token ``grid`` and ``grid_window`` M, the grid is cut into M x M windows (rolled by
   ``shift``, or padded) around plain attention (:mod:`specvit.nn.partition`).
 
@@ -30,7 +32,7 @@ Caches: one :class:`KVCache` per model; each attention layer reads and writes it
 ``layer_idx``, as HF's ``Cache`` objects do.
 
 Every forward takes the tokens positionally and everything else by keyword (``mask``, ``rope``, ``bias``,
-``pos``, ``cache``, ``rel_embed``, ``rel_index``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
+``pos``, ``cache``, ``rel_embed``, ``rel_index``, ``global_mask``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
 
 Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens, G windows per
 sample (1 without a partition), L tokens per window (N without one), Nq query tokens.
@@ -65,6 +67,7 @@ from specvit.nn.attend import (
     visible_mask,
 )
 from specvit.nn.cache import KVCache
+from specvit.nn.global_tokens import GlobalTokens, global_attention, global_keys, global_parts, global_rows
 from specvit.nn.linear import Linear
 from specvit.nn.partition import window_merge, window_split
 from specvit.nn.position import apply_rope
@@ -127,6 +130,9 @@ class Attention(nn.Module):
         causal: query i only sees keys at positions <= its own.
         window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
         queries: only the first ``queries`` tokens query (CaiT's class attention: 1); None = every token.
+        global_tokens: tokens seen by and seeing every token beside a window (Longformer): ``"mask"``, those
+            the ``global_mask`` input marks; K, the first K; None = none.
+        global_projection: the global tokens' rows again through their own projections ``qkv_global``.
         grid: the (gh, gw) token grid, for ``grid_window`` and decomposed relative positions.
         grid_window: attend within M x M windows of the grid (padded to a multiple of M when M does not
             divide it, as ViTDet's), or None.
@@ -167,6 +173,8 @@ class Attention(nn.Module):
         causal: bool = False,
         window: int | None = None,
         queries: int | None = None,
+        global_tokens: GlobalTokens | None = None,
+        global_projection: bool = False,
         grid: tuple[int, int] | None = None,
         grid_window: int | None = None,
         shift: int = 0,
@@ -180,19 +188,9 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         gqa = self.num_kv_heads != num_heads
-        check_parts(
-            memory_dim,
-            projection,
-            relative,
-            grid,
-            grid_window,
-            shift,
-            queries,
-            causal,
-            gated,
-            disentangled,
-            gqa,
-        )
+        check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal, gated,
+                    disentangled, gqa, global_tokens, global_projection)  # fmt: skip
+        self.global_tokens, self.global_projection = global_tokens, global_projection
         self.disentangled = disentangled
         self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
         self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
@@ -204,6 +202,8 @@ class Attention(nn.Module):
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
         hd, h = self.head_dim, num_heads
         self._projections(dim, memory_dim, qkv_bias, device, dtype)
+        if global_projection:  # Longformer's query_global, key_global and value_global, packed
+            self.qkv_global = packed_projection(self, dim, global_parts(self.parts), device, dtype)
         qk = {"bias": qk_norm_bias, "affine": qk_norm_affine, "unit_offset": qk_norm_unit_offset}
         self.q_norm = head_norm(qk_norm, h, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
@@ -341,6 +341,17 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, out.shape[2], h * hd)  # (B, Nq, H*hd)
         return self.proj_drop(self.proj(out))  # (B, Nq, D)
 
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, is_causal: bool, bias: Tensor | None
+    ) -> Tensor:
+        """q (B, G*H, Nq, hd) over k, v (B, G*Hkv, T, hd): SDPA, or the math path if a part needs the scores."""
+        dropout_p = self.attn_drop if self.training else 0.0
+        if self.talking_heads or self.softcap is not None or self.gated:
+            mix = (self.proj_l, self.proj_w) if self.talking_heads else None
+            scale, cap, gate = self.scale, self.softcap, self._gate(q)
+            return attend_math(q, k, v, visible, is_causal, dropout_p, bias, scale, cap, mix, gate)
+        return attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, G*H, Nq, hd)
+
     def forward(
         self,
         x: Tensor,
@@ -356,9 +367,9 @@ class Attention(nn.Module):
         memory_rope: tuple[Tensor, Tensor] | None = None,
         rel_embed: Tensor | None = None,
         rel_index: Tensor | None = None,
+        global_mask: Tensor | None = None,
     ) -> Tensor:
-        """Attend x to itself (and to the cached tokens), or to the memory: (B, Nq, D), the N tokens or the
-        first ``queries``.
+        """Attend x to itself (and to the cached tokens), or to the memory: (B, Nq, D) for the Nq queries.
 
         Args:
             x: (B, N, D) tokens.
@@ -375,6 +386,7 @@ class Attention(nn.Module):
             memory_rope: ``(cos, sin)`` tables of the M memory tokens: RoPE rotates the keys (CroCo).
             rel_embed: (2P, D) DeBERTa's relative table (with ``disentangled``).
             rel_index: (N, N) long, its row for each query and key.
+            global_mask: (B, N) bool, True = a global token (with ``global_tokens="mask"``).
         """
         (b, n, _), hd = x.shape, self.head_dim
         if self.grid_window is not None:
@@ -411,13 +423,12 @@ class Attention(nn.Module):
             visible, is_causal = visible_mask(
                 self.causal, self.window, sizes, masks, cache, bias is None, q.device
             )
-        dropout_p = self.attn_drop if self.training else 0.0
-        if self.talking_heads or self.softcap is not None or self.gated:
-            mix = (self.proj_l, self.proj_w) if self.talking_heads else None
-            scale, cap, gate = self.scale, self.softcap, self._gate(q)
-            out = attend_math(q, k, v, visible, is_causal, dropout_p, bias, scale, cap, mix, gate)
-        else:
-            out = attend(q, k, v, visible, is_causal, dropout_p, bias, self.scale)  # (B, G*H, Nq, hd)
+        if self.global_tokens is not None:  # Longformer: every token sees the global tokens, they see all
+            rows = global_rows(self.global_tokens, global_mask, n, x.device)  # (B or 1, N)
+            visible = global_keys(visible, rows, mask, not self.global_projection)
+        out = self._attend(q, k, v, visible, is_causal, bias)  # (B, G*H, Nq, hd)
+        if self.global_projection:  # the global rows again through their own q, k, v
+            out = global_attention(self, x, out, rows, mask, pos, rope, bias)  # (B, H, N, hd)
         if cache is not None and self.causal:
             cache.bound(self.layer_idx, self.window)
         return self._output(out, b)  # (B, Nq, D)
@@ -464,7 +475,7 @@ class Attention(nn.Module):
         if self.cross:
             parts.append("memory=True")
         parts.append(f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}")
-        for name in ("queries", "grid", "grid_window", "relative", "softcap"):
+        for name in ("queries", "global_tokens", "grid", "grid_window", "relative", "softcap"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
         parts += [

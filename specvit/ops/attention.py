@@ -20,7 +20,7 @@ from specvit.ops.position import block_rope
 
 __all__ = ["attention_params"]
 
-SELF_SIDE = ("mask", "rope", "bias", "pos", "cache", "rel_embed", "rel_index")
+SELF_SIDE = ("mask", "rope", "bias", "pos", "cache", "rel_embed", "rel_index", "global_mask")
 CROSS_SIDE = ("memory", "memory_mask", "pos", "memory_pos", "rope", "memory_rope", "cache")
 
 
@@ -66,8 +66,12 @@ class SelfAttentionLayer(Sublayer):
         grid, key = grid_parts(b)
         spec = b.spec
         window = grid.pop("window", spec.sliding_window)
+        g = spec.global_tokens  # Longformer's: the global_mask input's tokens, or the first K
+        grid |= {"global_tokens": g.first or "mask", "global_projection": g.projections} if g else {}
         p = attention_params(b, causal=self.causal, talking_heads=spec.talking_heads, **grid, window=window)
         side = {k: b.side[k] for k in SELF_SIDE if k in b.side}
+        if p.global_tokens != "mask":  # only a layer of the mask's global tokens reads it
+            side.pop("global_mask", None)
         if spec.rope is False:  # a block without positions (NoPE)
             side.pop("rope", None)
         elif spec.rope is not None:  # a block of its own theta

@@ -3,13 +3,14 @@
 Every attention node builds the attention core (:class:`specvit.nn.attention.Attention`) from the parts its
 params turn on: projections (packed, split, keys and values from a memory), the head layout, QK-norm,
 cosine attention, talking heads, relative tables of the layer's own, soft-capping, masks (causal, a
-sliding window), which tokens query, and a partition of the token grid into (shifted, padded) windows.
+sliding window), which tokens query, global tokens beside a sliding window (Longformer), and a partition
+of the token grid into (shifted, padded) windows.
 A node is recorded under the name of its configuration (:func:`configuration`: ``self_attention``,
 ``cross_attention``, ``class_attention``, ``window_attention`` ...), which every registry name maps back
 to this one op; the sublayers that lower to it are in :mod:`specvit.ops.attention`.
 
-The op reads its side inputs by port (``mask``, ``rope``, ``bias``, ``pos``, ``cache``; with a memory also
-``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``): whatever the stack has is wired.
+The op reads its side inputs by port (``mask``, ``rope``, ``bias``, ``pos``, ``cache``, ``global_mask``; with a
+memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``): whatever the stack has is wired.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SIDE_PORTS = (
     "memory_mask",
     "memory_pos",
     "memory_rope",
+    "global_mask",
 )
 """The side values an attention node reads, by the name the stack holds them under."""
 
@@ -59,6 +61,8 @@ _CORE_PARTS: dict[str, Any] = {
     "causal": False,
     "window": None,
     "queries": None,
+    "global_tokens": None,
+    "global_projection": False,
     "grid": None,
     "grid_window": None,
 }
@@ -108,6 +112,9 @@ class AttentionParams(Params):
             table (the ``rel_embed`` and ``rel_index`` ports).
         cpb_hidden: hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for ``window``.
+        global_tokens: tokens every token attends to beside its sliding window and that attend to every token
+            (Longformer): ``mask``, those the ``global_mask`` port marks per sample; K, the first K; or None.
+        global_projection: the global tokens' rows are computed again with q, k, v projections of their own.
         layer: the layer's index in a KV cache.
     """
 
@@ -141,6 +148,8 @@ class AttentionParams(Params):
     disentangled: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
+    global_tokens: str | int | None = None
+    global_projection: bool = False
     layer: int = field(default=0, metadata={"varies": True, "setting": False})
 
     @property
@@ -271,6 +280,8 @@ class Attention(Op):
     ports = ("x", *SIDE_PORTS)
 
     def requires(self, p: AttentionParams) -> tuple[str, ...]:
+        if p.global_tokens == "mask":
+            return ("x", "global_mask")
         return ("x", "memory") if p.memory_dim is not None else ("x",)
 
     def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
@@ -282,6 +293,8 @@ class Attention(Op):
     def params(self, p: AttentionParams) -> int:
         kv_rows, src = p.kv_heads * p.head_dim, p.memory_dim or p.dim
         projections = p.dim * p.inner + src * 2 * kv_rows + p.inner * p.dim
+        if p.global_projection:  # qkv_global: the packed q, k, v projection again (Longformer)
+            projections += p.dim * (p.inner + 2 * kv_rows) + p.bias_rows(kv_rows)
         return projections + p.bias_rows(kv_rows) + p.dim * p.proj_bias + p.qk_params + p.own_params
 
     def flops(self, p: AttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
@@ -300,6 +313,8 @@ class Attention(Op):
         out = qkv + 4 * queries * keys * p.inner + linear_flops(queries, p.inner, p.dim)  # q·k, attn @ v
         if p.talking_heads:
             out += 2 * linear_flops(b * n * n, p.heads, p.heads)
+        if p.global_projection:  # every row again through qkv_global, attending over every token
+            out += linear_flops(b * n, p.dim, p.inner + 2 * kv_rows) + 4 * b * n * n * p.inner
         if p.gated:
             out += linear_flops(n * n, 3, p.heads)  # the positional scores, once per forward
         if p.disentangled:  # the table through the q and k projections, then its two products
@@ -341,6 +356,8 @@ class Attention(Op):
             causal=p.causal,
             window=None if p.tiles else p.window,
             queries=p.queries,
+            global_tokens=p.global_tokens,
+            global_projection=p.global_projection,
             grid=p.grid,
             grid_window=p.window if p.tiles else None,
             **({"shift": p.shift} if p.shift else {}),
@@ -353,7 +370,8 @@ class Attention(Op):
         from torch.nn.init import trunc_normal_
 
         fill.children(module)  # layers by type (the bias MLP's too, as timm's init does)
-        for name in ("q_bias", "k_bias", "v_bias"):  # the separate biases of a packed projection
+        separate = ("q_bias", "k_bias", "v_bias", "q_global_bias", "k_global_bias", "v_global_bias")
+        for name in separate:  # the separate biases of a packed projection
             if hasattr(module, name):
                 fill.zeros(getattr(module, name))
         if p.cosine:
@@ -374,6 +392,10 @@ class Attention(Op):
             lines.append("cosine attention · logit scale ≤ 100")
         if p.gated:
             lines.append("gated positions · softmax(q·k) and softmax of offsets, gated per head")
+        if p.global_tokens is not None:
+            which = "the global mask's" if p.global_tokens == "mask" else f"the first {p.global_tokens}"
+            own = " · their rows by q, k, v of their own" if p.global_projection else ""
+            lines.append(f"global tokens ({which}) see and are seen by every token{own}")
         if p.disentangled:
             lines.append("disentangled · content→position and position→content scores · scale 1/√(3·hd)")
         return tuple(lines)

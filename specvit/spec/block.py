@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from specvit.ops import SUBLAYERS
-from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_WIDTH, Fragment
+from specvit.ops.base import MAX_DEPTH, MAX_HEADS, MAX_LEN, MAX_WIDTH, Fragment
 from specvit.ops.fields import per_stage
 from specvit.ops.mlp import ACTIVATIONS
 from specvit.ops.norm import NORM_KINDS
@@ -24,6 +24,7 @@ __all__ = [
     "GRAPH_OPS",
     "BlockOverride",
     "BlockSpec",
+    "GlobalTokensSpec",
     "GraphNodeSpec",
     "LayerOverride",
     "MlpSpec",
@@ -182,6 +183,28 @@ class WindowSpec(Node):
     )
 
 
+class GlobalTokensSpec(Node):
+    """Global tokens beside a sliding window (Longformer): every token attends to them beside its window, and
+    they attend to every token."""
+
+    first: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LEN,
+        description="The first `first` tokens of every sample are global (a class token: 1); null: the model's "
+        "forward takes global_attention_mask (src_global_attention_mask in an encoder_decoder), (B, S) bool "
+        "with True = global, a keyword argument that may differ per sample (Longformer's); without it no "
+        "token is global.",
+    )
+    projections: bool = Field(
+        True,
+        description="The global tokens' rows are computed again with query, key and value projections of "
+        "their own, over every token (Longformer's query_global, key_global, value_global; the state dict's "
+        "attn.qkv_global); the other rows see the global tokens through the layer's keys and values. false: "
+        "the layer's projections for every row.",
+    )
+
+
 class GraphNodeSpec(Node):
     """One node of a block written as a graph: a registered op reading earlier nodes by name."""
 
@@ -254,6 +277,12 @@ class BlockSpec(Node):
         description="Each token attends to itself and the sliding_window - 1 tokens before it (Mistral); in "
         "a block without a causal mask (an encoder's self_attention) the window is symmetric: the tokens less "
         "than sliding_window positions away on either side.",
+    )
+    global_tokens: GlobalTokensSpec | None = Field(
+        None,
+        description="Tokens every token's self_attention sees beside its sliding_window, and that see every "
+        "token (Longformer: {}; its attention_window w is sliding_window: w / 2 + 1); an encoder's, not in "
+        "a causal stack. null: none.",
     )
     talking_heads: bool = Field(
         False,

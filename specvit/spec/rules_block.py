@@ -163,6 +163,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             )
         )
     out += _cross_attention_heads(role, at, b, spec)
+    out += _global_tokens(role, at, b, spec)
     out += _parameters(at, b)
     if b.parallel and (b.norm.placement != "pre" or b.graph is not None):
         out.append(
@@ -191,6 +192,33 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             )
         )
     return out
+
+
+def _global_tokens(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
+    """Longformer's global tokens: beside a sliding window, in an encoder's self_attention, marked among the
+    tokens the blocks see."""
+    g, s, key = b.global_tokens, spec.stacks[role], f"{at}.global_tokens"
+    if g is None:
+        return []
+    if s.causal:
+        what = "global tokens attend to every token, later ones too, and this stack is causal (a KV cache)"
+        return [Problem(key, what, "use global_tokens in an encoder's self_attention")]
+    if "self_attention" not in b.sublayers:
+        what = "global_tokens change a self_attention, and the block has none"
+        return [Problem(key, what, "add self_attention to the layers, or remove global_tokens")]
+    if b.sliding_window is None:
+        what = "global tokens are seen beside a sliding window, and the block has none"
+        fix = "set sliding_window (Longformer's attention_window w: sliding_window w / 2 + 1), or remove global_tokens"
+        return [Problem(key, what, fix)]
+    if g.first is None and (s.num_prefix or s.masking is not None):
+        what = (
+            f"{'prefix tokens join' if s.num_prefix else 'masking drops some of'} the tokens the mask marks"
+        )
+        return [Problem(f"{key}.first", what, "make the first K tokens global with first: K")]
+    if g.projections and (b.gated_positions or any(p.kind == "disentangled" for p in s.positions)):
+        what = "the global rows' own projections take no gated positions or disentangled scores"
+        return [Problem(f"{key}.projections", what, "set projections: false")]
+    return []
 
 
 def _parameters(at: str, b: BlockSpec) -> list[Problem]:
