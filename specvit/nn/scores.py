@@ -8,6 +8,7 @@ relative position biases a layer owns, the shifted windows' region mask, mixing 
 - MViTv2's decomposed relative positions (ViTDet, SAM): :func:`decomposed_bias`, ``q · Rh[i - k] + q · Rw[j - l]``.
 - Talking heads (Shazeer et al. 2020; CaiT): :func:`mix_heads` mixes scores across heads with a learned map.
 - Soft-capping (Gemma 2, Grok): :func:`tanh_cap`, ``cap * tanh(logits / cap)``.
+- Cosine attention (Swin-V2): :func:`cosine_qk`, unit queries and keys, a learned scale per head.
 
 Dim legend: H heads, M window, L = M*M tokens per window (or qh*qw, the extent a layer attends over),
 nW windows per image, Bw = B * windows, hd head dim.
@@ -18,11 +19,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
     "MASKED",
     "MAX_LOGIT_SCALE",
+    "cosine_qk",
     "cpb_coords",
     "decomposed_bias",
     "disentangled_bias",
@@ -58,6 +61,13 @@ def cpb_coords(window: int, pretrained: int = 0, device: torch.device | None = N
     table = table / max((pretrained or window) - 1, 1) * 8
     table = torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
     return table.view(-1, 2)  # ((2M-1)^2, 2), row-major like relative_position_index
+
+
+def cosine_qk(q: Tensor, k: Tensor, logit_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Cosine attention's (Swin-V2) unit queries and keys, the learned scale exp(min(logit_scale, log 100))
+    of each head, ``logit_scale`` (H, 1, 1), folded into the queries."""
+    scale = torch.clamp(logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
+    return F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
 
 
 def relative_position_index(window: int, device: torch.device | None = None) -> Tensor:
