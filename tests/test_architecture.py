@@ -151,9 +151,11 @@ def test_core_args_state_the_attention_cores_defaults() -> None:
 
 
 def test_every_attention_is_one_op() -> None:
-    """Self, cross, class, talking-heads, window and grid attention are names of one op's configurations;
-    only SAGAN's feature-map attention stays apart (docs/architecture.md says why)."""
+    """Self, cross, class, talking-heads, window, grid and SAGAN's feature-map attention are names of one
+    op's configurations, all built by one module."""
     attention = {type(o).__qualname__ for o in OPS.values() if o.category == "attention"}
-    assert attention == {"Attention", "SaganAttention"}
+    assert attention == {"Attention"}
     names = [k for k, o in OPS.items() if type(o).__qualname__ == "Attention"]
-    assert len(names) == 6 and len({id(OPS[k]) for k in names}) == 1
+    assert len(names) == 7 and len({id(OPS[k]) for k in names}) == 1
+    assert "sagan_attention" in names
+    assert {o.module for o in OPS.values() if o.category == "attention"} == {"specvit.nn.attention:Attention"}

@@ -144,7 +144,7 @@ class _Renderer:
             if isinstance(child, ast.expr) and not isinstance(getattr(child, "ctx", None), ast.Store):
                 before = ast.unparse(child)
                 after = ast.unparse(self.fold.visit(_copy(child)))
-                if after != before:
+                if after != before and not isinstance(child, ast.Tuple):  # a tuple's items fold one by one
                     end = (child.end_lineno or child.lineno, child.end_col_offset or 0)
                     out.append((((child.lineno, child.col_offset), end), _paren(after)))
                     continue

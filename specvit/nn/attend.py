@@ -1,8 +1,9 @@
 """The functional side of the attention core (:mod:`specvit.nn.attention`): projections with a bias per
-part, the masks of keys a query may see, and attention itself, through SDPA or, when a part needs the scores,
-the math path.
+part, the output parts, the masks of keys a query may see, and attention itself, through SDPA or, when a
+part needs the scores, the math path.
 
-Dim legend: B batch, N query tokens, T keys, H heads, Hkv kv heads, hd head dim, G windows per sample.
+Dim legend: B batch, N query tokens, T keys, H heads, Hkv kv heads, hd head dim (vd of the values),
+G windows per sample.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ __all__ = [
     "dropout",
     "head_norm",
     "open_empty_rows",
+    "output_parts",
     "packed_projection",
     "project",
     "project_positioned",
     "resolve_heads",
     "split_heads",
+    "split_parts",
     "three_biases",
     "visible_keys",
     "visible_mask",
@@ -126,6 +129,38 @@ def project_positioned(
     return torch.cat((positioned, project(owner, x, linear, parts, slice(rows, None))), dim=-1)
 
 
+def output_parts(
+    owner: nn.Module,
+    inner: int,
+    dim: int,
+    parts: tuple[bool, bool, bool],
+    drop: float,
+    device: torch.device | str | None,
+    dtype: torch.dtype | None,
+) -> None:
+    """Give ``owner`` its output parts: ``proj``, the heads' ``inner`` -> ``dim`` linear (Identity without
+    one: the heads are ``dim`` wide already, SAGAN), ``proj_drop``, and with a gate the learned scalar
+    ``gamma`` (init 0, so the layer starts at zero) that scales the output (SAGAN's).
+
+    Args:
+        owner: the attention module.
+        inner: the width of the heads' outputs together, H * vd.
+        dim: the layer's width D.
+        parts: (an output projection, its bias, an output gate).
+        drop: dropout after the projection.
+        device: parameter device.
+        dtype: parameter dtype.
+    """
+    proj, bias, gate = parts
+    if not proj and inner != dim:
+        raise ValueError(f"without an output projection the heads' outputs must be {dim} wide, got {inner}")
+    linear = Linear(inner, dim, bias=bias, device=device, dtype=dtype) if proj else nn.Identity()
+    owner.add_module("proj", linear)
+    owner.add_module("proj_drop", dropout(drop))
+    if gate:
+        owner.register_parameter("gamma", nn.Parameter(torch.zeros(1, device=device, dtype=dtype)))
+
+
 def three_biases(qkv_bias: QkvBias) -> tuple[bool, bool, bool]:
     if isinstance(qkv_bias, bool):
         return (qkv_bias, qkv_bias, qkv_bias)
@@ -191,7 +226,7 @@ def attend(
     Args:
         q: (B, H, N, hd) queries.
         k: (B, Hkv, T, hd) keys.
-        v: (B, Hkv, T, hd) values.
+        v: (B, Hkv, T, vd) values (vd may differ from hd).
         visible: boolean mask broadcastable to (B, 1, N, T), True = may attend; None = all visible.
         is_causal: let SDPA apply its own causal mask (only when ``visible`` and ``bias`` are None and N == T).
         dropout_p: attention-probability dropout.
@@ -211,7 +246,7 @@ def attend(
         is_causal=is_causal,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
-    )  # (B, H, N, hd)
+    )  # (B, H, N, vd)
     if has_key is not None:
         out = out.masked_fill(~has_key, 0.0)
     if mask is not None:  # a masked SDPA's layout while exporting: see sdpa_layout
@@ -239,7 +274,7 @@ def attend_math(
     Args:
         q: (B, G*H, N, hd) queries.
         k: (B, G*Hkv, T, hd) keys.
-        v: (B, G*Hkv, T, hd) values.
+        v: (B, G*Hkv, T, vd) values.
         visible: boolean mask broadcastable to (B, 1, N, T), True = may attend; None = all visible.
         is_causal: query i sees keys j <= i (N == T).
         dropout_p: attention-probability dropout.
@@ -286,13 +321,20 @@ def attend_math(
         weights = weights / weights.sum(dim=-1, keepdim=True)
     if dropout_p:
         weights = F.dropout(weights, dropout_p)
-    out = (weights @ v).reshape(b, h, n, hd)  # (B, G*H, N, hd)
+    out = (weights @ v).reshape(b, h, n, v.shape[-1])  # (B, G*H, N, vd)
     return out if has_key is None else out.masked_fill(~has_key, 0.0)
 
 
 def split_heads(t: Tensor, head_dim: int) -> Tensor:
     """(..., L, heads * hd) projections -> (..., heads, L, hd)."""
     return t.unflatten(-1, (-1, head_dim)).transpose(-3, -2)
+
+
+def split_parts(t: Tensor, parts: tuple[tuple[int, int], ...]) -> list[Tensor]:
+    """(..., L, sum of heads * width) packed projections -> one (..., heads, L, width) tensor per (heads,
+    width) of ``parts`` (keys and values of their own widths)."""
+    pieces = t.split([heads * width for heads, width in parts], dim=-1)  # (..., L, heads * width) each
+    return [split_heads(piece, width) for piece, (_, width) in zip(pieces, parts, strict=True)]
 
 
 def visible_mask(
@@ -373,6 +415,11 @@ def check_parts(
         problems.append("gated positions are over the whole token grid, every token querying itself")
     if memory_dim is not None and (projection != "packed" or grid_window is not None or queries is not None):
         problems.append("keys and values from a memory take the packed projection, no windows, all queries")
+    conv = projection not in ("packed", "split")  # 1x1 convs over a (B, D, H, W) map
+    if conv and (grid_window is not None or queries is not None or disentangled):
+        problems.append(
+            "1x1-conv projections read a whole map: no windows, query subset or disentangled scores"
+        )
     if queries is not None and causal:
         problems.append("a subset of queries is never causal")
     if relative is not None and grid is None:

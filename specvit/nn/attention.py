@@ -1,24 +1,16 @@
 """One attention core whose parts are data (:class:`Attention`), on top of ``F.scaled_dot_product_attention``.
 
-The parts, each a constructor argument:
-
-- **Projections**: a packed ``qkv`` linear, or ``q``, ``k``, ``v`` apart (``projection="split"``); with
-  ``memory_dim`` the keys and values come from a memory (cross-attention: ``q`` and a packed ``kv``). Each of
-  q, k, v has a bias or not (BEiT, Whisper: q and v only).
-- **Heads**: H query heads, Hkv key/value heads (GQA/MQA, SDPA's ``enable_gqa``), any head width.
-- **Queries and keys**: a per-head QK-norm, rotary tables (``rope``), DETR's positions added to their
-  inputs (``pos``), cosine attention with a learned per-head scale (Swin-V2).
-- **Scores**, in this order: ``q·k`` times ``scale``; talking heads mix them across heads (CaiT); additive
-  biases (a ``bias`` input such as ALiBi or T5's buckets; a relative table of the layer's own: Swin's,
-  Swin-V2's continuous one, or MViTv2's decomposed one; DeBERTa's disentangled scores of a relative table
-  through the layer's own q and k projections); soft-capping (Gemma 2); the masks (causal, a sliding
-  window, padding; keys a row cannot see get no weight); the softmax; talking heads mix the weights again;
-  ConViT's gate mixes them with positional weights of the grid.
-- **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
-- **Global tokens** beside a sliding window (Longformer): the ``global_mask`` input's or the first K; they see
-  and are seen by every token, their rows again through their own ``qkv_global`` (:mod:`specvit.nn.global_tokens`).
-- **Partition**: with a token ``grid`` and ``grid_window`` M, the grid is cut into M x M windows (rolled by
-  ``shift``, or padded) around plain attention (:mod:`specvit.nn.partition`).
+The parts, each a constructor argument (see :class:`Attention`): the projections (a packed ``qkv``, split
+``q``/``k``/``v``, ``q`` and ``kv`` from a memory, or SAGAN's 1x1 convs over a map), the head layout
+(GQA/MQA, any head and value widths), QK-norm, rotary tables and DETR's positions, cosine attention, the
+output projection (or none) and an output gate, which tokens query (CaiT), global tokens beside a sliding
+window (Longformer, :mod:`specvit.nn.global_tokens`), and a partition of the token grid into (shifted,
+padded) windows around plain attention (:mod:`specvit.nn.partition`). The **scores**, in this order:
+``q·k`` times ``scale``; talking heads mix them across heads (CaiT); additive biases (a ``bias`` input such
+as ALiBi or T5's buckets; a relative table of the layer's own: Swin's, Swin-V2's continuous one, MViTv2's
+decomposed one; DeBERTa's disentangled scores); soft-capping (Gemma 2); the masks (causal, a sliding window,
+padding, global tokens; keys a row cannot see get no weight); the softmax; talking heads mix the weights
+again; ConViT's gate mixes them with positional weights of the grid.
 
 SDPA's fused kernels run whenever no part needs the scores themselves (talking heads, soft-capping); the math
 path computes the same thing otherwise.
@@ -34,8 +26,8 @@ Caches: one :class:`KVCache` per model; each attention layer reads and writes it
 Every forward takes the tokens positionally and everything else by keyword (``mask``, ``rope``, ``bias``,
 ``pos``, ``cache``, ``rel_embed``, ``rel_index``, ``global_mask``; with a memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``).
 
-Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim, M memory tokens, G windows per
-sample (1 without a partition), L tokens per window (N without one), Nq query tokens.
+Dim legend: B batch, N tokens, D width, H heads, Hkv kv heads, hd head dim (vd of values), M memory tokens,
+G windows per sample (1 without a partition), L tokens per window (N without one), Nq query tokens.
 T is the number of keys a self-attention query sees (N, or cached + N with a KV cache); Dm memory width.
 """
 
@@ -45,7 +37,6 @@ import math
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.attend import (
@@ -56,29 +47,30 @@ from specvit.nn.attend import (
     attend,
     attend_math,
     check_parts,
-    dropout,
     head_norm,
+    output_parts,
     packed_projection,
     project,
     project_positioned,
     resolve_heads,
     split_heads,
+    split_parts,
     three_biases,
     visible_mask,
 )
 from specvit.nn.cache import KVCache
+from specvit.nn.functional import to_map, to_tokens
 from specvit.nn.global_tokens import GlobalTokens, global_attention, global_keys, global_parts, global_rows
 from specvit.nn.linear import Linear
 from specvit.nn.partition import window_merge, window_split
 from specvit.nn.position import apply_rope
 from specvit.nn.scores import (
-    MAX_LOGIT_SCALE,
+    cosine_qk,
     cpb_coords,
     decomposed_bias,
     disentangled_bias,
     grid_offsets,
-    relative_position_index,
-    shift_mask,
+    table_bias,
 )
 
 __all__ = ["Attention", "CrossAttention", "KVCache", "QkNorm", "RelativeBias", "SelfAttention"]
@@ -95,14 +87,18 @@ class Attention(nn.Module):
         dim: token width D.
         num_heads: number of query heads H.
         num_kv_heads: number of key/value heads Hkv (divides H); None = H (plain MHA), 1 = MQA.
-        head_dim: per-head width hd; None = D // H.
+        head_dim: per-head width hd of queries and keys; None = D // H.
+        v_head_dim: per-head width vd of the values; None = hd (SAGAN: queries and keys C/8, values C).
         memory_dim: the keys and values come from a memory of this width (cross-attention: projections
             ``q`` and a packed ``kv``); None = from the tokens themselves.
         projection: ``packed``: one ``qkv`` linear (``q`` and ``kv`` with a memory); ``split``: ``q``, ``k``
-            and ``v`` linears (CaiT's class attention).
+            and ``v`` linears (CaiT's class attention); ``conv``: ``query``, ``key``, ``value`` 1x1 convs over
+            a (B, D, H, W) map, the output a map too (SAGAN's layer and checkpoints).
         qkv_bias: biases of q, k and v: one for all, or (q, k, v); in a packed projection with some but not
             all, the module has ``q_bias`` / ``k_bias`` / ``v_bias`` parameters for those that have one.
+        proj: an output projection H * vd -> D; without one (SAGAN) the heads are D wide together.
         proj_bias: bias of the output projection.
+        output_gate: the output times a learned scalar ``gamma`` that starts at 0 (SAGAN).
         qk_norm: ``layernorm`` or ``rmsnorm`` over hd applied to queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
         qk_norm_affine: the QK norms have a learned weight.
@@ -115,18 +111,15 @@ class Attention(nn.Module):
             exp(min(logit_scale, log 100)), instead of q·k times ``scale``.
         talking_heads: the logits and the weights are mixed across heads by learned H x H maps ``proj_l``
             (before the softmax) and ``proj_w`` (after it) (CaiT).
-        relative: the layer's own relative position bias: ``table`` (Swin: ``relative_position_bias_table``,
-            ((2M-1)^2, H)), ``cpb`` (Swin-V2: the MLP ``cpb_mlp``, 2 -> ``cpb_hidden`` -> H, 16 * sigmoid),
-            ``decomposed`` (MViTv2: ``rel_pos_h``, ``rel_pos_w`` sized to the window, or the grid), or None.
+        relative: the layer's own relative bias: ``table`` (Swin's ``relative_position_bias_table``), ``cpb``
+            (Swin-V2's MLP ``cpb_mlp``), ``decomposed`` (MViTv2's ``rel_pos_h``, ``rel_pos_w``), or None.
         cpb_hidden: the hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for the window.
         softcap: soft-capping of the logits, ``softcap * tanh(logits / softcap)`` (Gemma 2), or None.
-        disentangled: DeBERTa's disentangled attention: the scores gain ``q_i · pos_k[r(i, j)] + k_j ·
-            pos_q[r(i, j)]`` (times ``scale``), pos_q and pos_k the ``rel_embed`` table through this layer's
-            query and key projections, r the ``rel_index`` rows (MHA self-attention of all tokens only).
-        gated: ConViT's gated positional self-attention: the weights mixed with
-            ``softmax(pos_proj([dx, dy, dx² + dy²]))`` over each query-key offset on the ``grid`` by a
-            per-head gate ``sigmoid(gating_param)``, then renormalised.
+        disentangled: DeBERTa's scores ``q_i · pos_k[r(i, j)] + k_j · pos_q[r(i, j)]`` of the ``rel_embed``
+            table through this layer's q and k projections, r the ``rel_index`` rows.
+        gated: ConViT's gate: the weights mixed with ``softmax(pos_proj([dx, dy, dx² + dy²]))`` of each offset
+            on the ``grid`` by a per-head ``sigmoid(gating_param)``, then renormalised.
         causal: query i only sees keys at positions <= its own.
         window: query i only sees keys less than ``window`` positions away (a sliding window), or None.
         queries: only the first ``queries`` tokens query (CaiT's class attention: 1); None = every token.
@@ -144,6 +137,10 @@ class Attention(nn.Module):
         dtype: parameter dtype.
     """
 
+    proj: nn.Module  # made by output_parts: the output projection or Identity, its dropout, the gate's scalar
+    proj_drop: nn.Module
+    gamma: Tensor  # with output_gate only
+
     def __init__(
         self,
         dim: int,
@@ -151,10 +148,13 @@ class Attention(nn.Module):
         *,
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
+        v_head_dim: int | None = None,
         memory_dim: int | None = None,
-        projection: Literal["packed", "split"] = "packed",
+        projection: Literal["packed", "split", "conv"] = "packed",
         qkv_bias: QkvBias = True,
+        proj: bool = True,
         proj_bias: bool = True,
+        output_gate: bool = False,
         qk_norm: QkNorm | None = None,
         qk_norm_bias: bool = True,
         qk_norm_affine: bool = True,
@@ -187,9 +187,10 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
-        gqa = self.num_kv_heads != num_heads
-        check_parts(memory_dim, projection, relative, grid, grid_window, shift, queries, causal, gated,
-                    disentangled, gqa, global_tokens, global_projection)  # fmt: skip
+        self.v_head_dim, self.output_gate = v_head_dim or self.head_dim, output_gate
+        gqa, tiles = self.num_kv_heads != num_heads, (grid, grid_window, shift)
+        check_parts(memory_dim, projection, relative, *tiles, queries, causal, gated, disentangled, gqa,
+                    global_tokens, global_projection)  # fmt: skip
         self.global_tokens, self.global_projection = global_tokens, global_projection
         self.disentangled = disentangled
         self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
@@ -208,8 +209,7 @@ class Attention(nn.Module):
         self.q_norm = head_norm(qk_norm, h, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self._score_parameters(cpb_hidden, device, dtype)
-        self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
-        self.proj_drop = dropout(proj_drop)
+        output_parts(self, h * self.v_head_dim, dim, (proj, proj_bias, output_gate), proj_drop, device, dtype)
         if relative == "decomposed":
             qh, qw = self._extent
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
@@ -251,19 +251,24 @@ class Attention(nn.Module):
         device: torch.device | str | None,
         dtype: torch.dtype | None,
     ) -> None:
-        """The q/k/v projections: ``qkv``; ``q`` and ``kv`` with a memory; or ``q``, ``k``, ``v`` (split)."""
-        hd, h, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        """The q/k/v projections: ``qkv``; ``q`` and ``kv`` with a memory; ``q``, ``k``, ``v`` (split); or
+        the 1x1 convs ``query``, ``key``, ``value`` (conv: SAGAN's, their weights (out, D, 1, 1))."""
+        hd, h, hkv, vd = self.head_dim, self.num_heads, self.num_kv_heads, self.v_head_dim
         bq, bk, bv = three_biases(qkv_bias)
-        if self.projection == "split":
+        if self.projection == "conv":  # a map's 1x1 convs: SAGAN's f, g, h (g queries, f keys)
+            self.query = nn.Conv2d(dim, h * hd, 1, bias=bq, device=device, dtype=dtype)
+            self.key = nn.Conv2d(dim, hkv * hd, 1, bias=bk, device=device, dtype=dtype)
+            self.value = nn.Conv2d(dim, hkv * vd, 1, bias=bv, device=device, dtype=dtype)
+        elif self.projection == "split":
             self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
             self.k = Linear(dim, hkv * hd, bias=bk, device=device, dtype=dtype)
-            self.v = Linear(dim, hkv * hd, bias=bv, device=device, dtype=dtype)
+            self.v = Linear(dim, hkv * vd, bias=bv, device=device, dtype=dtype)
         elif self.cross:
             self.q = Linear(dim, h * hd, bias=bq, device=device, dtype=dtype)
-            self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * hd, bv))
+            self.parts: Parts = (("k", hkv * hd, bk), ("v", hkv * vd, bv))
             self.kv = packed_projection(self, memory_dim or dim, self.parts, device, dtype)
         else:
-            self.parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * hd, bv))
+            self.parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * vd, bv))
             self.qkv = packed_projection(self, dim, self.parts, device, dtype)
 
     @property
@@ -275,15 +280,18 @@ class Attention(nn.Module):
         return self.grid
 
     def _qkv(self, x: Tensor, pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, [G,] H, Nq, hd), keys (QK-normed) and values (B, [G,] Hkv, L, hd) of the tokens x:
-        (B, [G,] L, D)."""
-        h, hkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        """Queries (B, [G,] H, Nq, hd), keys (QK-normed, hd) and values (B, [G,] Hkv, L, vd) of the tokens x:
+        (B, [G,] L, D), or of a (B, D, H, W) map (conv)."""
+        h, hkv, hd, vd = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
+        if self.projection == "conv":  # each 1x1 conv over the map, its H * W positions as tokens
+            q, k, v = (to_tokens(conv(x)) for conv in (self.query, self.key, self.value))  # (B, N, out)
+            return split_heads(q, hd), self.k_norm(split_heads(k, hd)), split_heads(v, vd)
         if self.projection == "split":
             q = self.q(x if self.queries is None else x[..., : self.queries, :])
-            return split_heads(q, hd), self.k_norm(split_heads(self.k(x), hd)), split_heads(self.v(x), hd)
+            return split_heads(q, hd), self.k_norm(split_heads(self.k(x), hd)), split_heads(self.v(x), vd)
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
-        q, k, v = split_heads(qkv, hd).split((h, hkv, hkv), dim=-3)  # (B, [G,] H or Hkv, L, hd)
+        q, k, v = split_parts(qkv, ((h, hd), (hkv, hd), (hkv, vd)))  # (B, [G,] H or Hkv, L, hd); values vd
         return (q if self.queries is None else q[..., : self.queries, :]), self.k_norm(k), v
 
     def _memory(
@@ -293,13 +301,15 @@ class Attention(nn.Module):
         memory_rope: tuple[Tensor, Tensor] | None,
         cache: KVCache | None,
     ) -> tuple[Tensor, Tensor]:
-        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values; with a cache, computed once."""
+        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values (vd); with a cache, computed once."""
         if cache is not None and self.layer_idx in cache.memory:
             return cache.memory[self.layer_idx]
         assert memory is not None
-        hkv, hd = self.num_kv_heads, self.head_dim
-        kv = project_positioned(self, memory, memory_pos, self.kv, self.parts, hkv * hd)  # (B, M, 2Hkv * hd)
-        k, v = split_heads(kv, hd).split((hkv, hkv), dim=-3)  # (B, Hkv, M, hd)
+        hkv, hd, vd = self.num_kv_heads, self.head_dim, self.v_head_dim
+        kv = project_positioned(
+            self, memory, memory_pos, self.kv, self.parts, hkv * hd
+        )  # (B, M, Hkv * (hd + vd))
+        k, v = split_parts(kv, ((hkv, hd), (hkv, vd)))  # (B, Hkv, M, hd), (B, Hkv, M, vd)
         k = self.k_norm(k)
         if memory_rope is not None:
             k = apply_rope(k, *memory_rope)
@@ -310,36 +320,32 @@ class Attention(nn.Module):
     def _relative_bias(self, q: Tensor) -> Tensor:
         """The layer's own relative position bias for queries q: (B, G*H, L, hd) -> broadcastable to the
         (B, G*H, L, L) scores (plus the region mask of shifted windows)."""
-        h, (qh, qw) = self.num_heads, self._extent
+        h, (qh, qw), groups = self.num_heads, self._extent, q.shape[1] // self.num_heads
         length = qh * qw
         if self.relative == "decomposed":
             per_window = q.reshape(-1, h, length, self.head_dim)  # (B*G, H, L, hd)
             bias = decomposed_bias(per_window, self.rel_pos_h, self.rel_pos_w, (qh, qw))  # (B*G, H, L, L)
             return bias.view(q.shape[0], -1, length, length)  # (B, G*H, L, L)
-        index = relative_position_index(qh, q.device)  # (L, L)
         if self.relative == "cpb":
             table = self.cpb_mlp(cpb_coords(qh, self.pretrained, q.device).to(q.dtype))  # ((2M-1)^2, H)
         else:
             table = self.relative_position_bias_table
-        bias = table[index.view(-1)].view(length, length, -1).permute(2, 0, 1)  # (H, L, L)
-        if self.relative == "cpb":
-            bias = 16 * torch.sigmoid(bias)
-        groups = q.shape[1] // h
-        if self.shift:
-            assert self.grid is not None
-            regions = shift_mask(self.grid, qh, self.shift, q.device).to(q.dtype)  # (G, L, L)
-            return (bias[None] + regions[:, None]).reshape(1, groups * h, length, length)
-        return bias[None].expand(groups, h, length, length).reshape(1, groups * h, length, length)
+        return table_bias(table, qh, groups, self.relative == "cpb", self.grid, self.shift)  # (1, G*H, L, L)
 
-    def _output(self, out: Tensor, b: int) -> Tensor:
-        """The heads' outputs (B, G*H, Nq, hd) through the output projection, the windows merged: (B, Nq, D)."""
-        h, hd = self.num_heads, self.head_dim
+    def _output(self, out: Tensor, b: int, shape: torch.Size) -> Tensor:
+        """The heads' outputs (B, G*H, Nq, vd) through the output projection, the windows merged, times the
+        gate: (B, Nq, D), or with conv projections a map of the input's ``shape`` (B, D, H, W)."""
+        h, vd = self.num_heads, self.v_head_dim
         if self.grid_window is not None:
             assert self.grid is not None  # check_parts: windows need the grid
-            out = out.unflatten(1, (-1, h)).transpose(2, 3).flatten(3)  # (B, G, L, H*hd)
-            return window_merge(self.proj_drop(self.proj(out)), self.grid, self.grid_window, self.shift)
-        out = out.transpose(1, 2).reshape(b, out.shape[2], h * hd)  # (B, Nq, H*hd)
-        return self.proj_drop(self.proj(out))  # (B, Nq, D)
+            out = out.unflatten(1, (-1, h)).transpose(2, 3).flatten(3)  # (B, G, L, H*vd)
+            out = window_merge(self.proj_drop(self.proj(out)), self.grid, self.grid_window, self.shift)
+        else:
+            out = out.transpose(1, 2).reshape(b, out.shape[2], h * vd)  # (B, Nq, H*vd)
+            out = self.proj_drop(self.proj(out))  # (B, Nq, D)
+        if self.output_gate:  # SAGAN: gamma * o (the block adds x)
+            out = self.gamma * out
+        return to_map(out, (shape[2], shape[3])) if self.projection == "conv" else out  # (B, Nq, D), or a map
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, visible: Tensor | None, is_causal: bool, bias: Tensor | None
@@ -372,7 +378,7 @@ class Attention(nn.Module):
         """Attend x to itself (and to the cached tokens), or to the memory: (B, Nq, D) for the Nq queries.
 
         Args:
-            x: (B, N, D) tokens.
+            x: (B, N, D) tokens, or a (B, D, H, W) map (conv projections).
             mask: (B, T) bool, True = padding key; T = cached + N with a cache. Queries are not masked.
             rope: ``(cos, sin)`` tables for the N new tokens (absolute positions cached .. cached + N - 1).
             bias: additive attention bias broadcastable to (B, H, N, T) (ALiBi, relative positions).
@@ -388,7 +394,7 @@ class Attention(nn.Module):
             rel_index: (N, N) long, its row for each query and key.
             global_mask: (B, N) bool, True = a global token (with ``global_tokens="mask"``).
         """
-        (b, n, _), hd = x.shape, self.head_dim
+        (b, n, _), hd = to_tokens(x).shape if self.projection == "conv" else x.shape, self.head_dim
         if self.grid_window is not None:
             assert self.grid is not None  # check_parts: windows need the grid
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
@@ -402,7 +408,7 @@ class Attention(nn.Module):
             q = apply_rope(q, *rope)
             k = k if self.cross else apply_rope(k, *rope)
         if self.cosine:
-            q, k = self._cosine(q, k)
+            q, k = cosine_qk(q, k, self.logit_scale)
         if self.grid_window is not None:  # windows and heads as one 4D attention, which every SDPA takes
             q, k, v = q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2)  # (B, G*H, L, hd)
         past, first = 0, 0  # query i sits at absolute position past + i, key j at first + j
@@ -431,7 +437,7 @@ class Attention(nn.Module):
             out = global_attention(self, x, out, rows, mask, pos, rope, bias)  # (B, H, N, hd)
         if cache is not None and self.causal:
             cache.bound(self.layer_idx, self.window)
-        return self._output(out, b)  # (B, Nq, D)
+        return self._output(out, b, x.shape)  # (B, Nq, D), or a (B, D, H, W) map
 
     def _append(self, cache: KVCache, k: Tensor, v: Tensor, n: int) -> tuple[int, int, Tensor, Tensor]:
         """The new keys and values appended to this layer's cache entry: the absolute positions of the first
@@ -439,11 +445,6 @@ class Attention(nn.Module):
         past = cache.length(self.layer_idx)
         k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
         return past, past + n - k.shape[2], k, v
-
-    def _cosine(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosine attention's unit queries and keys, the learned scale exp(logit scale) folded into q."""
-        logit_scale = torch.clamp(self.logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
-        return F.normalize(q, dim=-1) * logit_scale, F.normalize(k, dim=-1)
 
     def _disentangled(
         self, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None
@@ -472,6 +473,7 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"]
+        parts += [f"v_head_dim={self.v_head_dim}"] if self.v_head_dim != self.head_dim else []
         if self.cross:
             parts.append("memory=True")
         parts.append(f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}")
@@ -479,7 +481,7 @@ class Attention(nn.Module):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
         parts += [
-            name for name in ("cosine", "talking_heads", "disentangled", "gated") if getattr(self, name)
+            n for n in ("cosine", "talking_heads", "disentangled", "gated", "output_gate") if getattr(self, n)
         ]
         if self.shift:
             parts.append(f"shift={self.shift}")

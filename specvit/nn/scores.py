@@ -8,6 +8,7 @@ relative position biases a layer owns, the shifted windows' region mask, mixing 
 - MViTv2's decomposed relative positions (ViTDet, SAM): :func:`decomposed_bias`, ``q · Rh[i - k] + q · Rw[j - l]``.
 - Talking heads (Shazeer et al. 2020; CaiT): :func:`mix_heads` mixes scores across heads with a learned map.
 - Soft-capping (Gemma 2, Grok): :func:`tanh_cap`, ``cap * tanh(logits / cap)``.
+- Cosine attention (Swin-V2): :func:`cosine_qk`, unit queries and keys, a learned scale per head.
 
 Dim legend: H heads, M window, L = M*M tokens per window (or qh*qw, the extent a layer attends over),
 nW windows per image, Bw = B * windows, hd head dim.
@@ -18,11 +19,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
     "MASKED",
     "MAX_LOGIT_SCALE",
+    "cosine_qk",
     "cpb_coords",
     "decomposed_bias",
     "disentangled_bias",
@@ -31,6 +34,7 @@ __all__ = [
     "relative_position_index",
     "relative_rows",
     "shift_mask",
+    "table_bias",
     "tanh_cap",
 ]
 
@@ -58,6 +62,13 @@ def cpb_coords(window: int, pretrained: int = 0, device: torch.device | None = N
     table = table / max((pretrained or window) - 1, 1) * 8
     table = torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
     return table.view(-1, 2)  # ((2M-1)^2, 2), row-major like relative_position_index
+
+
+def cosine_qk(q: Tensor, k: Tensor, logit_scale: Tensor) -> tuple[Tensor, Tensor]:
+    """Cosine attention's (Swin-V2) unit queries and keys, the learned scale exp(min(logit_scale, log 100))
+    of each head, ``logit_scale`` (H, 1, 1), folded into the queries."""
+    scale = torch.clamp(logit_scale, max=MAX_LOGIT_SCALE).exp()  # (H, 1, 1)
+    return F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
 
 
 def relative_position_index(window: int, device: torch.device | None = None) -> Tensor:
@@ -146,3 +157,32 @@ def disentangled_bias(q: Tensor, k: Tensor, pos_q: Tensor, pos_k: Tensor, index:
     c2p = torch.gather(q @ pos_k.transpose(-1, -2), -1, index.expand(b, h, n, n))  # (B, H, N, N)
     p2c = torch.gather(k @ pos_q.transpose(-1, -2), -1, index.T.expand(b, h, n, n))  # (B, H, key, query)
     return c2p + p2c.transpose(-1, -2)
+
+
+def table_bias(
+    table: Tensor, window: int, groups: int, cpb: bool, grid: tuple[int, int] | None = None, shift: int = 0
+) -> Tensor:
+    """A window's relative bias from a table of its (2M-1)^2 offsets (Swin's, or Swin-V2's MLP output), for
+    every window of the grid, with the region mask of shifted windows.
+
+    Args:
+        table: ((2M-1)^2, H) one bias per offset and head.
+        window: the window side M.
+        groups: the windows per sample G.
+        cpb: the table is Swin-V2's MLP output, bounded by 16 * sigmoid.
+        grid: the (gh, gw) token grid, for shifted windows.
+        shift: the cyclic shift of shifted windows, or 0.
+
+    Returns:
+        (1, G*H, L, L) with L = M * M.
+    """
+    length, h = window * window, table.shape[-1]
+    index = relative_position_index(window, table.device)  # (L, L)
+    bias = table[index.view(-1)].view(length, length, -1).permute(2, 0, 1)  # (H, L, L)
+    if cpb:
+        bias = 16 * torch.sigmoid(bias)
+    if shift:
+        assert grid is not None
+        regions = shift_mask(grid, window, shift, table.device).to(table.dtype)  # (G, L, L)
+        return (bias[None] + regions[:, None]).reshape(1, groups * h, length, length)
+    return bias[None].expand(groups, h, length, length).reshape(1, groups * h, length, length)

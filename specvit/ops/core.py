@@ -3,11 +3,14 @@
 Every attention node builds the attention core (:class:`specvit.nn.attention.Attention`) from the parts its
 params turn on: projections (packed, split, keys and values from a memory), the head layout, QK-norm,
 cosine attention, talking heads, relative tables of the layer's own, soft-capping, masks (causal, a
-sliding window), which tokens query, global tokens beside a sliding window (Longformer), and a partition
-of the token grid into (shifted, padded) windows.
-A node is recorded under the name of its configuration (:func:`configuration`: ``self_attention``,
-``cross_attention``, ``class_attention``, ``window_attention`` ...), which every registry name maps back
-to this one op; the sublayers that lower to it are in :mod:`specvit.ops.attention`.
+sliding window), which tokens query, global tokens beside a sliding window (Longformer), a partition of
+the token grid into (shifted, padded) windows, values of their own head width, the output projection or
+none, and an output gate. SAGAN's layer is the core with 1x1-conv projections over a (B, C, H, W) map
+(``projection="conv"``), values C wide, no output projection and the gate. A node is recorded under the
+name of its configuration (:func:`configuration`: ``self_attention``, ``cross_attention``,
+``class_attention``, ``window_attention``, ``sagan_attention`` ...), which every registry name maps back to
+this one op; the sublayers that lower to it are in :mod:`specvit.ops.attention` (SAGAN's in
+:mod:`specvit.ops.sagan`).
 
 The op reads its side inputs by port (``mask``, ``rope``, ``bias``, ``pos``, ``cache``, ``global_mask``; with a
 memory also ``memory``, ``memory_mask``, ``memory_pos``, ``memory_rope``): whatever the stack has is wired.
@@ -65,6 +68,9 @@ _CORE_PARTS: dict[str, Any] = {
     "global_projection": False,
     "grid": None,
     "grid_window": None,
+    "v_head_dim": None,
+    "proj": True,
+    "output_gate": False,
 }
 
 
@@ -82,9 +88,12 @@ class AttentionParams(Params):
         dim: token width.
         heads: query heads.
         kv_heads: key/value heads (fewer for GQA, 1 for MQA).
-        head_dim: width per head.
+        head_dim: width per head of the queries and keys.
+        v_head_dim: width per head of the values, or None for ``head_dim`` (SAGAN: C, queries and keys C/8).
         qkv_bias: biases in the q, k and v projections.
+        proj: an output projection H * v_head_dim -> dim; without one the heads are ``dim`` wide (SAGAN).
         proj_bias: bias in the output projection.
+        output_gate: the output times a learned scalar ``gamma`` that starts at 0 (SAGAN).
         qk_norm: ``layernorm`` or ``rmsnorm`` on queries and keys, or None.
         qk_norm_bias: the QK LayerNorms have a bias.
         qk_norm_affine: the QK norms have a learned weight.
@@ -99,7 +108,8 @@ class AttentionParams(Params):
             ViTDet); in a sequence, the ``window`` positions up to its own (a sliding window); None for all.
         softcap: the logits soft-capped to ``softcap * tanh(logits / softcap)`` before the masks, or None.
         memory_dim: keys and values come from a memory of this width (cross-attention), or None.
-        projection: ``packed`` (one qkv linear) or ``split`` (q, k and v linears).
+        projection: ``packed`` (one qkv linear), ``split`` (q, k and v linears) or ``conv`` (SAGAN's 1x1 convs
+            ``query``, ``key``, ``value`` over a (B, dim, H, W) map, which the layer returns as a map).
         queries: only the first ``queries`` tokens query (CaiT's class attention), or None for all.
         talking_heads: the logits and the weights are mixed across heads (CaiT).
         grid: the (rows, cols) token grid, for windows and grid-relative tables, or None.
@@ -137,7 +147,7 @@ class AttentionParams(Params):
     window: int | None = None
     softcap: float | None = None
     memory_dim: int | None = None
-    projection: Literal["packed", "split"] = "packed"
+    projection: Literal["packed", "split", "conv"] = "packed"
     queries: int | None = None
     talking_heads: bool = False
     grid: tuple[int, int] | None = None
@@ -151,11 +161,29 @@ class AttentionParams(Params):
     global_tokens: str | int | None = None
     global_projection: bool = False
     layer: int = field(default=0, metadata={"varies": True, "setting": False})
+    v_head_dim: int | None = None
+    proj: bool = True
+    output_gate: bool = False
 
     @property
     def inner(self) -> int:
         """The width of the heads together, H * hd."""
         return self.heads * self.head_dim
+
+    @property
+    def v_width(self) -> int:
+        """The width of one head's values, vd."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
+    def v_inner(self) -> int:
+        """The width of the heads' outputs together, H * vd."""
+        return self.heads * self.v_width
+
+    @property
+    def qk_channels(self) -> int:
+        """The channels of the queries (SAGAN's C / 8): H * hd."""
+        return self.inner
 
     @property
     def tiles(self) -> bool:
@@ -190,6 +218,7 @@ class AttentionParams(Params):
         """Parameters beside the projections and QK-norms: talking-heads maps, the logit scale, tables."""
         h, n = self.heads, 2 * (self.heads**2 + self.heads) * self.talking_heads + self.heads * self.cosine
         n += 5 * h * self.gated  # ConViT: pos_proj 3 -> H with a bias, one gate per head
+        n += self.output_gate  # SAGAN's gamma
         if self.relative == "table":
             assert self.window is not None
             n += (2 * self.window - 1) ** 2 * h
@@ -200,16 +229,18 @@ class AttentionParams(Params):
             n += (2 * qh - 1 + 2 * qw - 1) * self.head_dim
         return n
 
-    def bias_rows(self, kv_rows: int) -> int:
-        """The q/k/v bias parameters: ``heads * head_dim`` for q, ``kv_rows`` for k and for v."""
+    def bias_rows(self, kv_rows: int, v_rows: int) -> int:
+        """The q/k/v bias parameters: ``heads * head_dim`` for q, ``kv_rows`` for k and ``v_rows`` for v."""
         bq, bk, bv = self.qkv_bias
-        return self.inner * bq + kv_rows * (bk + bv)
+        return self.inner * bq + kv_rows * bk + v_rows * bv
 
 
 def configuration(p: AttentionParams) -> str:
     """The name a node with these parts is recorded and drawn under."""
     if p.memory_dim is not None:
         return "cross_attention"
+    if p.projection == "conv":
+        return "sagan_attention"
     if p.queries is not None:
         return "class_attention"
     if p.talking_heads:
@@ -242,6 +273,8 @@ def _where(p: AttentionParams) -> str:
         return f"memory dim {p.memory_dim}"
     if p.queries is not None:
         return "class token queries all tokens" if p.queries == 1 else f"first {p.queries} tokens query all"
+    if p.projection == "conv":
+        return "softmax over the map's positions"
     if p.grid is None:
         return "causal" if p.causal else "not causal"
     (gh, gw), (hp, wp) = p.grid, p.padded
@@ -273,6 +306,7 @@ class Attention(Op):
         "talking_heads_attention",
         "window_attention",
         "grid_attention",
+        "sagan_attention",
     )
     params_type = AttentionParams
     category = "attention"
@@ -285,32 +319,40 @@ class Attention(Op):
         return ("x", "memory") if p.memory_dim is not None else ("x",)
 
     def shape(self, p: AttentionParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        if p.projection == "conv":  # a map in, a map out
+            if len(inputs["x"]) != 4 or inputs["x"][1] != p.dim:
+                raise ValueError(f"expects a (B, {p.dim}, H, W) feature map, got {inputs['x']}")
+            return inputs["x"]
         b, n, d = inputs["x"]
         if d != p.dim:
             raise ValueError(f"expects width {p.dim}, got {d}")
         return (b, n, d) if p.queries is None else (b, p.queries, d)
 
     def params(self, p: AttentionParams) -> int:
-        kv_rows, src = p.kv_heads * p.head_dim, p.memory_dim or p.dim
-        projections = p.dim * p.inner + src * 2 * kv_rows + p.inner * p.dim
+        kv_rows, v_rows, src = p.kv_heads * p.head_dim, p.kv_heads * p.v_width, p.memory_dim or p.dim
+        projections = (
+            p.dim * p.inner + src * (kv_rows + v_rows) + (p.v_inner * p.dim + p.dim * p.proj_bias) * p.proj
+        )
         if p.global_projection:  # qkv_global: the packed q, k, v projection again (Longformer)
-            projections += p.dim * (p.inner + 2 * kv_rows) + p.bias_rows(kv_rows)
-        return projections + p.bias_rows(kv_rows) + p.dim * p.proj_bias + p.qk_params + p.own_params
+            projections += p.dim * (p.inner + kv_rows + v_rows) + p.bias_rows(kv_rows, v_rows)
+        return projections + p.bias_rows(kv_rows, v_rows) + p.qk_params + p.own_params
 
     def flops(self, p: AttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
-        b, n, _ = inputs["x"]
-        kv_rows = p.kv_heads * p.head_dim
+        x = inputs["x"]
+        b, n = (x[0], x[2] * x[3]) if p.projection == "conv" else (x[0], x[1])  # a map's H * W positions
+        kv_rows, v_rows = p.kv_heads * p.head_dim, p.kv_heads * p.v_width
         rows = b * math.prod(p.padded) if p.tiles else b * n  # the tokens the projections see
         keys = p.window**2 if p.tiles and p.window else n  # per query
         queries = rows if p.queries is None else b * p.queries
         if p.memory_dim is not None:
             keys = inputs["memory"][1]
-            qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.memory_dim, 2 * kv_rows)
-        elif p.projection == "split":
-            qkv = linear_flops(queries, p.dim, p.inner) + 2 * linear_flops(rows, p.dim, kv_rows)
+            qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.memory_dim, kv_rows + v_rows)
+        elif p.projection != "packed":  # split linears or 1x1 convs, which count as linears
+            qkv = linear_flops(queries, p.dim, p.inner) + linear_flops(rows, p.dim, kv_rows + v_rows)
         else:
-            qkv = linear_flops(rows, p.dim, p.inner + 2 * kv_rows)
-        out = qkv + 4 * queries * keys * p.inner + linear_flops(queries, p.inner, p.dim)  # q·k, attn @ v
+            qkv = linear_flops(rows, p.dim, p.inner + kv_rows + v_rows)
+        out = qkv + 2 * queries * keys * (p.inner + p.v_inner)  # q·k, attn @ v
+        out += linear_flops(queries, p.v_inner, p.dim) * p.proj
         if p.talking_heads:
             out += 2 * linear_flops(b * n * n, p.heads, p.heads)
         if p.global_projection:  # every row again through qkv_global, attending over every token
@@ -364,6 +406,9 @@ class Attention(Op):
             attn_drop=p.attn_drop,
             proj_drop=p.proj_drop,
             layer_idx=p.layer,
+            v_head_dim=p.v_head_dim,
+            proj=p.proj,
+            output_gate=p.output_gate,
         )
 
     def init(self, module: nn.Module, p: AttentionParams, fill: Filler) -> None:
@@ -378,12 +423,15 @@ class Attention(Op):
             fill(module.logit_scale, lambda t: t.fill_(math.log(10.0)))  # Swin-V2: scale 10 at init
         if p.gated:
             fill.ones(module.gating_param)  # ConViT: each head starts at sigmoid(1) positional
+        if p.output_gate:
+            fill.zeros(module.gamma)  # SAGAN: the layer starts at zero, its block as the identity
         for table in ("relative_position_bias_table", "rel_pos_h", "rel_pos_w"):
             if hasattr(module, table):
                 fill(getattr(module, table), lambda t: trunc_normal_(t, std=0.02))
 
     def label(self, p: AttentionParams) -> tuple[str, ...]:
         heads = f"heads {p.heads} · kv_heads {p.kv_heads} · head_dim {p.head_dim}"
+        heads += f" · v_head_dim {p.v_width}" if p.v_width != p.head_dim else ""
         talking = ["talking heads (mixed before and after softmax)"] if p.talking_heads else []
         lines = [heads, " · ".join([_where(p), *talking, *_flags(p)])]
         if p.relative is not None:
@@ -398,4 +446,9 @@ class Attention(Op):
             lines.append(f"global tokens ({which}) see and are seen by every token{own}")
         if p.disentangled:
             lines.append("disentangled · content→position and position→content scores · scale 1/√(3·hd)")
+        if p.projection == "conv":
+            lines.append(f"1x1 convs · q/k {p.dim}→{p.inner} · v {p.dim}→{p.kv_heads * p.v_width}")
+        output = ["no output projection"] * (not p.proj) + ["output × gamma (init 0)"] * p.output_gate
+        if output:
+            lines.append(" · ".join(output))
         return tuple(lines)

@@ -4,27 +4,29 @@ A stack whose ``input: {kind: feature_map, channels: C, size: [H, W]}`` carries 
 through its blocks; the ``sagan_attention`` sublayer attends among the H*W positions with 1x1-conv
 queries and keys of C/8 channels and values of C, scaled by a learned scalar gamma that starts at 0. The
 blocks are written as graphs, since a feature map has no per-token norm: ``x + attn(x)``.
+
+The sublayer is a configuration of the one attention op (:mod:`specvit.ops.core`): 1x1-conv projections
+over the map (``projection="conv"``, SAGAN's ``query``, ``key``, ``value`` with their (out, C, 1, 1)
+weights), values of their own width, no output projection and the output gate ``gamma``. The core takes
+the map itself rather than lowering to ``to_tokens`` -> attention -> ``to_map``: the 1x1 convs read the
+map, the node keeps the map's shape, and the block stays the two nodes SAGAN draws (``attn``, ``add``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from specvit.errors import Problem
-from specvit.ops.base import Dims, Filler, Op, Params, Shape, StackCtx, fragment, op
+from specvit.ops.base import StackCtx, fragment
 from specvit.ops.block import BlockCtx, Sublayer, sublayer
+from specvit.ops.core import AttentionParams, configuration
 from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Pair
 from specvit.ops.inputs import InputFragment
 
-if TYPE_CHECKING:
-    from torch import nn
-
-__all__ = ["FeatureMapInput", "SaganParams"]
+__all__ = ["FeatureMapInput", "SaganAttentionLayer"]
 
 MAP_SUBLAYERS = ("sagan_attention",)
 """The sublayers that read and write a (B, C, H, W) map."""
@@ -32,67 +34,32 @@ MAP_GRAPH_OPS = (*MAP_SUBLAYERS, "add", "drop_path")
 """The ops a feature-map block's graph may use (norms and layer scale act on a token's last dim)."""
 
 
-@dataclass(frozen=True)
-class SaganParams(Params):
-    """SAGAN self-attention over a feature map.
-
-    Args:
-        channels: channels C of the map (and of the values).
-        qk_channels: channels of the queries and keys (SAGAN: C / 8).
-        qkv_bias: biases in the query, key and value convs.
-    """
-
-    channels: int
-    qk_channels: int
-    qkv_bias: bool = True
-
-
-@op
-class SaganAttention(Op):
-    kind = "sagan_attention"
-    params_type = SaganParams
-    category = "attention"
-    module = "specvit.nn.sagan:SaganAttention"
-
-    def shape(self, p: SaganParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        x = inputs["x"]
-        if len(x) != 4 or x[1] != p.channels:
-            raise ValueError(f"expects a (B, {p.channels}, H, W) feature map, got {x}")
-        return x
-
-    def params(self, p: SaganParams) -> int:
-        c, qk = p.channels, p.qk_channels
-        return c * (2 * qk + c) + (2 * qk + c) * p.qkv_bias + 1  # f, g, h and gamma
-
-    def flops(self, p: SaganParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
-        b, c, h, w = inputs["x"]
-        n, qk = h * w, p.qk_channels
-        convs = 2 * b * n * c * (2 * qk + c)  # three 1x1 convs
-        return convs + 2 * b * n * n * qk + 2 * b * c * n * n  # g^T f, then h beta^T
-
-    def init(self, module: nn.Module, p: SaganParams, fill: Filler) -> None:
-        fill.children(module)
-        fill.zeros(module.gamma)  # the block starts as the identity
-
-    def label(self, p: SaganParams) -> tuple[str, ...]:
-        return (
-            f"1x1 convs · q/k {p.channels}→{p.qk_channels} · v {p.channels}→{p.channels}",
-            "softmax over positions · × gamma (init 0)",
-        )
-
-
 @sublayer
 class SaganAttentionLayer(Sublayer):
-    """Self-attention among the positions of a feature map, times a learned scalar gamma (SAGAN)."""
+    """Self-attention among the positions of a feature map, times a learned scalar gamma (SAGAN): the
+    attention core reading the map with 1x1 convs (f, g of C/8 channels, h keeping C), one head, q·k
+    unscaled, no output projection, and its output gate."""
 
     kind = "sagan_attention"
     name = "attn"
 
     def lower(self, b: BlockCtx, x: str, name: str, source: str) -> str:
         spec = b.spec
-        qk = spec.head_dim or b.dim // 8
-        p = SaganParams(b.dim, qk, spec.bias_of("q"))
-        return b.add(name, "sagan_attention", p, {"x": x}, source=source)
+        bias = spec.bias_of("q")
+        p = AttentionParams(
+            dim=b.dim,
+            heads=1,
+            kv_heads=1,
+            head_dim=spec.head_dim or b.dim // 8,
+            v_head_dim=b.dim,
+            qkv_bias=(bias, bias, bias),
+            proj=False,
+            proj_bias=False,
+            output_gate=True,
+            projection="conv",
+            scale=1.0,
+        )
+        return b.add(name, configuration(p), p, {"x": x}, source=source)
 
 
 @fragment("input")

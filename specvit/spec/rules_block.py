@@ -141,7 +141,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
             out.append(
                 Problem(
                     f"{at}.attention_softcap",
-                    "sagan_attention has no soft-capping (it is SAGAN's own layer, not the attention core)",
+                    "sagan_attention has no soft-capping (SAGAN's configuration of the attention core: q·k as it is)",
                     "remove attention_softcap, or use self_attention",
                 )
             )
