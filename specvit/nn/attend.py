@@ -352,9 +352,13 @@ def check_parts(
     gated: bool = False,
     disentangled: bool = False,
     gqa: bool = False,
+    reduction: int | None = None,
 ) -> None:
     """Refuse the combinations of parts the core does not compute (``gqa``: fewer key/value heads)."""
     problems = []
+    others = (memory_dim, grid_window, queries, relative, causal, gated, disentangled, projection != "packed")
+    if reduction is not None and (grid is None or any(others)):
+        problems.append("a spatial reduction is packed self-attention of every token of the whole grid")
     if disentangled and (
         memory_dim is not None or grid_window is not None or queries is not None or causal or gqa
     ):

@@ -17,6 +17,8 @@ The parts, each a constructor argument:
 - **Which queries**: every token, or the first ``queries`` tokens (CaiT's class attention).
 - **Partition**: with a token ``grid`` and ``grid_window`` M, the grid is cut into M x M windows (rolled by
   ``shift``, or padded) around plain attention (:mod:`specvit.nn.partition`).
+- **Spatial reduction** (PVT): with ``reduction`` r the keys and values come from the grid shrunk by a
+  strided conv and a norm (:mod:`specvit.nn.reduce`): the layer attends to a reduced copy of itself.
 
 SDPA's fused kernels run whenever no part needs the scores themselves (talking heads, soft-capping); the math
 path computes the same thing otherwise.
@@ -68,6 +70,7 @@ from specvit.nn.cache import KVCache
 from specvit.nn.linear import Linear
 from specvit.nn.partition import window_merge, window_split
 from specvit.nn.position import apply_rope
+from specvit.nn.reduce import reduce_tokens, spatial_reduction
 from specvit.nn.scores import (
     MAX_LOGIT_SCALE,
     cpb_coords,
@@ -131,6 +134,8 @@ class Attention(nn.Module):
         grid_window: attend within M x M windows of the grid (padded to a multiple of M when M does not
             divide it, as ViTDet's), or None.
         shift: cyclic shift of the grid before windowing (M/2 in every second Swin block), with a region mask.
+        reduction: keys and values from the ``grid`` reduced r x r by the conv ``sr`` (kernel = stride = r)
+            and the LayerNorm ``norm`` (of eps ``norm_eps``), through ``q`` and ``kv`` (PVT); None = none.
         attn_drop: dropout on the attention probabilities (training only).
         proj_drop: dropout after the output projection.
         layer_idx: this layer's entry in a :class:`KVCache`.
@@ -170,6 +175,7 @@ class Attention(nn.Module):
         grid: tuple[int, int] | None = None,
         grid_window: int | None = None,
         shift: int = 0,
+        reduction: int | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         layer_idx: int = 0,
@@ -180,21 +186,11 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         gqa = self.num_kv_heads != num_heads
-        check_parts(
-            memory_dim,
-            projection,
-            relative,
-            grid,
-            grid_window,
-            shift,
-            queries,
-            causal,
-            gated,
-            disentangled,
-            gqa,
-        )
-        self.disentangled = disentangled
-        self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
+        parts = (memory_dim, projection, relative, grid, grid_window, shift, queries, causal, gated)
+        check_parts(*parts, disentangled, gqa, reduction)
+        self.disentangled, self.reduction = disentangled, reduction
+        self.cross = memory_dim is not None or reduction is not None  # a reduction attends to a copy of x
+        self.projection, self.queries = projection, queries
         self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
         self.scale = 1.0 if cosine else scale  # cosine attention folds its learned scale into the queries
         if disentangled and scale is None:  # DeBERTa scales its three terms by 1/sqrt(3 hd)
@@ -210,6 +206,8 @@ class Attention(nn.Module):
         self._score_parameters(cpb_hidden, device, dtype)
         self.proj = Linear(h * hd, dim, bias=proj_bias, device=device, dtype=dtype)
         self.proj_drop = dropout(proj_drop)
+        if reduction is not None:
+            self.sr, self.norm = spatial_reduction(dim, reduction, norm_eps, device, dtype)
         if relative == "decomposed":
             qh, qw = self._extent
             self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
@@ -293,10 +291,13 @@ class Attention(nn.Module):
         memory_rope: tuple[Tensor, Tensor] | None,
         cache: KVCache | None,
     ) -> tuple[Tensor, Tensor]:
-        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values; with a cache, computed once."""
+        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values; with a cache, computed once. With a
+        spatial reduction the memory is the tokens, and their grid reduced is what the keys and values read."""
         if cache is not None and self.layer_idx in cache.memory:
             return cache.memory[self.layer_idx]
         assert memory is not None
+        if self.reduction is not None:
+            memory = reduce_tokens(memory, self.grid, self.sr, self.norm)  # (B, N, D) -> (B, M, D)
         hkv, hd = self.num_kv_heads, self.head_dim
         kv = project_positioned(self, memory, memory_pos, self.kv, self.parts, hkv * hd)  # (B, M, 2Hkv * hd)
         k, v = split_heads(kv, hd).split((hkv, hkv), dim=-3)  # (B, Hkv, M, hd)
@@ -382,7 +383,7 @@ class Attention(nn.Module):
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
         if self.cross:
             q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
-            k, v = self._memory(memory, memory_pos, memory_rope, cache)  # (B, Hkv, M, hd)
+            k, v = self._memory(x if self.reduction else memory, memory_pos, memory_rope, cache)
         else:
             q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
         q = self.q_norm(q)
@@ -461,10 +462,10 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"]
-        if self.cross:
+        if self.cross and self.reduction is None:
             parts.append("memory=True")
         parts.append(f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}")
-        for name in ("queries", "grid", "grid_window", "relative", "softcap"):
+        for name in ("queries", "grid", "grid_window", "relative", "softcap", "reduction"):
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
         parts += [

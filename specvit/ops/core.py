@@ -58,6 +58,7 @@ _CORE_PARTS: dict[str, Any] = {
     "queries": None,
     "grid": None,
     "grid_window": None,
+    "reduction": None,
 }
 
 
@@ -105,6 +106,8 @@ class AttentionParams(Params):
             table (the ``rel_embed`` and ``rel_index`` ports).
         cpb_hidden: hidden width of the ``cpb`` MLP.
         pretrained: the window side the ``cpb`` MLP's coordinates are normalised by, 0 for ``window``.
+        reduction: the keys and values read the ``grid`` reduced r x r by a strided conv and a LayerNorm
+            (PVT's spatial reduction), or None.
         layer: the layer's index in a KV cache.
     """
 
@@ -138,6 +141,7 @@ class AttentionParams(Params):
     disentangled: bool = False
     cpb_hidden: int = 0
     pretrained: int = 0
+    reduction: int | None = None
     layer: int = field(default=0, metadata={"varies": True})
 
     @property
@@ -178,6 +182,7 @@ class AttentionParams(Params):
         """Parameters beside the projections and QK-norms: talking-heads maps, the logit scale, tables."""
         h, n = self.heads, 2 * (self.heads**2 + self.heads) * self.talking_heads + self.heads * self.cosine
         n += 5 * h * self.gated  # ConViT: pos_proj 3 -> H with a bias, one gate per head
+        n += (self.dim * self.reduction**2 + 3) * self.dim if self.reduction else 0  # PVT: conv, LayerNorm
         if self.relative == "table":
             assert self.window is not None
             n += (2 * self.window - 1) ** 2 * h
@@ -290,6 +295,10 @@ class Attention(Op):
         if p.memory_dim is not None:
             keys = inputs["memory"][1]
             qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.memory_dim, 2 * kv_rows)
+        elif p.reduction and p.grid is not None:  # q over every token; the conv and kv over the reduced ones
+            keys = math.prod(g // p.reduction for g in p.grid)
+            qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.dim, 2 * kv_rows)
+            qkv += 2 * b * keys * p.dim * p.dim * p.reduction**2
         elif p.projection == "split":
             qkv = linear_flops(queries, p.dim, p.inner) + 2 * linear_flops(rows, p.dim, kv_rows)
         else:
@@ -316,6 +325,7 @@ class Attention(Op):
             qk |= {} if p.qk_norm_affine else {"qk_norm_affine": False}
             qk |= {"qk_norm_unit_offset": True} if p.qk_norm_unit_offset else {}
             qk |= {"qk_norm_scope": "all"} if p.qk_norm_scope == "all" else {}
+        qk |= {"norm_eps": p.eps} if p.reduction else {}  # the reduction's norm
         cpb = {"cpb_hidden": p.cpb_hidden, "pretrained": p.pretrained} if p.relative == "cpb" else {}
         return core_args(
             dim=p.dim,
@@ -341,6 +351,7 @@ class Attention(Op):
             grid=p.grid,
             grid_window=p.window if p.tiles else None,
             **({"shift": p.shift} if p.shift else {}),
+            reduction=p.reduction,
             attn_drop=p.attn_drop,
             proj_drop=p.proj_drop,
             layer_idx=p.layer,
@@ -369,6 +380,11 @@ class Attention(Op):
             lines.append(_relative_line(p))
         if p.cosine:
             lines.append("cosine attention · logit scale ≤ 100")
+        if p.reduction and p.grid is not None:
+            (gh, gw), r = p.grid, p.reduction
+            lines.append(
+                f"keys, values of the grid reduced · {r}x{r} conv, stride {r} · {gh // r}x{gw // r} · norm"
+            )
         if p.gated:
             lines.append("gated positions · softmax(q·k) and softmax of offsets, gated per head")
         if p.disentangled:
