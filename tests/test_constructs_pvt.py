@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 import torch
-from reference import float64_reference, perturbed
+from reference import converted, float64_reference, perturbed
 from test_constructs import _check
-from test_constructs_stems import ejects_the_same
+from test_constructs_stems import ejects_the_same, problem
 from torch import nn
 
+from specvit import from_hf
 from specvit.codegen.check import differences, executed_graph, meta_shapes
 from specvit.compile import build_graph, build_model, eject
+from specvit.errors import SpecError
 from specvit.model import SpecModel
 from specvit.ops import OPS
 from specvit.spec.loader import load_spec, parse_spec
@@ -80,7 +82,7 @@ def _hf(classes: int | None = None) -> nn.Module:
         num_attention_heads=HEADS,
         sr_ratios=SR,
         mlp_ratios=RATIOS,
-        **({"num_labels": classes} if classes else {}),
+        **({"num_labels": classes, "architectures": ["PvtV2ForImageClassification"]} if classes else {}),
     )
     torch.manual_seed(0)
     model = PvtV2ForImageClassification(config) if classes else PvtV2Model(config)
@@ -204,3 +206,171 @@ def test_the_preset_has_hfs_parameter_count() -> None:
     ref = PvtV2ForImageClassification(PvtV2Config(num_labels=1000))  # pvt_v2_b0 is the default config
     theirs = sum(p.numel() for p in ref.parameters())
     assert build_graph(spec).total_params == theirs == 3_666_760
+
+
+def _encoder(edit: Any) -> Any:
+    return lambda s: edit(s["encoder"])
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            _encoder(lambda e: e.update(widths=[16, 32, 48])),
+            "encoder.widths: 3 widths, but depth has 4 stages (give one width per stage)",
+        ),
+        (
+            _encoder(lambda e: e.update(width=32)),
+            "encoder.widths.0: the first stage is 16 wide and width is 32 (set width: 16, the first stage's width)",
+        ),
+        (
+            _encoder(
+                lambda e: e.update(
+                    depth=5, block=e["block"] | {"heads": 1, "spatial_reduction": 1}, overrides=[]
+                )
+            ),
+            "encoder.widths: widths is about the stages of a hierarchical stack, and depth is one number (give "
+            "depth per stage, e.g. depth: [2, 2, 2, 2], or remove widths)",
+        ),
+        (
+            _encoder(lambda e: e["downsample"][1].update(channels=40)),
+            "encoder.downsample: the layers into stage 1 leave 40 channels, and the stage is 32 wide (leave the "
+            "channels of the downsample's conv out: it leads to each stage's width)",
+        ),
+        (
+            _encoder(lambda e: e["downsample"][1].update(kernel=9, padding=0)),
+            "encoder.downsample.1.kernel: into stage 2: a 9-wide window does not fit a side of 4 padded by 0 (use "
+            "a kernel of at most 4, or more padding)",
+        ),
+        (
+            _encoder(lambda e: e.update(merge_norm="post")),
+            "encoder.merge_norm: merge_norm places the norm of patch merging, and downsample replaces patch "
+            "merging (remove merge_norm)",
+        ),
+        (
+            _encoder(lambda e: e["input"]["stem"][0].update(channels=24)),
+            "encoder.input.stem: the stem leaves 24 channels and the stack is 16 wide (end the stem with a conv to "
+            "16 channels)",
+        ),
+        (
+            _encoder(lambda e: e["block"].update(spatial_reduction=[4, 2, 2])),
+            "encoder.block.spatial_reduction: 3 stages of spatial_reduction, but depth has 4 (give one ratio per "
+            "stage, or one number for all)",
+        ),
+        (
+            _encoder(lambda e: e["overrides"].append({"stages": [3], "block": {"spatial_reduction": 4}})),
+            "encoder.overrides.1.block.spatial_reduction: a 4x4 reduction does not fit stage 3's 2x2 grid (use at "
+            "most 2)",
+        ),
+        (
+            _encoder(lambda e: e["block"].update(window={"size": 2})),
+            "encoder.block.spatial_reduction: a spatial reduction attends to the whole grid reduced, and window "
+            "limits it (remove window)",
+        ),
+        (
+            _encoder(lambda e: e["block"]["mlp"].update(activation="swiglu")),
+            "encoder.block.mlp.dwconv: the depthwise conv sits before the activation of a plain MLP, and swiglu is "
+            "gated (use a plain activation such as gelu, or set dwconv: false)",
+        ),
+        (
+            _encoder(lambda e: e["overrides"][0].update(stages=[2, 4])),
+            "encoder.overrides.0.stages.1: stage 4 does not exist: the stack has 4 (use 0 .. 3)",
+        ),
+        (
+            _encoder(lambda e: e["overrides"][0].pop("stages")),
+            "encoder.overrides.0: an override names no layers (give layers: [0, 1] or stages: [2, 3])",
+        ),
+    ],
+    ids=[
+        "widths-count",
+        "widths-first",
+        "widths-plain",
+        "downsample-channels",
+        "downsample-kernel",
+        "merge-norm",
+        "stem-width",
+        "reduction-count",
+        "reduction-fit",
+        "reduction-window",
+        "dwconv-gated",
+        "override-stage",
+        "override-empty",
+    ],
+)
+def test_what_pvt_specs_cannot_state_names_the_key_and_the_fix(edit: Any, expected: str) -> None:
+    spec = pvt_spec()
+    edit(spec)
+    assert problem(spec) == expected
+
+
+def test_the_constructs_need_the_token_grid() -> None:
+    text = {
+        "specvit": 1,
+        "name": "bert_like",
+        "model": "encoder",
+        "encoder": {
+            "input": {"kind": "tokens", "vocab": 11},
+            "position": "learned",
+            "width": 16,
+            "depth": 1,
+            "block": {"heads": 2, "mlp": {"dwconv": True}},
+        },
+    }
+    assert problem(text) == (
+        "encoder.block.mlp.dwconv: a depthwise conv runs over the token grid of an image stack, and the encoder "
+        "reads tokens (set dwconv: false)"
+    )
+    text["encoder"]["block"] |= {"mlp": {}, "spatial_reduction": 2}
+    assert problem(text) == (
+        "encoder.block.spatial_reduction: a spatial reduction reduces the token grid of an image stack, and the "
+        "encoder reads tokens (use an image input, or remove spatial_reduction)"
+    )
+
+
+# ----------------------------------------------------------------------------------- the HF importer
+
+
+@pytest.mark.parametrize("classes", [None, 7], ids=["model", "classifier"])
+def test_from_hf_states_pvt_v2_and_converts_its_weights(classes: int | None) -> None:
+    ref = _hf(classes)
+    spec = from_hf(ref.config)
+    assert spec.model_dump(exclude={"name", "description"}) == parse_spec(
+        pvt_spec(head={"kind": "classifier", "pool": "mean", "classes": 7} if classes else None)
+    ).model_dump(exclude={"name", "description"})
+    assert _diff(converted(ref, spec, "hf").double(), ref) <= TOL
+
+
+def test_from_hf_of_the_default_config_is_the_preset() -> None:
+    from transformers import PvtV2Config
+
+    config = PvtV2Config(num_labels=1000, architectures=["PvtV2ForImageClassification"])
+    exclude = {"name", "description"}
+    assert from_hf(config).model_dump(exclude=exclude) == load_spec(PRESET).model_dump(exclude=exclude)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"linear_attention": True},
+            "config.linear_attention: pvt_v2 config has linear_attention=True: PVT v2-Li pools keys and values to "
+            "7x7 with a GELU and adds a ReLU to its MLP, which no spec states (use linear_attention: false "
+            "(spatial-reduction attention, pvt_v2_b0 .. b5))",
+        ),
+        (
+            {"patch_sizes": [7, 3, 5, 3]},
+            "config.patch_sizes: pvt_v2 config has patch_sizes=[7, 3, 5, 3]: the patch embeddings after the first "
+            "share one kernel and stride in a spec (give every stage after the first the same value)",
+        ),
+        (
+            {"depths": [2, 2, 2]},
+            "config.depths: pvt_v2 config has depths=[2, 2, 2]: num_encoder_blocks is 4 (give 4 values, one per "
+            "stage)",
+        ),
+    ],
+    ids=["linear-attention", "patch-sizes", "stage-count"],
+)
+def test_from_hf_refuses_what_no_spec_states(fields: dict[str, Any], expected: str) -> None:
+    with pytest.raises(SpecError) as info:
+        from_hf({"model_type": "pvt_v2", **fields})
+    assert str(info.value.problems[0]) == expected

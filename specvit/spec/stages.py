@@ -75,7 +75,7 @@ class Stages:
             if self.downsample is None:
                 grid = (grid[0] // 2, grid[1] // 2)
             else:
-                size = map_out(self.stage_ops(i), widths[i - 1], grid)[1]
+                size = map_out(self.stage_ops(i), widths[min(i, len(widths)) - 1], grid)[1]
                 grid = (size[0], size[1])
             grids.append(grid)
         return grids
