@@ -50,7 +50,7 @@ def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
         return {}, None
     parts: dict[str, Any] = {**own} | ({"grid": b.grid} if b.grid is not None else {})
     if w is None:
-        key = next((k for k in ("gated_positions", "spatial_reduction") if own.get(_PART[k])), "")
+        key = "gated_positions" if own.get("gated") else "spatial_reduction" if own.get("reduction") else ""
         return parts, f"{b.stack.role}.block.{key}" if key else f"{b.stack.role}.position"
     source = f"{b.stack.role}.block.window"
     assert b.grid is not None  # the rules keep windows to image stacks
@@ -62,9 +62,6 @@ def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
         pretrained = _pretrained(w.pretrained, s.input.grid, b.grid)
         parts |= {"relative": "cpb", "cpb_hidden": w.cpb_hidden or CPB_HIDDEN, "pretrained": pretrained}
     return parts, source
-
-
-_PART = {"gated_positions": "gated", "spatial_reduction": "reduction"}  # block key -> the part it sets
 
 
 def per_stage_value(value: int | list[int], stage: int) -> int:

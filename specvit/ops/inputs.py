@@ -89,7 +89,7 @@ class ImageInput(InputFragment):
 
     @property
     def grid(self) -> tuple[int, int]:
-        """Patches per side, (rows, cols)."""
+        """Tokens per side, (rows, cols): patches, or the positions of the stem's map without patches."""
         h, w = self.stem_out[1]
         return (h, w) if self.patch is None else (h // self.patch[0], w // self.patch[1])
 

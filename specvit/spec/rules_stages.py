@@ -50,7 +50,7 @@ def _downsample(role: str, s: StackSpec) -> list[Problem]:
     at, grids = f"{role}.downsample", s.stage_grids
     if s.downsample is None or not grids:
         return []
-    if "merge_norm" in s.model_fields_set:
+    if s.merge_norm != "pre":  # the default, which a canonical spec writes out
         why = "merge_norm places the norm of patch merging, and downsample replaces patch merging"
         return [Problem(f"{role}.merge_norm", why, "remove merge_norm")]
     widths = s.stage_widths
