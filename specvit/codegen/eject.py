@@ -244,10 +244,11 @@ def _class_doc(graph: ArchGraph, scope: str) -> str:
 
 
 def _dependencies(
-    sources: Iterable[tuple[str, types.ModuleType]], leaves: set[str]
+    sources: Iterable[tuple[str, types.ModuleType]], leaves: set[str], helpers: Iterable[str] = ()
 ) -> tuple[list[str], list[str], set[str]]:
     """The definitions (source text) and import lines the given sources need, in dependency order, and
-    which of the layer classes named ``leaves`` (written separately) they call."""
+    which of the layer classes named ``leaves`` (written separately) they call; the ``helpers`` are among
+    the sources (functions a layer may call too, such as ``to_map``), so never defined again."""
     definitions: dict[str, str] = {}
     imports: set[str] = set()
     order: list[str] = []
@@ -259,7 +260,7 @@ def _dependencies(
         called.update((used & leaves) - {own})
         for name in sorted(used - {own}):
             value = module.__dict__.get(name)
-            if value is None or name in definitions or name in leaves:
+            if value is None or name in definitions or name in leaves or name in helpers:
                 continue
             origin = getattr(value, "__module__", "") or ""
             if isinstance(value, types.ModuleType):
@@ -354,9 +355,10 @@ def eject_source(graph: ArchGraph, origin: str = "") -> str:
                 else specialise(cls, e.facts(cls))
             )
             layers.append((source, inspect.getmodule(cls)))  # type: ignore[arg-type]
-        for fn in helper_names(graph).values():
+        helpers = helper_names(graph)
+        for fn in helpers.values():
             layers.append((textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)))  # type: ignore[arg-type]
-        definitions, imports, called = _dependencies(layers, {cls.__name__ for cls in own})
+        definitions, imports, called = _dependencies(layers, {cls.__name__ for cls in own}, set(helpers))
         if called <= general:
             break
         general |= called

@@ -22,7 +22,7 @@ from specvit.ops import OPS, Params
 from specvit.ops.base import MAX_LEN, Dim, Dims, Shape
 from specvit.ops.block import BlockCtx
 from specvit.ops.embed import LinearParams, PrefixParams
-from specvit.ops.grid import lower_merge
+from specvit.ops.grid import lower_downsample
 from specvit.ops.norm import NormParams
 from specvit.ops.structure import CallParams, DropParams, InputParams, MaskParams, SubCacheParams
 from specvit.patterns.residual import expand, lower_steps
@@ -251,8 +251,7 @@ class _Lowering:
             container = f"{role}.stages.{si}" if s.hierarchical else role
             if si > 0:
                 assert self.grid is not None
-                self.x = lower_merge(self, f"{container}.downsample", self.grid, s.block.norm)
-                self.grid = (self.grid[0] // 2, self.grid[1] // 2)
+                self.x, self.grid = lower_downsample(self, f"{container}.downsample", self.grid, si)
             for i in range(stage.depth):
                 if index == f.prefix_at and index:  # the prefix enters late (CaiT's class token)
                     self.prefix(s)
@@ -274,6 +273,7 @@ class _Lowering:
                     layers=self.layers,
                     index=i,
                     grid=self.grid,
+                    stage=si,
                 )
                 rate = round(s.drop_path * index / (f.total_depth - 1), 6) if f.total_depth > 1 else 0.0
                 self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)

@@ -396,6 +396,7 @@ def check_parts(
     gqa: bool = False,
     global_tokens: str | int | None = None,
     global_projection: bool = False,
+    reduction: int | None = None,
 ) -> None:
     """Refuse the combinations of parts the core does not compute (``gqa``: fewer key/value heads)."""
     problems = []
@@ -407,6 +408,9 @@ def check_parts(
         )
     if isinstance(global_tokens, int) and global_tokens < 1:
         problems.append(f"the first {global_tokens} tokens cannot be global: use K >= 1")
+    others = (memory_dim, grid_window, queries, relative, causal, gated, disentangled, projection != "packed")
+    if reduction is not None and (grid is None or any(others) or global_tokens is not None):
+        problems.append("a spatial reduction is packed self-attention of every token of the whole grid")
     if disentangled and (
         memory_dim is not None or grid_window is not None or queries is not None or causal or gqa
     ):

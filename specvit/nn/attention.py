@@ -2,7 +2,8 @@
 
 The parts, each a constructor argument (see :class:`Attention`): the projections (a packed ``qkv``, split
 ``q``/``k``/``v``, ``q`` and ``kv`` from a memory, or SAGAN's 1x1 convs over a map), the head layout
-(GQA/MQA, any head and value widths), QK-norm, rotary tables and DETR's positions, cosine attention, the
+(GQA/MQA, any head and value widths), QK-norm, rotary tables and DETR's positions, cosine attention, keys
+and values from the grid shrunk by a strided conv and a norm (PVT's spatial reduction, :mod:`specvit.nn.reduce`), the
 output projection (or none) and an output gate, which tokens query (CaiT), global tokens beside a sliding
 window (Longformer, :mod:`specvit.nn.global_tokens`), and a partition of the token grid into (shifted,
 padded) windows around plain attention (:mod:`specvit.nn.partition`). The **scores**, in this order:
@@ -50,7 +51,6 @@ from specvit.nn.attend import (
     head_norm,
     output_parts,
     packed_projection,
-    project,
     project_positioned,
     resolve_heads,
     split_heads,
@@ -64,11 +64,12 @@ from specvit.nn.global_tokens import GlobalTokens, global_attention, global_keys
 from specvit.nn.linear import Linear
 from specvit.nn.partition import window_merge, window_split
 from specvit.nn.position import apply_rope
+from specvit.nn.reduce import reduce_tokens, spatial_reduction
+from specvit.nn.relative import disentangled_scores
 from specvit.nn.scores import (
     cosine_qk,
     cpb_coords,
     decomposed_bias,
-    disentangled_bias,
     grid_offsets,
     table_bias,
 )
@@ -91,11 +92,9 @@ class Attention(nn.Module):
         v_head_dim: per-head width vd of the values; None = hd (SAGAN: queries and keys C/8, values C).
         memory_dim: the keys and values come from a memory of this width (cross-attention: projections
             ``q`` and a packed ``kv``); None = from the tokens themselves.
-        projection: ``packed``: one ``qkv`` linear (``q`` and ``kv`` with a memory); ``split``: ``q``, ``k``
-            and ``v`` linears (CaiT's class attention); ``conv``: ``query``, ``key``, ``value`` 1x1 convs over
-            a (B, D, H, W) map, the output a map too (SAGAN's layer and checkpoints).
-        qkv_bias: biases of q, k and v: one for all, or (q, k, v); in a packed projection with some but not
-            all, the module has ``q_bias`` / ``k_bias`` / ``v_bias`` parameters for those that have one.
+        projection: ``packed`` (one ``qkv``; ``q`` and ``kv`` with a memory), ``split`` (``q``, ``k``, ``v``:
+            CaiT) or ``conv`` (1x1 convs ``query``, ``key``, ``value`` over a (B, D, H, W) map: SAGAN).
+        qkv_bias: biases of q, k and v: one for all, or (q, k, v) (packed with some: ``q_bias`` ... apart).
         proj: an output projection H * vd -> D; without one (SAGAN) the heads are D wide together.
         proj_bias: bias of the output projection.
         output_gate: the output times a learned scalar ``gamma`` that starts at 0 (SAGAN).
@@ -130,6 +129,8 @@ class Attention(nn.Module):
         grid_window: attend within M x M windows of the grid (padded to a multiple of M when M does not
             divide it, as ViTDet's), or None.
         shift: cyclic shift of the grid before windowing (M/2 in every second Swin block), with a region mask.
+        reduction: keys and values from the ``grid`` reduced r x r by the conv ``sr`` (kernel = stride = r)
+            and the LayerNorm ``norm`` (of eps ``norm_eps``), through ``q`` and ``kv`` (PVT); None = none.
         attn_drop: dropout on the attention probabilities (training only).
         proj_drop: dropout after the output projection.
         layer_idx: this layer's entry in a :class:`KVCache`.
@@ -178,6 +179,7 @@ class Attention(nn.Module):
         grid: tuple[int, int] | None = None,
         grid_window: int | None = None,
         shift: int = 0,
+        reduction: int | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         layer_idx: int = 0,
@@ -190,16 +192,22 @@ class Attention(nn.Module):
         self.v_head_dim, self.output_gate = v_head_dim or self.head_dim, output_gate
         gqa, tiles = self.num_kv_heads != num_heads, (grid, grid_window, shift)
         check_parts(memory_dim, projection, relative, *tiles, queries, causal, gated, disentangled, gqa,
-                    global_tokens, global_projection)  # fmt: skip
+                    global_tokens, global_projection, reduction)  # fmt: skip
         self.global_tokens, self.global_projection = global_tokens, global_projection
-        self.disentangled = disentangled
-        self.cross, self.projection, self.queries = memory_dim is not None, projection, queries
+        self.reduction = reduction
+        self.cross = memory_dim is not None or reduction is not None  # a reduction attends to a copy of x
+        self.projection, self.queries = projection, queries
         self.causal, self.window, self.layer_idx, self.attn_drop = causal, window, layer_idx, attn_drop
         self.scale = 1.0 if cosine else scale  # cosine attention folds its learned scale into the queries
         if disentangled and scale is None:  # DeBERTa scales its three terms by 1/sqrt(3 hd)
             self.scale = (3 * self.head_dim) ** -0.5
         self.cosine, self.talking_heads, self.softcap = cosine, talking_heads, softcap
-        self.relative, self.pretrained, self.gated = relative, pretrained, gated
+        self.relative, self.pretrained, self.gated, self.disentangled = (
+            relative,
+            pretrained,
+            gated,
+            disentangled,
+        )
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
         hd, h = self.head_dim, num_heads
         self._projections(dim, memory_dim, qkv_bias, device, dtype)
@@ -210,16 +218,14 @@ class Attention(nn.Module):
         self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self._score_parameters(cpb_hidden, device, dtype)
         output_parts(self, h * self.v_head_dim, dim, (proj, proj_bias, output_gate), proj_drop, device, dtype)
-        if relative == "decomposed":
-            qh, qw = self._extent
-            self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
-            self.rel_pos_w = nn.Parameter(torch.zeros(2 * qw - 1, hd, device=device, dtype=dtype))
+        if reduction is not None:
+            self.sr, self.norm = spatial_reduction(dim, reduction, norm_eps, device, dtype)
 
     def _score_parameters(
         self, cpb_hidden: int, device: torch.device | str | None, dtype: torch.dtype | None
     ) -> None:
-        """The parameters of the score parts before the output projection: cosine attention's logit scale,
-        Swin's table or Swin-V2's bias MLP, talking heads' maps, ConViT's positional projection and gates."""
+        """The parameters of the score parts: cosine attention's logit scale, Swin's table, Swin-V2's bias MLP or
+        MViTv2's decomposed tables, talking heads' maps, ConViT's positional projection and gates."""
         h = self.num_heads
         if self.cosine:
             self.logit_scale = nn.Parameter(
@@ -236,6 +242,10 @@ class Attention(nn.Module):
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * m - 1) ** 2, h, device=device, dtype=dtype)
             )
+        elif self.relative == "decomposed":
+            (qh, qw), hd = self._extent, self.head_dim
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * qh - 1, hd, device=device, dtype=dtype))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * qw - 1, hd, device=device, dtype=dtype))
         if self.talking_heads:
             self.proj_l = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the logits across heads
             self.proj_w = nn.Linear(h, h, device=device, dtype=dtype)  # mixes the probabilities across heads
@@ -301,14 +311,15 @@ class Attention(nn.Module):
         memory_rope: tuple[Tensor, Tensor] | None,
         cache: KVCache | None,
     ) -> tuple[Tensor, Tensor]:
-        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values (vd); with a cache, computed once."""
+        """The memory's (B, Hkv, M, hd) keys (QK-normed, rotated) and values (vd); with a cache, computed once.
+        With a spatial reduction the memory is the tokens, and their grid reduced is what the keys and values read."""
         if cache is not None and self.layer_idx in cache.memory:
             return cache.memory[self.layer_idx]
         assert memory is not None
+        if self.reduction is not None:
+            memory = reduce_tokens(memory, self.grid, self.sr, self.norm)  # (B, N, D) -> (B, M, D)
         hkv, hd, vd = self.num_kv_heads, self.head_dim, self.v_head_dim
-        kv = project_positioned(
-            self, memory, memory_pos, self.kv, self.parts, hkv * hd
-        )  # (B, M, Hkv * (hd + vd))
+        kv = project_positioned(self, memory, memory_pos, self.kv, self.parts, hkv * hd)  # (B, M, Hkv(hd+vd))
         k, v = split_parts(kv, ((hkv, hd), (hkv, vd)))  # (B, Hkv, M, hd), (B, Hkv, M, vd)
         k = self.k_norm(k)
         if memory_rope is not None:
@@ -400,7 +411,7 @@ class Attention(nn.Module):
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
         if self.cross:
             q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
-            k, v = self._memory(memory, memory_pos, memory_rope, cache)  # (B, Hkv, M, hd)
+            k, v = self._memory(x if self.reduction else memory, memory_pos, memory_rope, cache)
         else:
             q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
         q = self.q_norm(q)
@@ -421,7 +432,7 @@ class Attention(nn.Module):
             own = self._relative_bias(q)  # (1 or B, G*H, L, L)
             bias = own if bias is None else bias + own
         if self.disentangled:
-            own = self._disentangled(q, k, rel_embed, rel_index)  # (B, H, N, N)
+            own = disentangled_scores(self, q, k, rel_embed, rel_index)  # (B, H, N, N)
             bias = own if bias is None else bias + own
         visible, is_causal = None, False  # visible: broadcastable to (B, 1, N, T), True = may attend
         if self.causal or self.window is not None or mask is not None or memory_mask is not None:
@@ -446,21 +457,6 @@ class Attention(nn.Module):
         k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
         return past, past + n - k.shape[2], k, v
 
-    def _disentangled(
-        self, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None
-    ) -> Tensor:
-        """DeBERTa's content-to-position and position-to-content scores (B, H, N, N), scaled: the relative
-        table through this layer's query and key projections."""
-        assert rel_embed is not None and rel_index is not None  # the graph wires both with the part
-        h, hd = self.num_heads, self.head_dim
-        if self.projection == "split":
-            pos_q, pos_k = self.q(rel_embed), self.k(rel_embed)  # (2P, H * hd) each
-        else:
-            pos_q, pos_k = project(self, rel_embed, self.qkv, self.parts, slice(0, 2 * h * hd)).chunk(2, -1)
-        pos_q, pos_k = split_heads(pos_q, hd), split_heads(pos_k, hd)  # (H, 2P, hd)
-        assert self.scale is not None  # set with the part
-        return disentangled_bias(q, k, pos_q, pos_k, rel_index) * self.scale
-
     def _gate(self, q: Tensor) -> tuple[Tensor, Tensor] | None:
         """ConViT's positional weights (1, H, N, N) over the grid's offsets and the per-head gates (H, 1, 1),
         or None without gated positions."""
@@ -473,19 +469,14 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"]
-        parts += [f"v_head_dim={self.v_head_dim}"] if self.v_head_dim != self.head_dim else []
-        if self.cross:
-            parts.append("memory=True")
+        parts += [f"v_head_dim={self.v_head_dim}"] * (self.v_head_dim != self.head_dim)
+        parts += ["memory=True"] * (self.cross and self.reduction is None)
         parts.append(f"causal={self.causal}, window={self.window}, attn_drop={self.attn_drop}")
-        for name in ("queries", "global_tokens", "grid", "grid_window", "relative", "softcap"):
-            if getattr(self, name) is not None:
-                parts.append(f"{name}={getattr(self, name)}")
-        parts += [
-            n for n in ("cosine", "talking_heads", "disentangled", "gated", "output_gate") if getattr(self, n)
-        ]
-        if self.shift:
-            parts.append(f"shift={self.shift}")
-        return ", ".join(parts)
+        named = ("queries", "global_tokens", "grid", "grid_window", "relative", "softcap", "reduction")
+        parts += [f"{n}={getattr(self, n)}" for n in named if getattr(self, n) is not None]
+        flags = ("cosine", "talking_heads", "disentangled", "gated", "output_gate")
+        parts += [n for n in flags if getattr(self, n)]
+        return ", ".join(parts + [f"shift={self.shift}"] * bool(self.shift))
 
 
 SelfAttention = Attention

@@ -11,6 +11,7 @@ from typing import Literal, cast, get_args
 import torch
 from torch import Tensor, nn
 
+from specvit.nn.functional import to_map, to_tokens
 from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
 from specvit.nn.norm import make_norm
@@ -72,7 +73,8 @@ def _inner_norm(
 
 
 class Mlp(nn.Module):
-    """Two-layer MLP ``fc2(act(fc1(x)))`` with timm submodule names.
+    """Two-layer MLP ``fc2(act(fc1(x)))`` with timm submodule names; with ``dwconv``, PVT v2's Mix-FFN
+    ``fc2(act(dwconv(fc1(x))))``, the depthwise conv over the hidden activations as a map of the token grid.
 
     Args:
         dim: input and output width D.
@@ -86,6 +88,8 @@ class Mlp(nn.Module):
         norm_bias: its bias (layernorm).
         norm_affine: it has a learned weight.
         norm_unit_offset: it scales by ``1 + w``.
+        dwconv: the (gh, gw) token grid of a depthwise 3x3 conv ``dwconv`` (with a bias) between ``fc1`` and
+            the activation, or None.
         device: parameter device.
         dtype: parameter dtype.
     """
@@ -102,6 +106,7 @@ class Mlp(nn.Module):
         norm_bias: bool = True,
         norm_affine: bool = True,
         norm_unit_offset: bool = False,
+        dwconv: tuple[int, int] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -110,6 +115,9 @@ class Mlp(nn.Module):
             raise ValueError(f"Mlp activation must be one of {get_args(PlainActivation)}, got {activation!r}")
         self.activation = activation
         self.fc1 = Linear(dim, hidden, bias=bias, device=device, dtype=dtype)
+        self.grid = dwconv
+        if dwconv is not None:
+            self.dwconv = nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, device=device, dtype=dtype)
         self.act = _activation(activation)
         self.drop1 = _dropout(dropout)
         inner = {"bias": norm_bias, "affine": norm_affine, "unit_offset": norm_unit_offset}
@@ -118,7 +126,10 @@ class Mlp(nn.Module):
         self.drop2 = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.drop1(self.act(self.fc1(x)))  # (B, N, F)
+        h = self.fc1(x)  # (B, N, F)
+        if self.grid is not None:  # the hidden activations as a (B, F, gh, gw) map through the depthwise conv
+            h = to_tokens(self.dwconv(to_map(h, self.grid)))  # (B, N, F)
+        h = self.drop1(self.act(h))  # (B, N, F)
         if self.norm is not None:
             h = self.norm(h)  # (B, N, F)
         return self.drop2(self.fc2(h))  # (B, N, D)

@@ -8,11 +8,15 @@ Dim legend: N new tokens (queries), T keys (cached + new), H heads.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RelativeBias", "RelativeEmbedding", "log_bucket_index", "relative_buckets"]
+from specvit.nn.attend import project, split_heads
+from specvit.nn.scores import disentangled_bias
+
+__all__ = ["RelativeBias", "RelativeEmbedding", "disentangled_scores", "log_bucket_index", "relative_buckets"]
 
 
 def relative_buckets(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
@@ -186,3 +190,27 @@ class RelativeEmbedding(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """The (2P, D) table, for the tokens x (read for nothing but ordering)."""
         return self.norm(self.weight)
+
+
+def disentangled_scores(
+    core: Any, q: Tensor, k: Tensor, rel_embed: Tensor | None, rel_index: Tensor | None
+) -> Tensor:
+    """DeBERTa's content-to-position and position-to-content scores (B, H, N, N), scaled: the relative table
+    through the attention core's own query and key projections.
+
+    Args:
+        core: the :class:`~specvit.nn.attention.Attention` layer (``disentangled``).
+        q: (B, H, N, hd) its queries.
+        k: (B, H, N, hd) its keys.
+        rel_embed: (2P, D) the stack's relative table.
+        rel_index: (N, N) long, its row for each query and key.
+    """
+    assert rel_embed is not None and rel_index is not None  # the graph wires both with the part
+    h, hd = core.num_heads, core.head_dim
+    if core.projection == "split":
+        pos_q, pos_k = core.q(rel_embed), core.k(rel_embed)  # (2P, H * hd) each
+    else:
+        pos_q, pos_k = project(core, rel_embed, core.qkv, core.parts, slice(0, 2 * h * hd)).chunk(2, -1)
+    pos_q, pos_k = split_heads(pos_q, hd), split_heads(pos_k, hd)  # (H, 2P, hd)
+    assert core.scale is not None  # set with the part
+    return disentangled_bias(q, k, pos_q, pos_k, rel_index) * core.scale

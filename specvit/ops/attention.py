@@ -140,6 +140,7 @@ class MlpLayer(Sublayer):
             from specvit.ops.moe import lower_moe
 
             return lower_moe(b, x, name, hidden)
+        inner |= {"dwconv": b.grid} if spec.mlp.dwconv else {}  # Mix-FFN: a depthwise conv over the grid
         p = MlpParams(b.dim, hidden, spec.mlp.activation, spec.mlp.bias, s.dropout.mlp, **inner)
         return b.add(name, "mlp", p, {"x": x}, source=f"{b.stack.role}.block.mlp")
 

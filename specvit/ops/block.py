@@ -25,6 +25,7 @@ class BlockCtx:
         layers: a counter of the attention layers lowered so far in the model (their KV-cache indexes).
         index: its index in its stage (Swin shifts the windows of every second block).
         grid: the token grid, or None.
+        stage: the index of its stage (per-stage settings).
     """
 
     def __init__(
@@ -40,10 +41,11 @@ class BlockCtx:
         layers: list[int],
         index: int = 0,
         grid: tuple[int, int] | None = None,
+        stage: int = 0,
     ):
         self.stack, self.spec, self.path = stack, spec, path
         self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
-        self.index, self.grid = index, grid
+        self.index, self.grid, self.stage = index, grid, stage
         self._layers = layers
 
     @property

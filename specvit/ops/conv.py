@@ -95,7 +95,7 @@ class ConvLayer(_Window):
     """A convolution over the map (1D for a signal, 2D for an image)."""
 
     kind: Literal["conv"] = Field(description="Discriminator: a convolution.")
-    channels: int = Field(ge=1, le=MAX_WIDTH, description="Output channels.")
+    channels: int | None = Field(None, ge=1, le=MAX_WIDTH, description="Output channels; null: the input's.")
     groups: int = Field(
         1, ge=1, le=MAX_WIDTH, description="Channel groups (the input's channels for depthwise)."
     )
@@ -109,19 +109,19 @@ class ConvLayer(_Window):
     )
 
     def out(self, channels: int, size: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-        return self.channels, super().out(channels, size)[1]
+        return self.channels or channels, super().out(channels, size)[1]
 
     def node(self, channels: int, dims: int) -> tuple[str, Params]:
         args = (self.kernel, self.stride, self.padding, self.groups, self.bias, self.standardize)
-        return "conv", ConvParams(dims, channels, self.channels, *args)
+        return "conv", ConvParams(dims, channels, self.channels or channels, *args)
 
     def problems(self, at: str, channels: int, size: tuple[int, ...]) -> list[Problem]:
-        out = super().problems(at, channels, size)
-        if channels % self.groups or self.channels % self.groups:
+        out, c_out = super().problems(at, channels, size), self.channels or channels
+        if channels % self.groups or c_out % self.groups:
             out.append(
                 Problem(
                     f"{at}.groups",
-                    f"{self.groups} groups do not divide {channels} input and {self.channels} output channels",
+                    f"{self.groups} groups do not divide {channels} input and {c_out} output channels",
                     "use a number of groups dividing both",
                 )
             )

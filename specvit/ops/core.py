@@ -71,6 +71,7 @@ _CORE_PARTS: dict[str, Any] = {
     "v_head_dim": None,
     "proj": True,
     "output_gate": False,
+    "reduction": None,
 }
 
 
@@ -125,6 +126,8 @@ class AttentionParams(Params):
         global_tokens: tokens every token attends to beside its sliding window and that attend to every token
             (Longformer): ``mask``, those the ``global_mask`` port marks per sample; K, the first K; or None.
         global_projection: the global tokens' rows are computed again with q, k, v projections of their own.
+        reduction: the keys and values read the ``grid`` reduced r x r by a strided conv and a LayerNorm
+            (PVT's spatial reduction), or None.
         layer: the layer's index in a KV cache.
     """
 
@@ -164,6 +167,7 @@ class AttentionParams(Params):
     v_head_dim: int | None = None
     proj: bool = True
     output_gate: bool = False
+    reduction: int | None = None
 
     @property
     def inner(self) -> int:
@@ -219,6 +223,7 @@ class AttentionParams(Params):
         h, n = self.heads, 2 * (self.heads**2 + self.heads) * self.talking_heads + self.heads * self.cosine
         n += 5 * h * self.gated  # ConViT: pos_proj 3 -> H with a bias, one gate per head
         n += self.output_gate  # SAGAN's gamma
+        n += (self.dim * self.reduction**2 + 3) * self.dim if self.reduction else 0  # PVT: conv, LayerNorm
         if self.relative == "table":
             assert self.window is not None
             n += (2 * self.window - 1) ** 2 * h
@@ -347,6 +352,10 @@ class Attention(Op):
         if p.memory_dim is not None:
             keys = inputs["memory"][1]
             qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.memory_dim, kv_rows + v_rows)
+        elif p.reduction and p.grid is not None:  # q over every token; the conv and kv over the reduced ones
+            keys = math.prod(g // p.reduction for g in p.grid)
+            qkv = linear_flops(rows, p.dim, p.inner) + linear_flops(b * keys, p.dim, kv_rows + v_rows)
+            qkv += 2 * b * keys * p.dim * p.dim * p.reduction**2
         elif p.projection != "packed":  # split linears or 1x1 convs, which count as linears
             qkv = linear_flops(queries, p.dim, p.inner) + linear_flops(rows, p.dim, kv_rows + v_rows)
         else:
@@ -376,6 +385,7 @@ class Attention(Op):
             qk |= {} if p.qk_norm_affine else {"qk_norm_affine": False}
             qk |= {"qk_norm_unit_offset": True} if p.qk_norm_unit_offset else {}
             qk |= {"qk_norm_scope": "all"} if p.qk_norm_scope == "all" else {}
+        qk |= {"norm_eps": p.eps} if p.reduction else {}  # the reduction's norm
         cpb = {"cpb_hidden": p.cpb_hidden, "pretrained": p.pretrained} if p.relative == "cpb" else {}
         return core_args(
             dim=p.dim,
@@ -403,6 +413,7 @@ class Attention(Op):
             grid=p.grid,
             grid_window=p.window if p.tiles else None,
             **({"shift": p.shift} if p.shift else {}),
+            reduction=p.reduction,
             attn_drop=p.attn_drop,
             proj_drop=p.proj_drop,
             layer_idx=p.layer,
@@ -438,6 +449,11 @@ class Attention(Op):
             lines.append(_relative_line(p))
         if p.cosine:
             lines.append("cosine attention · logit scale ≤ 100")
+        if p.reduction and p.grid is not None:
+            (gh, gw), r = p.grid, p.reduction
+            lines.append(
+                f"keys, values of the grid reduced · {r}x{r} conv, stride {r} · {gh // r}x{gw // r} · norm"
+            )
         if p.gated:
             lines.append("gated positions · softmax(q·k) and softmax of offsets, gated per head")
         if p.global_tokens is not None:

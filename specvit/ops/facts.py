@@ -54,6 +54,7 @@ class StackFacts:
         max_len: the longest sequence the stack takes: a learned table's rows less the prefix tokens it
             covers, else :data:`specvit.ops.base.MAX_LEN`.
         grid: the (rows, cols) token grid of an image or feature-map input, or None.
+        out_grid: the grid of the last stage (the first's in a plain stack), or None.
         num_tokens: tokens the first blocks see when the input fixes them (images, feature maps, queries).
         causal: some self-attention is causal: the stack decodes token by token with a KV cache.
     """
@@ -64,6 +65,7 @@ class StackFacts:
     prefix_at: int
     max_len: int
     grid: tuple[int, int] | None
+    out_grid: tuple[int, int] | None
     num_tokens: int | None
     causal: bool
 
@@ -118,6 +120,10 @@ class StackView(Protocol):
     @property
     def merge_norm(self) -> str: ...
     @property
+    def downsample(self) -> list[Any] | None: ...  # the map layers between stages, or patch merging
+
+    def stage_ops(self, i: int) -> list[Any]: ...
+    @property
     def final_norm(self) -> bool: ...
     @property
     def embed_norm(self) -> bool: ...
@@ -156,6 +162,8 @@ class StackView(Protocol):
     def causal(self) -> bool: ...
     @property
     def grid(self) -> tuple[int, int] | None: ...
+    @property
+    def out_grid(self) -> tuple[int, int] | None: ...
     @property
     def max_len(self) -> int: ...
     @property
@@ -210,6 +218,7 @@ def resolve(stack: StackView) -> StackFacts:
         prefix_at=stack.prefix_at,
         max_len=stack.max_len,
         grid=stack.grid,
+        out_grid=stack.out_grid,
         num_tokens=stack.num_tokens,
         causal=stack.causal,
     )

@@ -4,7 +4,9 @@
   every second block, with a relative table or Swin-V2's bias MLP and cosine attention), or ViTDet's
   (``bias: false``: padded to a multiple of M, never shifted). :func:`grid_parts` turns it, and the
   stack's positions computed per layer (``relative_decomposed``), into parts of the attention op.
-- A hierarchical stack halves the grid between stages by patch merging (:func:`lower_merge`).
+- A hierarchical stack halves the grid between stages by patch merging (:func:`lower_merge`), or runs its
+  ``downsample`` layers over the tokens as a map (:func:`lower_downsample`).
+- A block's ``spatial_reduction`` (PVT) reduces the keys and values of its self-attention over the grid.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, op
 from specvit.ops.block import BlockCtx
+from specvit.ops.conv import ToMapParams, ToTokensParams, lower_map_ops
 from specvit.ops.embed import LinearParams
 from specvit.ops.norm import NormParams
 
-__all__ = ["CPB_HIDDEN", "MergeParams", "block_window", "grid_parts", "lower_merge"]
+__all__ = ["CPB_HIDDEN", "MergeParams", "block_window", "grid_parts", "lower_downsample", "lower_merge"]
 
 CPB_HIDDEN = 512
 """The hidden width of Swin-V2's continuous position bias MLP when a spec leaves ``cpb_hidden`` unset."""
@@ -42,13 +45,13 @@ def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
     w, s = b.spec.window, b.stack.stack
     own = {k: v for position in s.positions for k, v in position.attention_parts().items()}
     own |= {"gated": True} if b.spec.gated_positions else {}
+    own |= {"reduction": r} if (r := per_stage_value(b.spec.spatial_reduction, b.stage)) > 1 else {}
     if w is None and not own:
         return {}, None
     parts: dict[str, Any] = {**own} | ({"grid": b.grid} if b.grid is not None else {})
     if w is None:
-        return parts, f"{b.stack.role}.block.gated_positions" if own.get(
-            "gated"
-        ) else f"{b.stack.role}.position"
+        key = "gated_positions" if own.get("gated") else "spatial_reduction" if own.get("reduction") else ""
+        return parts, f"{b.stack.role}.block.{key}" if key else f"{b.stack.role}.position"
     source = f"{b.stack.role}.block.window"
     assert b.grid is not None  # the rules keep windows to image stacks
     if not w.bias:  # ViTDet's tiles: the window as written, padded where it does not divide the grid
@@ -59,6 +62,34 @@ def grid_parts(b: BlockCtx) -> tuple[dict[str, Any], str | None]:
         pretrained = _pretrained(w.pretrained, s.input.grid, b.grid)
         parts |= {"relative": "cpb", "cpb_hidden": w.cpb_hidden or CPB_HIDDEN, "pretrained": pretrained}
     return parts, source
+
+
+def per_stage_value(value: int | list[int], stage: int) -> int:
+    """A per-stage setting's value in ``stage``: the one number, or the stage's entry of the list."""
+    return value[stage] if isinstance(value, list) else value
+
+
+def lower_downsample(
+    ctx: StackCtx, path: str, grid: tuple[int, int], stage: int
+) -> tuple[str, tuple[int, int]]:
+    """What leads into ``stage`` (> 0) of a hierarchical stack, and the stage's grid: patch merging (Swin), or
+    the stack's ``downsample`` layers over the tokens as a map, the map they leave as tokens (PVT).
+
+    Args:
+        ctx: the lowering, at the previous stage's tokens.
+        path: the nodes' prefix (``encoder.stages.1.downsample``).
+        grid: the previous stage's grid.
+        stage: the stage's index.
+    """
+    s = ctx.stack
+    if s.downsample is None:
+        return lower_merge(ctx, path, grid, s.block.norm), (grid[0] // 2, grid[1] // 2)
+    source = f"{ctx.role}.downsample"
+    x = ctx.add(f"{path}.map", "to_map", ToMapParams(grid), {"x": ctx.x}, source=source)
+    x = lower_map_ops(ctx, x, s.stage_ops(stage), path, source)
+    _, _, gh, gw = ctx.shape(x)
+    assert isinstance(gh, int) and isinstance(gw, int)
+    return ctx.add(f"{path}.tokens", "to_tokens", ToTokensParams(), {"x": x}, source=source), (gh, gw)
 
 
 def _pretrained(sizes: int | list[int] | None, grid: tuple[int, int], stage_grid: tuple[int, int]) -> int:

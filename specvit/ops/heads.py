@@ -339,7 +339,7 @@ class PatchesHead(HeadFragment):
                     "use a plain image stack, or a siamese decoder, or another head",
                 )
             ]
-        if image.input.stem:
+        if image.input.stem or image.input.patch is None:
             return [
                 Problem(
                     f"{spec.output_stack if image is stack else 'encoder'}.input.stem",
@@ -410,20 +410,24 @@ class MapHeadBase(HeadFragment):
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         from specvit.ops.inputs import ImageInput
 
-        if not isinstance(stack.input, ImageInput) or stack.hierarchical or stack.num_prefix:
+        if not isinstance(stack.input, ImageInput) or stack.num_prefix:
             return [
                 Problem(
                     "head.kind",
-                    f"a {self.kind} head maps the patch grid of a plain image stack without prefix tokens",
-                    "use an image input, one number for depth, no class or register tokens; or another head",
+                    f"a {self.kind} head maps the patch grid of an image stack without prefix tokens",
+                    "use an image input, no class or register tokens; or another head",
                 )
             ]
         if self.classes is not None and self.pool != "mean":
             return [Problem("head.classes", "a classifier reads one vector per image", "set pool: mean")]
-        return map_ops_problems(self.source, self.layers(), stack.out_width, stack.input.grid)
+        grid = stack.out_grid
+        assert grid is not None  # an image input, checked above
+        return map_ops_problems(self.source, self.layers(), stack.out_width, grid)
 
     def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
-        x = _add(ctx, "head.map", "to_map", ToMapParams(stack.input.grid), {"x": x})
+        grid = stack.facts.out_grid
+        assert grid is not None  # a map head reads an image stack (its rule)
+        x = _add(ctx, "head.map", "to_map", ToMapParams(grid), {"x": x})
         x = lower_map_ops(ctx, x, self.layers(), f"head.{self.path}", self.source, "head")
         if self.pool == "mean":
             x = _add(ctx, "head.pool", "map_pool", MapPoolParams(), {"x": x}, "head.pool")

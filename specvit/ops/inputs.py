@@ -65,7 +65,11 @@ class ImageInput(InputFragment):
 
     kind: Literal["image"] = Field(description="Discriminator: an image input.")
     size: Pair = Field(description="Image size in pixels: one int for square images, or [height, width].")
-    patch: Pair = Field(description="Patch size in pixels: one int, or [height, width].")
+    patch: Pair | None = Field(
+        None,
+        description="Patch size in pixels: one int, or [height, width]; null: no patches, the positions of the "
+        "stem's output map are the tokens and its channels the width (PVT's overlapping patch embedding).",
+    )
     channels: int = Field(3, ge=1, le=4096, description="Input channels (3 for RGB, 1 for grey).")
     projection: Literal["conv", "linear"] = Field(
         "conv",
@@ -86,9 +90,9 @@ class ImageInput(InputFragment):
 
     @property
     def grid(self) -> tuple[int, int]:
-        """Patches per side, (rows, cols)."""
+        """Tokens per side, (rows, cols): patches, or the positions of the stem's map without patches."""
         h, w = self.stem_out[1]
-        return h // self.patch[0], w // self.patch[1]
+        return (h, w) if self.patch is None else (h // self.patch[0], w // self.patch[1])
 
     @property
     def num_patches(self) -> int:
@@ -100,8 +104,8 @@ class ImageInput(InputFragment):
 
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, self.size)
-        if stem:
-            return stem
+        if stem or self.patch is None:
+            return stem or _map_width(at, self.stem_out[0], stack.width)
         what = "the stem's output map" if self.stem else "image size"
         sides = [
             (size, patch) for size, patch in zip(self.stem_out[1], self.patch, strict=True) if size % patch
@@ -128,9 +132,12 @@ class ImageInput(InputFragment):
         x = lower_map_ops(ctx, x, self.stem, f"{ctx.role}.stem", f"{ctx.role}.input.stem")
         c, size = self.stem_out
         assert len(size) == 2
+        ctx.n, ctx.grid, source = self.num_patches, self.grid, f"{ctx.role}.input"
+        if self.patch is None:  # the stem's map is the tokens
+            ctx.x = ctx.add(f"{ctx.role}.tokens", "to_tokens", ToTokensParams(), {"x": x}, source=source)
+            return
         p = PatchEmbedParams(size, self.patch, c, ctx.stack.width, self.projection, self.bias)
-        ctx.x = ctx.add(f"{ctx.role}.patch_embed", "patch_embed", p, {"x": x}, source=f"{ctx.role}.input")
-        ctx.n, ctx.grid = self.num_patches, self.grid
+        ctx.x = ctx.add(f"{ctx.role}.patch_embed", "patch_embed", p, {"x": x}, source=source)
 
 
 @fragment("input")
@@ -270,16 +277,7 @@ class SignalInput(InputFragment):
 
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         stem = map_ops_problems(f"{at}.stem", self.stem, self.channels, (self.length,))
-        channels = self.stem_out[0]
-        if stem or channels == stack.width:
-            return stem
-        return [
-            Problem(
-                f"{at}.stem",
-                f"the stem leaves {channels} channels and the stack is {stack.width} wide",
-                f"end the stem with a conv to {stack.width} channels",
-            )
-        ]
+        return stem or _map_width(at, self.stem_out[0], stack.width)
 
     def lower(self, ctx: StackCtx) -> None:
         role = ctx.role
@@ -377,6 +375,14 @@ class SiameseInput(InputFragment):
             f"{role}.memory_embed", "linear", shared, {"x": memory}, source=f"{role}.input"
         )
         ctx.n, ctx.grid = n, image.grid
+
+
+def _map_width(at: str, channels: int, width: int) -> list[Problem]:
+    """A stem whose output positions are the tokens must leave the stack's width."""
+    if channels == width:
+        return []
+    why = f"the stem leaves {channels} channels and the stack is {width} wide"
+    return [Problem(f"{at}.stem", why, f"end the stem with a conv to {width} channels")]
 
 
 def divisors_near(n: int, target: int, count: int = 2) -> str:

@@ -33,6 +33,8 @@ class MlpParams(Params):
         norm_bias: its bias (layernorm).
         norm_affine: it has a learned weight.
         norm_unit_offset: it scales by ``1 + w``.
+        dwconv: the (rows, cols) token grid of a depthwise 3x3 conv over the hidden activations between
+            ``fc1`` and the activation (PVT v2's Mix-FFN), or None.
     """
 
     dim: int
@@ -45,6 +47,7 @@ class MlpParams(Params):
     norm_bias: bool = True
     norm_affine: bool = True
     norm_unit_offset: bool = False
+    dwconv: tuple[int, int] | None = None
 
     @property
     def fc1_out(self) -> int:
@@ -62,11 +65,13 @@ class Mlp(Op):
 
     def params(self, p: MlpParams) -> int:
         inner = norm_params(p.norm, p.hidden, p.norm_bias, p.norm_affine) if p.norm else 0
-        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner
+        conv = 10 * p.hidden if p.dwconv else 0  # a 3x3 kernel and a bias per channel
+        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner + conv
 
     def flops(self, p: MlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         tokens = numel(inputs["x"])
-        return linear_flops(tokens, p.dim, p.fc1_out) + linear_flops(tokens, p.hidden, p.dim)
+        conv = 2 * tokens * p.hidden * 9 if p.dwconv else 0
+        return linear_flops(tokens, p.dim, p.fc1_out) + linear_flops(tokens, p.hidden, p.dim) + conv
 
     def ctor(self, p: MlpParams) -> dict[str, Any]:
         inner: dict[str, Any] = {}
@@ -81,9 +86,12 @@ class Mlp(Op):
             "bias": p.bias,
             "dropout": p.dropout,
             **inner,
+            **(
+                {} if p.activation in GATED else {"dwconv": p.dwconv}
+            ),  # stated when None: an ejected Mlp folds it
         }
 
     def label(self, p: MlpParams) -> tuple[str, ...]:
         drop = f" · dropout {p.dropout:g}" if p.dropout else ""
-        line = f"hidden {p.hidden} · {p.activation}{drop}"
+        line = f"hidden {p.hidden}{' · depthwise 3x3 conv' if p.dwconv else ''} · {p.activation}{drop}"
         return (line, f"inner {p.norm} (eps {p.norm_eps:g}) before fc2") if p.norm else (line,)

@@ -132,6 +132,11 @@ class MlpSpec(Node):
         description="A norm of the block's kind (and eps) on the hidden activations, before the second "
         "linear layer (NormFormer; EVA-02's scale_mlp).",
     )
+    dwconv: bool = Field(
+        False,
+        description="A depthwise 3x3 conv (with a bias) over the hidden activations as a map of the token grid, "
+        "between the first linear layer and the activation (PVT v2's and SegFormer's Mix-FFN).",
+    )
     moe: MoeSpec | None = Field(
         None,
         description="A mixture of experts (Mixtral, Qwen2-MoE): the model's output gains router_loss, the "
@@ -296,6 +301,12 @@ class BlockSpec(Node):
         "per-head gate, then renormalised. Needs the patch grid without prefix tokens (ConViT's local "
         "blocks, before prefix.at). Runs the math path.",
     )
+    spatial_reduction: per_stage(  # type: ignore[valid-type]
+        64,
+        "PVT's spatial reduction ratio r of the self-attention, one or one per stage: keys and values come from "
+        "the token grid through an r x r conv of stride r and a LayerNorm (of the block norm's eps), queries "
+        "from every token; 1 = none.",
+    ) = 1
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )
@@ -384,14 +395,30 @@ else:
 
 
 class LayerOverride(Node):
-    """Changes to the blocks at some layer indexes."""
+    """Changes to the blocks at some layer indexes, or in some stages."""
 
-    layers: list[int] = Field(
+    layers: list[int] | None = Field(
+        None,
         min_length=1,
         max_length=MAX_DEPTH,
         description="Layer indexes from 0 over the whole stack; negative ones count from the end (-1 = last).",
     )
+    stages: list[Annotated[int, Field(ge=0, le=7)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=8,
+        description="Stage indexes from 0 of a hierarchical stack: every layer of those stages (PVT v2's "
+        "per-stage MLP ratios); with layers, those layers too.",
+    )
     block: BlockOverride = Field(description="The keys to change in those blocks.")
+
+    def indexes(self, stage_depths: list[int]) -> set[int]:
+        """The layer indexes (from 0 over the stack) it changes, given the stack's stage depths."""
+        depth, starts = sum(stage_depths), [sum(stage_depths[:i]) for i in range(len(stage_depths))]
+        out = {k % depth for k in self.layers or []} if depth else set()
+        for st in self.stages or []:
+            out |= set(range(starts[st], starts[st] + stage_depths[st])) if st < len(starts) else set()
+        return out
 
 
 def _deep(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:

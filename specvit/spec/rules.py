@@ -10,6 +10,7 @@ from specvit.errors import Problem
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
 from specvit.spec.rules_block import check_layers, check_positions
 from specvit.spec.rules_cait import check_cait
+from specvit.spec.rules_stages import check_stages
 from specvit.spec.rules_window import check_window
 from specvit.spec.schema import Spec, StackSpec
 
@@ -50,7 +51,7 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
             )
         )
     out += check_layers(role, s, spec)
-    out += check_window(role, s)
+    out += check_window(role, s) + check_stages(role, s)
     if isinstance(s.input, SiameseInput):
         out += _siamese(role, s, spec)
     out += s.input.check(f"{role}.input", s, spec)
@@ -192,7 +193,7 @@ def _hierarchy(role: str, s: StackSpec) -> list[Problem]:
                 "give one head count per stage",
             )
         ]
-    for i, (width, heads) in enumerate(zip(s.stage_widths, s.stage_heads, strict=True)):
+    for i, (width, heads) in enumerate(zip(s.stage_widths, s.stage_heads, strict=False)):  # widths: own rule
         if width % heads:
             out.append(
                 Problem(
@@ -211,7 +212,7 @@ def _grid(role: str, s: StackSpec) -> list[Problem]:
     b, at = s.block, f"{role}.block"
     gh, gw = s.input.grid
     merges = len(s.stage_depths) - 1
-    if gh % 2**merges or gw % 2**merges:
+    if s.downsample is None and (gh % 2**merges or gw % 2**merges):  # a downsample checks its own sizes
         out.append(
             Problem(
                 f"{role}.depth",
@@ -222,8 +223,7 @@ def _grid(role: str, s: StackSpec) -> list[Problem]:
         )
     elif b.window is not None:
         m = b.window.size
-        for i in range(merges + 1):
-            sh, sw = gh >> i, gw >> i
+        for i, (sh, sw) in enumerate(s.stage_grids):
             if min(sh, sw) > m and (sh % m or sw % m) and not b.window.pad:
                 out.append(
                     Problem(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from specvit.errors import Problem
 from specvit.ops.inputs import divisors_near
 from specvit.ops.vitdet import window_problems
-from specvit.spec.block import BlockSpec
+from specvit.spec.block import BlockSpec, LayerOverride
 from specvit.spec.schema import Spec, StackSpec
 
 __all__ = ["check_layers", "check_positions"]
@@ -40,7 +40,8 @@ def _schedule(role: str, s: StackSpec) -> list[Problem]:
             )
     depth = s.total_depth
     for k, o in enumerate(s.overrides):
-        for j, index in enumerate(o.layers):
+        out += _override_stages(f"{role}.overrides.{k}", o, s)
+        for j, index in enumerate(o.layers or []):
             if not -depth <= index < depth:
                 out.append(
                     Problem(
@@ -50,6 +51,23 @@ def _schedule(role: str, s: StackSpec) -> list[Problem]:
                     )
                 )
     return out
+
+
+def _override_stages(at: str, o: LayerOverride, s: StackSpec) -> list[Problem]:
+    """An override names layers or stages, and stages that exist."""
+    if o.layers is None and o.stages is None:
+        return [Problem(at, "an override names no layers", "give layers: [0, 1] or stages: [2, 3]")]
+    n = len(s.stage_depths)
+    return [
+        Problem(
+            f"{at}.stages.{j}",
+            f"stage {st} does not exist: the stack has {n}"
+            + ("" if s.hierarchical else " (depth is one number)"),
+            f"use 0 .. {n - 1}" if n > 1 else "give depth per stage, or use layers",
+        )
+        for j, st in enumerate(o.stages or [])
+        if st >= n
+    ]
 
 
 def _origins(role: str, s: StackSpec) -> dict[int, tuple[BlockSpec, str]]:
@@ -62,7 +80,7 @@ def _origins(role: str, s: StackSpec) -> dict[int, tuple[BlockSpec, str]]:
             continue
         at = f"{role}.blocks.{pattern[i]}"
         for k, o in enumerate(s.overrides):
-            if i in {j % depth for j in o.layers}:
+            if i in o.indexes(s.stage_depths):
                 at = f"{role}.overrides.{k}.block"
         out[id(block)] = (block, at)
     return out

@@ -18,6 +18,7 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, model_validator
 from specvit.errors import Location
 from specvit.ops import SUBLAYERS, fragments
 from specvit.ops.base import MAX_DEPTH, MAX_LEN, MAX_WIDTH, Fragment
+from specvit.ops.conv import MapOps
 from specvit.ops.facts import StackFacts, resolve
 from specvit.ops.fields import Probability, per_stage, shortcut_union
 from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
@@ -50,6 +51,7 @@ from specvit.spec.block import (
     merge_block,
     resolve_mlp,
 )
+from specvit.spec.stages import Stages
 from specvit.spec.yamlread import dump_yaml
 
 __all__ = [
@@ -180,7 +182,7 @@ class DropoutSpec(Node):
     mlp: Probability = Field(0.0, description="Inside and after the MLP.")
 
 
-class StackSpec(Node):
+class StackSpec(Node, Stages):
     """An encoder or decoder: input embedding, positions, `depth` blocks, final norm."""
 
     input: InputSpec = Field(
@@ -193,6 +195,13 @@ class StackSpec(Node):
         description=f"Position encoding: {_kinds('position')}; a list combines kinds (learned + rope, EVA-02)."
     )
     width: int = Field(ge=1, le=MAX_WIDTH, description="Model width (embedding dim) of every token.")
+    widths: list[Annotated[int, Field(ge=1, le=MAX_WIDTH)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=8,
+        description="The width of each stage of a hierarchical stack, the first equal to width (PVT: [32, 64, "
+        "160, 256]); null: width doubled per stage (Swin).",
+    )
     depth: per_stage(  # type: ignore[valid-type]
         MAX_DEPTH,
         "Number of blocks; a list [2, 2, 6, 2] makes a hierarchical image encoder of stages, each after the first "
@@ -239,6 +248,12 @@ class StackSpec(Node):
         description="Where the norm of patch merging sits (hierarchical stacks): pre, norm over 4C then "
         "the linear 4C -> 2C (Swin); post, the linear then a norm over 2C (Swin-V2).",
     )
+    downsample: MapOps | None = Field(
+        None,
+        description="Hierarchical stacks: the layers between stages in place of patch merging, over the tokens "
+        "as a map (conv, norm, act and pool items; a conv without channels leads to the next stage's width), "
+        "whose output map is the next stage's grid: PVT's stage norm and overlapping patch embedding.",
+    )
     final_norm: bool = Field(True, description="A norm after the last block.")
     share: ShareSpec | None = Field(
         None, description="Blocks that share one set of weights (the state dict holds each set once)."
@@ -270,11 +285,11 @@ class StackSpec(Node):
         return self._layers[i]
 
     def _resolve_layers(self) -> list[BlockSpec]:
-        depth, out = self.total_depth, []
+        stages, out = self.stage_depths, []
         unique: dict[str, BlockSpec] = {}
         for i, name in enumerate(self.pattern()):
             changes = [self.blocks[name]] if name in self.blocks else []
-            changes += [o.block for o in self.overrides if i in {k % depth for k in o.layers}]
+            changes += [o.block for o in self.overrides if i in o.indexes(stages)]
             if not changes:
                 out.append(self.block)
                 continue
@@ -303,24 +318,6 @@ class StackSpec(Node):
     def positions(self) -> list[PositionFragment]:
         """The stack's position kinds (a list of one, or several combined)."""
         return list(self.position) if isinstance(self.position, list) else [self.position]
-
-    @property
-    def hierarchical(self) -> bool:
-        """A stack of stages with patch merging between them (``depth`` is a list)."""
-        return isinstance(self.depth, list)
-
-    @property
-    def stage_depths(self) -> list[int]:
-        return list(self.depth) if isinstance(self.depth, list) else [self.depth]
-
-    @property
-    def stage_heads(self) -> list[int]:
-        heads = self.block.heads
-        return list(heads) if isinstance(heads, list) else [heads] * len(self.stage_depths)
-
-    @property
-    def stage_widths(self) -> list[int]:
-        return [self.width * 2**i for i in range(len(self.stage_depths))]
 
     def weight_set(self, i: int) -> int:
         """The set of block weights layer ``i`` runs with: its own index unless blocks are shared."""
@@ -485,6 +482,7 @@ class Spec(Node):
         for role, s in self.stacks.items():
             depth, heads = (s.depth, s.block.heads) if not s.hierarchical else (s.stage_depths, s.stage_heads)
             shared = f" ({s.share.blocks} weight set{'s' * (s.share.blocks > 1)})" if s.share else ""
-            parts.append(f"{role} {s.input.kind} depth={depth}{shared} width={s.width} heads={heads}")
+            width = s.widths or s.width
+            parts.append(f"{role} {s.input.kind} depth={depth}{shared} width={width} heads={heads}")
         parts.append(f"head={self.head.kind}")
         return ", ".join(parts)
