@@ -128,6 +128,14 @@ def test_decoder_logits_match_hf(name: str) -> None:
         torch.testing.assert_close(model(tokens), ref(input_ids=tokens).logits, atol=ATOL, rtol=0)
 
 
+def _hf_greedy(ref: nn.Module, prompt: torch.Tensor, new: int) -> torch.Tensor:
+    """HF's greedy tokens: the prompt and exactly ``new`` more."""
+    mask = torch.ones_like(prompt)
+    return ref.generate(
+        prompt, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0
+    )
+
+
 @pytest.mark.parametrize("name", DECODERS)
 def test_greedy_generation_matches_hf(name: str) -> None:
     """The KV-cache decode loop gives HF's tokens, past the sliding window and with ALiBi."""
@@ -135,15 +143,7 @@ def test_greedy_generation_matches_hf(name: str) -> None:
     model = _ours(ref)
     prompt = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        ours = model.generate(prompt, 14)
-        theirs = ref.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=14,
-            min_new_tokens=14,
-            do_sample=False,
-            pad_token_id=0,
-        )
+        ours, theirs = model.generate(prompt, 14), _hf_greedy(ref, prompt, 14)
     assert torch.equal(ours, theirs)
     # not only a degenerate repeat, which a broken cache could reproduce too
     assert any(len(set(row[4:].tolist())) > 1 for row in ours)
@@ -176,15 +176,7 @@ def test_a_family_without_new_math_is_a_spec() -> None:
         with pytest.raises(AssertionError, match="Tensor-likes are not close"):
             torch.testing.assert_close(converted(ref, control)(tokens), theirs, atol=ATOL, rtol=0)
         prompt = tokens[:, :4]
-        ours = converted(ref, spec).generate(prompt, 12)
-        hf = ref.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=12,
-            min_new_tokens=12,
-            do_sample=False,
-            pad_token_id=0,
-        )
+        ours, hf = converted(ref, spec).generate(prompt, 12), _hf_greedy(ref, prompt, 12)
     assert torch.equal(ours, hf)
 
 
