@@ -21,13 +21,15 @@ from typing import Any
 
 import pytest
 import torch
-from reference import float64_reference, perturbed
+from reference import converted, float64_reference, perturbed
 from test_constructs import _check
 from test_constructs_stems import ejects_the_same, problem
 from torch import nn
 
+from specvit import from_hf
 from specvit.codegen.check import differences, executed_graph, meta_shapes
 from specvit.compile import build_graph, build_model, eject
+from specvit.errors import SpecError
 from specvit.inputs import InputError
 from specvit.model import SpecModel
 from specvit.spec.loader import parse_spec
@@ -82,7 +84,7 @@ def _hf(classes: int | None = None) -> nn.Module:
         sequence_reduction_ratios=SR,
         mlp_ratios=RATIOS,
         layer_norm_eps=1e-5,
-        **({"num_labels": classes} if classes else {}),
+        **({"num_labels": classes, "architectures": ["PvtForImageClassification"]} if classes else {}),
     )
     torch.manual_seed(0)
     model = PvtForImageClassification(config) if classes else PvtModel(config)
@@ -268,3 +270,46 @@ def test_a_blocks_table_needs_a_fixed_token_count() -> None:
         "encoder.overrides.0.block.position: a block's learned table has one row per token, and the encoder's "
         "tokens have no fixed count (use the stack's position: {kind: learned, max_len: ...}, or an image input)"
     )
+
+
+# ----------------------------------------------------------------------------------- the HF importer
+
+
+@pytest.mark.parametrize("classes", [None, 7], ids=["model", "classifier"])
+def test_from_hf_states_pvt_and_converts_its_weights(classes: int | None) -> None:
+    ref = _hf(classes)
+    spec = from_hf(ref.config)
+    head = {"kind": "classifier", "pool": "cls", "classes": 7} if classes else None
+    exclude = {"name", "description"}
+    assert spec.model_dump(exclude=exclude) == parse_spec(pvt1_spec(head=head)).model_dump(exclude=exclude)
+    assert _diff(converted(ref, spec, "hf").double(), ref) <= TOL
+
+
+def test_from_hf_of_the_default_config_has_hfs_parameter_count() -> None:
+    from transformers import PvtConfig, PvtForImageClassification
+
+    config = PvtConfig(num_labels=1000, architectures=["PvtForImageClassification"])
+    theirs = sum(p.numel() for p in PvtForImageClassification(config).parameters())
+    assert build_graph(from_hf(config)).total_params == theirs
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"patch_sizes": [4, 2, 3, 2]},
+            "config.patch_sizes: pvt config has patch_sizes=[4, 2, 3, 2]: the patch embeddings after the first "
+            "share one kernel and stride in a spec (give every stage after the first the same value)",
+        ),
+        (
+            {"patch_sizes": [8, 2, 2, 2], "strides": [8, 2, 2, 2]},
+            "config.patch_sizes: pvt config has patch_sizes=[8, 2, 2, 2]: stage 1's grid is 14x14 and HF sizes its "
+            "position table for 28x28 (use PVT's patch sizes [4, 2, 2, 2])",
+        ),
+    ],
+    ids=["patch-sizes", "table-sizes"],
+)
+def test_from_hf_refuses_what_no_spec_states(fields: dict[str, Any], expected: str) -> None:
+    with pytest.raises(SpecError) as info:
+        from_hf({"model_type": "pvt", **fields})
+    assert str(info.value.problems[0]) == expected
