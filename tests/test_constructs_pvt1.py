@@ -193,6 +193,41 @@ def test_each_table_has_a_row_per_token_entering_its_block() -> None:
     ]
 
 
+def test_the_key_composes_with_every_way_of_choosing_blocks() -> None:
+    """``overrides`` by stages gives every block of those stages a table of its own (a table per layer); a
+    variant under ``blocks:`` with a ``schedule`` places one where the schedule puts the variant."""
+    spec = pvt1_spec(tables=False)
+    spec["encoder"]["overrides"].append({"stages": [2], "block": {"position": "learned"}})
+    graph = build_graph(parse_spec(spec))
+    assert sorted(n for n in graph.nx if n.endswith(".pos_embed")) == [
+        "encoder.stages.2.blocks.0.pos_embed",
+        "encoder.stages.2.blocks.1.pos_embed",
+    ]
+    assert graph["encoder.stages.2.blocks.0.pos_embed"]["params"] == 16 * 48  # the 4x4 grid, 48 wide
+    plain = {
+        "specvit": 1,
+        "name": "vit_tables",
+        "model": "encoder",
+        "encoder": {
+            "input": {"kind": "image", "size": 32, "patch": 8},
+            "position": "learned",
+            "prefix": {"cls": True},
+            "width": 16,
+            "depth": 4,
+            "block": {"heads": 2},
+            "blocks": {"positioned": {"position": "learned"}},
+            "schedule": ["block", "positioned"],
+        },
+    }
+    graph = build_graph(parse_spec(plain))
+    tables = {n: graph[n]["p"].max_len for n in graph.nx if n.endswith("pos_embed")}
+    assert tables == {
+        "encoder.pos_embed": 17,
+        "encoder.blocks.1.pos_embed": 17,
+        "encoder.blocks.3.pos_embed": 17,
+    }
+
+
 def test_pvt_v1_is_drawn_as_built_and_ejects_the_same() -> None:
     graph = build_graph(parse_spec(pvt1_spec()), batch=2)
     model = build_model(graph, device="meta")
@@ -269,6 +304,12 @@ def test_a_blocks_table_needs_a_fixed_token_count() -> None:
     assert problem(text) == (
         "encoder.overrides.0.block.position: a block's learned table has one row per token, and the encoder's "
         "tokens have no fixed count (use the stack's position: {kind: learned, max_len: ...}, or an image input)"
+    )
+    text["encoder"] |= {"input": {"kind": "image", "size": 32, "patch": 8}, "masking": {"ratio": 0.5}}
+    text["encoder"]["position"] = "learned"
+    assert problem(text) == (
+        "encoder.overrides.0.block.position: masking keeps a random set of the patches, so a row of a block's "
+        "table names no patch (remove position from the block)"
     )
 
 
