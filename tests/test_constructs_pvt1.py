@@ -1,7 +1,7 @@
 """The Pyramid Vision Transformer v1 (Wang et al. 2021) stated in the language and checked in float64 against
 HF transformers' ``PvtModel`` and ``PvtForImageClassification`` (random weights moved off their init):
 
-- a learned position table before chosen blocks (``block.position: learned``, set on each stage's first block
+- a learned position table before chosen blocks (``block.absolute_position: learned``, set on each stage's first block
   by an override): one row per token entering the block (the stage's grid, and the class token once it is in),
   at the stage's width;
 - the class token entering the last stage (``prefix: {cls: true, at: K}``, CaiT's late prefix) after the last
@@ -44,7 +44,7 @@ def pvt1_spec(tables: bool = True, head: Any = None) -> dict[str, Any]:
     norm = {"kind": "norm", "type": "layer", "eps": 1e-5}
     overrides: list[dict[str, Any]] = [{"stages": [2, 3], "block": {"mlp": {"ratio": RATIOS[2]}}}]
     if tables:
-        overrides.append({"layers": STARTS, "block": {"position": "learned"}})
+        overrides.append({"layers": STARTS, "block": {"absolute_position": "learned"}})
     return {
         "specvit": 1,
         "name": "pvt_v1_small",
@@ -197,7 +197,7 @@ def test_the_key_composes_with_every_way_of_choosing_blocks() -> None:
     """``overrides`` by stages gives every block of those stages a table of its own (a table per layer); a
     variant under ``blocks:`` with a ``schedule`` places one where the schedule puts the variant."""
     spec = pvt1_spec(tables=False)
-    spec["encoder"]["overrides"].append({"stages": [2], "block": {"position": "learned"}})
+    spec["encoder"]["overrides"].append({"stages": [2], "block": {"absolute_position": "learned"}})
     graph = build_graph(parse_spec(spec))
     assert sorted(n for n in graph.nx if n.endswith(".pos_embed")) == [
         "encoder.stages.2.blocks.0.pos_embed",
@@ -215,7 +215,7 @@ def test_the_key_composes_with_every_way_of_choosing_blocks() -> None:
             "width": 16,
             "depth": 4,
             "block": {"heads": 2},
-            "blocks": {"positioned": {"position": "learned"}},
+            "blocks": {"positioned": {"absolute_position": "learned"}},
             "schedule": ["block", "positioned"],
         },
     }
@@ -298,18 +298,18 @@ def test_a_blocks_table_needs_a_fixed_token_count() -> None:
             "width": 16,
             "depth": 2,
             "block": {"heads": 2},
-            "overrides": [{"layers": [1], "block": {"position": "learned"}}],
+            "overrides": [{"layers": [1], "block": {"absolute_position": "learned"}}],
         },
     }
     assert problem(text) == (
-        "encoder.overrides.0.block.position: a block's learned table has one row per token, and the encoder's "
+        "encoder.overrides.0.block.absolute_position: a block's learned table has one row per token, and the encoder's "
         "tokens have no fixed count (use the stack's position: {kind: learned, max_len: ...}, or an image input)"
     )
     text["encoder"] |= {"input": {"kind": "image", "size": 32, "patch": 8}, "masking": {"ratio": 0.5}}
     text["encoder"]["position"] = "learned"
     assert problem(text) == (
-        "encoder.overrides.0.block.position: masking keeps a random set of the patches, so a row of a block's "
-        "table names no patch (remove position from the block)"
+        "encoder.overrides.0.block.absolute_position: masking keeps a random set of the patches, so a row of a block's "
+        "table names no patch (remove absolute_position from the block)"
     )
 
 

@@ -1,6 +1,6 @@
 """PVT v1 (``PvtModel``, ``PvtForImageClassification``; Wang et al. 2021): stages of free widths, each opened by
 a non-overlapping patch embedding (a conv whose kernel is its stride, a LayerNorm) and a learned position table of
-the stage's grid (``block.position`` on each stage's first block), the class token entering the last stage
+the stage's grid (``block.absolute_position`` on each stage's first block), the class token entering the last stage
 (``prefix.at``) with a row of that stage's table, spatial-reduction attention and plain MLPs.
 
 HF sizes each later stage's table as if the grid halved from a 4x4 first patch (``image_size // 2 ** (i + 1)``
@@ -62,7 +62,7 @@ def _spec(c: Config) -> dict[str, Any]:
         for ratio in dict.fromkeys(ratios[1:])
         if ratio != ratios[0]
     ]
-    overrides.append({"layers": starts, "block": {"position": "learned"}})  # each stage's table
+    overrides.append({"layers": starts, "block": {"absolute_position": "learned"}})  # each stage's table
     classes = len(c.get("id2label") or {}) or c.get("num_labels", 1000)  # PvtConfig keeps num_labels itself
     classify = "PvtForImageClassification" in (c.get("architectures") or [])
     return {

@@ -115,7 +115,7 @@ def sublayer(cls: S) -> S:
 
 
 BLOCK_INPUTS: list[Callable[[BlockCtx, str], str]] = []
-"""Functions run on a block's input before its first step, in order (``block.position``: a learned table added
+"""Functions run on a block's input before its first step, in order (``block.absolute_position``: a learned table added
 to the tokens); each takes the block and its input node and returns the new input node (the same when the
 block asks for nothing)."""
 

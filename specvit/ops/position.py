@@ -208,7 +208,7 @@ class LearnedPosition(PositionFragment):
 
 @block_input
 def block_position(b: BlockCtx, x: str) -> str:
-    """A block's own learned table (``block.position: learned``), added to the tokens entering it: one row
+    """A block's own learned table (``block.absolute_position: learned``), added to the tokens entering it: one row
     per token there (the stage's grid and the prefix tokens in front), at the block's width; then the stack's
     embedding dropout, as after the stack's table (PVT v1's per-stage tables).
 
@@ -216,11 +216,11 @@ def block_position(b: BlockCtx, x: str) -> str:
         b: the block.
         x: its input tokens, (B, N, D) with N fixed (the rules keep the key to inputs of a fixed size).
     """
-    if b.spec.position != "learned":
+    if b.spec.absolute_position != "learned":
         return x
     rows = b.stack.shape(x)[1]
     assert isinstance(rows, int)
-    source = f"{b.stack.role}.block.position"
+    source = f"{b.stack.role}.block.absolute_position"
     x = b.add("pos_embed", "pos_learned", LearnedParams(rows, b.dim), {"x": x}, source=source)
     if rate := b.stack.stack.dropout.embedding:
         x = b.add(

@@ -307,7 +307,7 @@ class BlockSpec(Node):
         "the token grid through an r x r conv of stride r and a LayerNorm (of the block norm's eps), queries "
         "from every token; 1 = none.",
     ) = 1
-    position: Literal["learned"] | None = Field(
+    absolute_position: Literal["learned"] | None = Field(
         None,
         description="learned: a learned absolute position table of the tokens entering the block (its grid "
         "and the prefix tokens then present, at its width), added before its first sublayer and followed by "

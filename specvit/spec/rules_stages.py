@@ -1,6 +1,6 @@
 """Cross-field rules of free stage widths, the layers between stages (``widths``, ``downsample``), PVT's
 spatial reduction (``block.spatial_reduction``), the Mix-FFN's depthwise conv (``mlp.dwconv``), a block's own
-position table (``block.position``) and a prefix entering a hierarchical stack's last stage."""
+position table (``block.absolute_position``) and a prefix entering a hierarchical stack's last stage."""
 
 from __future__ import annotations
 
@@ -179,14 +179,14 @@ def _late_prefix(role: str, s: StackSpec) -> list[Problem]:
 def _block_position(role: str, s: StackSpec) -> list[Problem]:
     """A block's own table has a row per token entering it: the stack's input fixes their number, unmasked."""
     for i, b in enumerate(s.layer_blocks):
-        if b.position is None:
+        if b.absolute_position is None:
             continue
-        why, fix = "", "remove position from the block"
+        why, fix = "", "remove absolute_position from the block"
         if s.num_tokens is None:
             why = f"a block's learned table has one row per token, and the {role}'s {s.input.kind} have no fixed count"
             fix = "use the stack's position: {kind: learned, max_len: ...}, or an image input"
         elif s.masking is not None:
             why = "masking keeps a random set of the patches, so a row of a block's table names no patch"
         if why:
-            return [Problem(_key(role, s, i, "position"), why, fix)]
+            return [Problem(_key(role, s, i, "absolute_position"), why, fix)]
     return []
