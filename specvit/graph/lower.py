@@ -207,7 +207,7 @@ class _Lowering:
         self.positions(s, "attention")
         self.blocks(s)
         if f.prefix_at and f.prefix_at == f.total_depth:  # after the last block
-            self.prefix(s)
+            self.prefix(s, f.out_width)
         if s.final_norm:
             self.x = self.norm(f"{role}.norm", s, f.out_width, f"{role}.final_norm")
         self.tag_sides()
@@ -224,12 +224,13 @@ class _Lowering:
             if p.phase() == phase:
                 p.lower(self)
 
-    def prefix(self, s: StackSpec) -> None:
+    def prefix(self, s: StackSpec, width: int | None = None) -> None:
+        """The prefix tokens in front of the tokens, ``width`` wide (the stage's they enter; the first's)."""
         f = s.facts
         if not f.num_prefix:
             return
         role = self.role
-        p = PrefixParams(f.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
+        p = PrefixParams(width or f.width, s.prefix.cls, s.prefix.registers, s.prefix.distillation)
         self.x = self.add(f"{role}.prefix", "prefix", p, {"x": self.x}, source=f"{role}.prefix")
         self.n = self.dims.plus(self.n, f.num_prefix)
         if "mask" in self.side:
@@ -252,9 +253,10 @@ class _Lowering:
             if si > 0:
                 assert self.grid is not None
                 self.x, self.grid = lower_downsample(self, f"{container}.downsample", self.grid, si)
+                self.n = self.grid[0] * self.grid[1]
             for i in range(stage.depth):
-                if index == f.prefix_at and index:  # the prefix enters late (CaiT's class token)
-                    self.prefix(s)
+                if index == f.prefix_at and index:  # the prefix enters late (CaiT's; PVT's in its last stage)
+                    self.prefix(s, stage.width)
                 w = s.weight_set(index)
                 if w in applied:  # a later layer of shared weights: its block again
                     self.x = self.call_block(index, *applied[w])
@@ -276,7 +278,7 @@ class _Lowering:
                     stage=si,
                 )
                 rate = round(s.drop_path * index / (f.total_depth - 1), 6) if f.total_depth > 1 else 0.0
-                self.x = lower_steps(b, expand(spec, role), self.x, rate if s.drop_path else None)
+                self.x = lower_steps(b, expand(spec, role), b.enter(self.x), rate if s.drop_path else None)
                 index += 1
 
     def call_block(self, index: int, block: str, first: str) -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from specvit.ops.base import Params, StackCtx
 from specvit.ops.norm import NormParams
 
-__all__ = ["SUBLAYERS", "BlockCtx", "Sublayer", "sublayer"]
+__all__ = ["BLOCK_INPUTS", "SUBLAYERS", "BlockCtx", "Sublayer", "block_input", "sublayer"]
 
 
 class BlockCtx:
@@ -61,6 +61,17 @@ class BlockCtx:
         """Add node ``name`` of this block."""
         return self.stack.add(f"{self.path}.{name}", kind, p, srcs, source=source, block=self.path)
 
+    def enter(self, x: str) -> str:
+        """The block's input tokens after what the registered :data:`BLOCK_INPUTS` add to them (a block's own
+        position table), the node its first step reads.
+
+        Args:
+            x: the tokens that reach the block.
+        """
+        for step in BLOCK_INPUTS:
+            x = step(self, x)
+        return x
+
     @staticmethod
     def beside(name: str, own: str, part: str) -> str:
         """The name of a node a sublayer named ``name`` adds beside itself: ``own`` in it replaced by ``part``
@@ -101,3 +112,15 @@ def sublayer(cls: S) -> S:
     """Register a :class:`Sublayer` under its ``kind``."""
     SUBLAYERS[cls.kind] = cls()
     return cls
+
+
+BLOCK_INPUTS: list[Callable[[BlockCtx, str], str]] = []
+"""Functions run on a block's input before its first step, in order (``block.absolute_position``: a learned table added
+to the tokens); each takes the block and its input node and returns the new input node (the same when the
+block asks for nothing)."""
+
+
+def block_input(fn: Callable[[BlockCtx, str], str]) -> Callable[[BlockCtx, str], str]:
+    """Register ``fn`` in :data:`BLOCK_INPUTS`."""
+    BLOCK_INPUTS.append(fn)
+    return fn

@@ -15,13 +15,14 @@ from pydantic import Field
 
 from specvit.errors import Problem, SpecError
 from specvit.ops.base import MAX_LEN, Dims, Filler, Fragment, Op, Params, Shape, StackCtx, fragment, op
-from specvit.ops.block import BlockCtx
+from specvit.ops.block import BlockCtx, block_input
 from specvit.ops.facts import SpecView, StackView
+from specvit.ops.structure import DropParams
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Phase", "PositionFragment", "block_rope"]
+__all__ = ["Phase", "PositionFragment", "block_position", "block_rope"]
 
 Phase = Literal["before_prefix", "tokens", "attention"]
 
@@ -203,6 +204,29 @@ class LearnedPosition(PositionFragment):
         p = LearnedParams(rows + self.offset, ctx.stack.facts.embedding_width, self.offset)
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_learned", p, srcs, source=f"{ctx.role}.position")
+
+
+@block_input
+def block_position(b: BlockCtx, x: str) -> str:
+    """A block's own learned table (``block.absolute_position: learned``), added to the tokens entering it: one row
+    per token there (the stage's grid and the prefix tokens in front), at the block's width; then the stack's
+    embedding dropout, as after the stack's table (PVT v1's per-stage tables).
+
+    Args:
+        b: the block.
+        x: its input tokens, (B, N, D) with N fixed (the rules keep the key to inputs of a fixed size).
+    """
+    if b.spec.absolute_position != "learned":
+        return x
+    rows = b.stack.shape(x)[1]
+    assert isinstance(rows, int)
+    source = f"{b.stack.role}.block.absolute_position"
+    x = b.add("pos_embed", "pos_learned", LearnedParams(rows, b.dim), {"x": x}, source=source)
+    if rate := b.stack.stack.dropout.embedding:
+        x = b.add(
+            "pos_drop", "dropout", DropParams(rate), {"x": x}, source=f"{b.stack.role}.dropout.embedding"
+        )
+    return x
 
 
 @dataclass(frozen=True)

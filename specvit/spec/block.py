@@ -307,6 +307,12 @@ class BlockSpec(Node):
         "the token grid through an r x r conv of stride r and a LayerNorm (of the block norm's eps), queries "
         "from every token; 1 = none.",
     ) = 1
+    absolute_position: Literal["learned"] | None = Field(
+        None,
+        description="learned: a learned absolute position table of the tokens entering the block (its grid "
+        "and the prefix tokens then present, at its width), added before its first sublayer and followed by "
+        "the stack's embedding dropout (PVT v1's table per stage: on each stage's first block); null: none.",
+    )
     layer_scale: float | None = Field(
         None, gt=0.0, le=10.0, description="LayerScale init value (CaiT, DINOv2), or null for none."
     )

@@ -239,8 +239,12 @@ def _hierarchy_features(role: str, s: StackSpec, what: str) -> list[Problem]:
     """What stages of windowed attention do not take: prefix tokens, GQA, QK-norm, attention positions."""
     out: list[Problem] = []
     b, at = s.block, f"{role}.block"
+    last = s.total_depth - s.stage_depths[-1]  # a hierarchical stack's prefix may enter in its last stage
+    prefix = "remove the class and register tokens; classify with pool: mean" + (
+        f", or let them enter in the last stage: prefix.at: {last}" if s.hierarchical else ""
+    )
     for key, value, hint in (
-        (f"{role}.prefix", s.num_prefix, "remove the class and register tokens; classify with pool: mean"),
+        (f"{role}.prefix", s.num_prefix and not (s.hierarchical and s.prefix_at), prefix),
         (f"{at}.kv_heads", b.kv_heads, "remove kv_heads"),
         (f"{at}.head_dim", b.head_dim, "remove head_dim; it is width / heads per stage"),
         (f"{at}.qk_norm", b.qk_norm, "set qk_norm: false"),

@@ -46,10 +46,18 @@ def _prefix_at(role: str, s: StackSpec) -> list[Problem]:
         out.append(
             Problem(f"{role}.prefix.at", "there are no prefix tokens to enter", "remove at, or set cls: true")
         )
-    if s.hierarchical:
-        out.append(Problem(f"{role}.prefix.at", "a hierarchical stack has no prefix tokens", "remove at"))
+    last = s.total_depth - s.stage_depths[-1]
+    if s.hierarchical and s.prefix_at < last:
+        out.append(
+            Problem(
+                f"{role}.prefix.at",
+                f"the prefix would enter before block {s.prefix_at}, and the layers into the stages after it "
+                "read the tokens as a grid, without prefix tokens",
+                f"use at: {last} (the last stage's first block) or later",
+            )
+        )
     for position in s.positions:
-        if position.phase() == "tokens":
+        if position.phase() == "tokens" and position.writes():  # position: none adds nothing
             out.append(
                 Problem(
                     f"{role}.position",

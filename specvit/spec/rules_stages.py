@@ -1,5 +1,6 @@
 """Cross-field rules of free stage widths, the layers between stages (``widths``, ``downsample``), PVT's
-spatial reduction (``block.spatial_reduction``) and the Mix-FFN's depthwise conv (``mlp.dwconv``)."""
+spatial reduction (``block.spatial_reduction``), the Mix-FFN's depthwise conv (``mlp.dwconv``), a block's own
+position table (``block.absolute_position``) and a prefix entering a hierarchical stack's last stage."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def check_stages(role: str, s: StackSpec) -> list[Problem]:
         s: the stack.
     """
     out = _widths(role, s)
-    return out + (_downsample(role, s) if not out else []) + _reduction(role, s) + _dwconv(role, s)
+    out += _downsample(role, s) if not out else []
+    return out + _reduction(role, s) + _dwconv(role, s) + _late_prefix(role, s) + _block_position(role, s)
 
 
 def _widths(role: str, s: StackSpec) -> list[Problem]:
@@ -99,7 +101,10 @@ def _reduction(role: str, s: StackSpec) -> list[Problem]:
         if not grids:
             why = f"a spatial reduction reduces the token grid of an image stack, and the {role} reads {s.input.kind}"
             fix = "use an image input, or remove spatial_reduction"
-        elif s.num_prefix or s.masking is not None:
+        elif s.num_prefix and s.prefix_at and i >= s.prefix_at:  # entering late (PVT v1's last stage)
+            why = f"block {i} sees the prefix tokens, which are off the grid the keys and values are reduced from"
+            fix = f"use a ratio of 1 in the blocks from {s.prefix_at} on"
+        elif (s.num_prefix and i >= s.prefix_at) or s.masking is not None:
             why = "prefix tokens and masking leave tokens off the grid the keys and values are reduced from"
             fix = "remove the class and register tokens (classify with pool: mean) and masking"
         elif r > min(grids[stage_of[i]]):
@@ -141,7 +146,7 @@ def _dwconv(role: str, s: StackSpec) -> list[Problem]:
         why, fix = "", "set dwconv: false"
         if not s.stage_grids:
             why = f"a depthwise conv runs over the token grid of an image stack, and the {role} reads {s.input.kind}"
-        elif s.num_prefix or s.masking is not None:
+        elif (s.num_prefix and i >= s.prefix_at) or s.masking is not None:
             why = "prefix tokens and masking leave tokens off the grid the depthwise conv runs over"
             fix = "remove the class and register tokens (classify with pool: mean) and masking"
         elif mlp.moe is not None:
@@ -153,4 +158,35 @@ def _dwconv(role: str, s: StackSpec) -> list[Problem]:
             fix = "use a plain activation such as gelu, or set dwconv: false"
         if why:
             return [Problem(_key(role, s, i, "mlp") + ".dwconv", why, fix)]
+    return []
+
+
+def _late_prefix(role: str, s: StackSpec) -> list[Problem]:
+    """The blocks of a hierarchical stack that see prefix tokens entering late attend over more than a grid."""
+    if not (s.hierarchical and s.num_prefix and s.prefix_at):
+        return []
+    for i, b in enumerate(s.layer_blocks[s.prefix_at :], start=s.prefix_at):
+        if b.window is not None:
+            why = f"block {i} sees the prefix tokens, and its windows cut a grid without them"
+            return [
+                Problem(
+                    _key(role, s, i, "window"), why, f"remove window from the blocks from {s.prefix_at} on"
+                )
+            ]
+    return []
+
+
+def _block_position(role: str, s: StackSpec) -> list[Problem]:
+    """A block's own table has a row per token entering it: the stack's input fixes their number, unmasked."""
+    for i, b in enumerate(s.layer_blocks):
+        if b.absolute_position is None:
+            continue
+        why, fix = "", "remove absolute_position from the block"
+        if s.num_tokens is None:
+            why = f"a block's learned table has one row per token, and the {role}'s {s.input.kind} have no fixed count"
+            fix = "use the stack's position: {kind: learned, max_len: ...}, or an image input"
+        elif s.masking is not None:
+            why = "masking keeps a random set of the patches, so a row of a block's table names no patch"
+        if why:
+            return [Problem(_key(role, s, i, "absolute_position"), why, fix)]
     return []
