@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from specvit.errors import CheckpointError
-from specvit.io import atomic_write
+from specvit.io import Unreadable, atomic_write, read_regular
+from specvit.spec.yamlread import MAX_BYTES
 from specvit.text import escape
 
 __all__ = [
@@ -146,15 +147,24 @@ class Contents:
                 )
 
 
-def _read(path: Path) -> bytes:
+MANIFEST_BYTES = 1 << 20  # checkpoint.json holds two digests: a larger one is not a manifest
+
+
+def _read(path: Path, limit: int, *, head: bool = False) -> bytes:
+    """The bytes of one file of a checkpoint, read by :func:`specvit.io.read_regular` (at most ``limit``)."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{escape(str(path))} is missing") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{escape(str(path))} is a directory, not a file") from None
-    except OSError as exc:
-        raise CheckpointError(f"{escape(str(path))} cannot be read: {exc.strerror or exc}") from None
+        return read_regular(path, limit, "checkpoint file", head=head)
+    except Unreadable as exc:
+        where = escape(str(path))
+        if exc.reason == "missing":
+            raise CheckpointError(
+                f"{where} is missing (the checkpoint is incomplete; save the model again)"
+            ) from None
+        regular = "a checkpoint holds regular files only; save the model again"
+        hint = {"special": regular, "directory": regular, "too_big": "save the model again"}.get(
+            exc.reason, exc.hint
+        )
+        raise CheckpointError(escape(f"{exc.message} ({hint})" if hint else exc.message)) from None
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -166,7 +176,7 @@ def _manifest(path: Path) -> dict[str, Any]:
             "written by specvit's save_pretrained); save the model again"
         )
     try:
-        manifest = json.loads(_read(path / MANIFEST_FILE))
+        manifest = json.loads(_read(path / MANIFEST_FILE, MANIFEST_BYTES))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(
             f"{where} is not valid JSON ({escape(str(exc))}); save the model again"
@@ -176,10 +186,54 @@ def _manifest(path: Path) -> dict[str, Any]:
         not isinstance(manifest, dict)
         or manifest.get("format") != FORMAT
         or not isinstance(files, dict)
-        or not all(isinstance(files.get(n), dict) for n in (SPEC_FILE, WEIGHTS_FILE))
+        or not all(_entry(files.get(n)) for n in (SPEC_FILE, WEIGHTS_FILE))
     ):
         raise CheckpointError(f"{where} is not a {FORMAT} manifest; save the model again")
     return manifest
+
+
+def _entry(entry: Any) -> bool:
+    """Whether a manifest's entry for a file is ``{"sha256": str, "bytes": int >= 0}``."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+        return False
+    size = entry.get("bytes")
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
+
+
+HEADER_BYTES = 100 << 20  # safetensors' own bound on the JSON header
+
+
+def _weights_limit(path: Path) -> int:
+    """The size the weight file's safetensors header says it has, which memory must be able to hold.
+
+    Read from the header (8 bytes of length, then JSON) before the tensors: a file of another size (a
+    sparse file of zeros, one cut short, one with bytes appended) is refused without reading its body.
+    """
+    from specvit.resources import memory_budget
+
+    weights = path / WEIGHTS_FILE
+    where = escape(str(weights))
+    try:
+        length = int.from_bytes(_read(weights, 8, head=True).ljust(8, b"\0"), "little")
+        if not 2 <= length <= HEADER_BYTES:
+            raise ValueError(f"a header of {length:,} bytes")
+        header = json.loads(_read(weights, 8 + length, head=True)[8:])
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        size = 8 + length + max(ends, default=0)
+        if not all(isinstance(e, int) for e in ends) or size != weights.stat().st_size:
+            raise ValueError(
+                f"its header describes {size:,} bytes, the file holds {weights.stat().st_size:,}"
+            )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OSError) as exc:
+        raise CheckpointError(
+            f"{where} is truncated or corrupted ({escape(str(exc))}); save the model again"
+        ) from None
+    budget, what = memory_budget()
+    if budget is not None and size > budget:
+        raise CheckpointError(
+            f"{where} holds {size:,} bytes, more than {what} ({budget:,} bytes); load it where there is more memory"
+        )
+    return size
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
@@ -198,7 +252,9 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
         raise CheckpointError(f"{escape(str(path))} is not a checkpoint directory")
     with _locked(path, exclusive=False):
         manifest = _manifest(path)
-        return Contents(path, _read(path / SPEC_FILE), _read(path / WEIGHTS_FILE), manifest)
+        spec = _read(path / SPEC_FILE, MAX_BYTES)
+        weights = _read(path / WEIGHTS_FILE, _weights_limit(path))
+        return Contents(path, spec, weights, manifest)
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -278,7 +334,7 @@ def read_weights(
     path = Path(directory)
     weights = path / WEIGHTS_FILE
     try:
-        state = load(data if data is not None else _read(weights))
+        state = load(data if data is not None else _read(weights, _weights_limit(path)))
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
         raise CheckpointError(
             f"{escape(str(weights))} is truncated or corrupted ({escape(str(exc))})"

@@ -8,20 +8,124 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 __all__ = [
+    "Unreadable",
     "atomic_create",
     "atomic_open",
     "atomic_path",
     "atomic_save",
     "atomic_write",
+    "read_regular",
     "refuse_inputs",
     "spec_inputs",
 ]
+
+
+class Unreadable(ValueError):
+    """Why a file the user named cannot be read; callers turn it into their own error (SpecError ...).
+
+    Args:
+        message: what is wrong, naming the file (``spec 'x.yaml' is not a regular file but a FIFO``).
+        hint: how to fix it.
+        reason: ``missing``, ``directory``, ``special``, ``too_big``, ``permission`` or ``os``.
+        size: the file's size, for ``too_big``.
+    """
+
+    def __init__(self, message: str, hint: str, reason: str, size: int = 0):
+        super().__init__(f"{message} ({hint})" if hint else message)
+        self.message, self.hint, self.reason, self.size = message, hint, reason, size
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO nobody writes to returns at once
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (a named pipe: reading it waits for a writer)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def read_regular(
+    path: str | os.PathLike[str], limit: int, what: str, *, shown: str | None = None, head: bool = False
+) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; anything else is refused.
+
+    The one way specvit reads a file a user named (specs, ``extends`` bases, config.json, every file of
+    a checkpoint). A FIFO, a device (``/dev/zero``, ``/dev/stdin``), a socket or a directory is refused
+    by its ``stat`` before it is opened, and again by ``fstat`` after an open that cannot block (the path
+    may change in between); a file over ``limit`` is refused by its size before a byte is read, and the
+    read stops at ``limit + 1`` bytes should the file grow meanwhile.
+
+    Args:
+        path: the file.
+        limit: the most bytes it may hold.
+        what: what the file is, for messages (``spec``, ``HF config``, ``checkpoint file``).
+        shown: the file's name in messages (default: ``path`` as given).
+        head: read only the first ``limit`` bytes (a header), whatever the file's size.
+
+    Raises:
+        Unreadable: naming the file, what is wrong and the fix.
+    """
+    name = shown if shown is not None else os.fspath(path)
+    if "\0" in os.fspath(path):
+        raise Unreadable(
+            f"{what} {name!r} cannot be read: the path holds a NUL character", "check the path", "os"
+        )
+    try:
+        info = os.stat(path)
+        _check(info, name, what, None if head else limit)
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            _check(os.fstat(fd), name, what, None if head else limit)
+            data = f.read(limit if head else limit + 1)
+    except FileNotFoundError:
+        raise Unreadable(f"{what} '{name}' does not exist", "check the path", "missing") from None
+    except PermissionError:
+        raise Unreadable(
+            f"{what} '{name}' cannot be read (permission denied)",
+            "check the file's permissions",
+            "permission",
+        ) from None
+    except OSError as exc:
+        raise Unreadable(f"{what} '{name}' cannot be read: {exc.strerror or exc}", "", "os") from None
+    if len(data) > limit:
+        raise Unreadable(
+            f"{what} '{name}' holds more than {limit:,} bytes, over the limit",
+            "is this the right file?",
+            "too_big",
+            len(data),
+        )
+    return data
+
+
+def _check(info: os.stat_result, name: str, what: str, limit: int | None) -> None:
+    """Refuse what is not a regular file, or a regular file over ``limit`` bytes."""
+    if stat.S_ISDIR(info.st_mode):
+        raise Unreadable(f"{what} '{name}' is a directory", "give the path of a file", "directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise Unreadable(
+            f"{what} '{name}' is not a regular file but {_kind(info.st_mode)}",
+            "give the path of a regular file; specvit does not read pipes or devices",
+            "special",
+        )
+    if limit is not None and info.st_size > limit:
+        raise Unreadable(
+            f"{what} '{name}' is {info.st_size:,} bytes, over the {limit:,}-byte limit for it",
+            "is this the right file?",
+            "too_big",
+            info.st_size,
+        )
 
 
 def _parent(target: Path) -> None:

@@ -165,6 +165,14 @@ def _mkfifo(name: str) -> Callable[[Path], None]:
     return setup
 
 
+def _sparse(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        with (d / name).open("wb") as f:
+            f.truncate(8 << 30)  # a hole: no block is written
+
+    return setup
+
+
 def _mkdir(name: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         (d / name).mkdir()
@@ -450,9 +458,24 @@ CASES: list[Case] = [
     Case(
         "extends_fifo",
         "extends names a FIFO nobody writes to (reading it would wait forever)",
-        "2:10: spec 'base.yaml' is not a regular file (give the path of a .yaml file)",
+        "2:10: spec 'base.yaml' is not a regular file but a FIFO (a named pipe: reading it waits for a writer) (give the path of a .yaml file)",
         text=_EXTENDS % b"base.yaml",
         setup=_mkfifo("base.yaml"),
+    ),
+    Case(
+        "extends_dev_urandom",
+        "extends names a symlink to /dev/urandom (reading it would never end)",
+        "2:10: spec '/dev/urandom' is not a regular file but a character device (give the path of a .yaml file)",
+        text=_EXTENDS % b"base.yaml",
+        setup=_symlink("base.yaml", "/dev/urandom"),
+    ),
+    Case(
+        "extends_sparse",
+        "extends names a sparse file of 8 GiB (no disk used; reading it would fill memory)",
+        "1:1: the file is 8,589,934,592 bytes, over the 1,048,576-byte limit for a spec",
+        text=_EXTENDS % b"base.yaml",
+        setup=_sparse("base.yaml"),
+        error_file="base.yaml",
     ),
     Case(
         "extends_symlink_loop",
@@ -586,8 +609,16 @@ CASES: list[Case] = [
     Case(
         "path_fifo",
         "a spec path that is a FIFO nobody writes to",
-        "spec 'path_fifo.yaml' is not a regular file (give the path of a .yaml file)",
+        "spec 'path_fifo.yaml' is not a regular file but a FIFO (a named pipe: reading it waits for a writer) (give the path of a .yaml file)",
         setup=_mkfifo("path_fifo.yaml"),
+        error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
+    ),
+    Case(
+        "path_dev_zero",
+        "a spec path that is a symlink to /dev/zero (reading it would never end)",
+        "spec 'path_dev_zero.yaml' is not a regular file but a character device (give the path of a .yaml file)",
+        setup=_symlink("path_dev_zero.yaml", "/dev/zero"),
         error_file=None,
         exit_code=1,  # the path given cannot be read: a file error
     ),
