@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,8 @@ from typing import Any
 import torch
 
 from specvit.errors import CheckpointError
-from specvit.io import Unreadable, atomic_write, read_regular
+from specvit.io import Unreadable, file_mode, read_regular
+from specvit.signals import cleanup_on_signals, deferred_signals
 from specvit.spec.yamlread import MAX_BYTES
 from specvit.text import escape
 
@@ -70,6 +72,9 @@ def _digest(data: bytes) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
+STAGING = ".specvit-save-"  # the hidden directory a save writes its files in before they are put in place
+
+
 def save_pretrained(
     model: Any,
     directory: str | os.PathLike[str],
@@ -79,7 +84,10 @@ def save_pretrained(
 ) -> Path:
     """Write the model's canonical spec, its weights and the manifest that binds them into ``directory``.
 
-    Only the checkpoint's three files are written; other files in the directory are left alone.
+    Only the checkpoint's three files are written; other files in the directory are left alone. The files
+    are first written whole in a hidden directory inside ``directory``, then renamed into place under an
+    exclusive lock with signals held: until then the previous checkpoint stays as it was and loads, and a
+    signal (SIGINT, SIGTERM, SIGHUP ...) during the save removes what it wrote.
 
     Args:
         model: a compiled model.
@@ -95,25 +103,69 @@ def save_pretrained(
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{escape(str(path))} exists and is not a directory")
-    weights = model.state_dict() if state_dict is None else state_dict
-    tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-    weight_bytes = save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
-    spec_bytes = model.spec.to_yaml().encode("utf-8")
-    path.mkdir(parents=True, exist_ok=True)
-    with _locked(path, exclusive=True):  # checked under the lock: two saves cannot both find it empty
-        if any(path.iterdir()) and not overwrite:
-            raise CheckpointError(
-                f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
-            )
-        (path / MANIFEST_FILE).unlink(missing_ok=True)  # until the new one is written, nothing loads
-        atomic_write(path / WEIGHTS_FILE, weight_bytes)
-        atomic_write(path / SPEC_FILE, spec_bytes)
+    with cleanup_on_signals():
+        weights = model.state_dict() if state_dict is None else state_dict
+        tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+        weight_bytes = save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
+        spec_bytes = model.spec.to_yaml().encode("utf-8")
         manifest = {
             "format": FORMAT,
             "files": {SPEC_FILE: _digest(spec_bytes), WEIGHTS_FILE: _digest(weight_bytes)},
         }
-        atomic_write(path / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+        files = {
+            WEIGHTS_FILE: weight_bytes,
+            SPEC_FILE: spec_bytes,
+            MANIFEST_FILE: (json.dumps(manifest, indent=2) + "\n").encode(),
+        }
+        path.mkdir(parents=True, exist_ok=True)
+        if not overwrite:
+            _refuse_files(path)  # before writing anything; checked again under the lock
+        with tempfile.TemporaryDirectory(prefix=STAGING, dir=path) as tmp:
+            for name, data in files.items():
+                _stage(Path(tmp) / name, data, path / name)
+            with _locked(path, exclusive=True):
+                if not overwrite:
+                    _refuse_files(path)  # under the lock: two saves cannot both find it empty
+                with deferred_signals():
+                    (path / MANIFEST_FILE).unlink(
+                        missing_ok=True
+                    )  # a save killed between renames never loads
+                    for name in files:  # the manifest last
+                        _put(Path(tmp) / name, path / name)
+                    _sync(path)
     return path
+
+
+def _refuse_files(path: Path) -> None:
+    """Refuse a directory holding files (other saves' staging directories aside)."""
+    if any(not entry.name.startswith(STAGING) for entry in path.iterdir()):
+        raise CheckpointError(
+            f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
+        )
+
+
+def _stage(staged: Path, data: bytes, final: Path) -> None:
+    """Write ``data`` to ``staged`` whole (flushed to disk), with the mode ``final`` has or would get."""
+    with open(staged, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(staged, file_mode(final))
+
+
+def _put(staged: Path, final: Path) -> None:
+    """Rename a staged file into place (one step of the commit; tests interleave other saves here)."""
+    os.replace(staged, final)
+
+
+def _sync(path: Path) -> None:
+    """Flush the directory's entries (the renames) to disk, where the platform can."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 EXIT_IO_ERROR = 1  # a file cannot be read or written
 EXIT_SPEC_ERROR = 2  # the spec is invalid
 EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 def _key_value(text: str) -> str:
@@ -463,6 +464,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as exc:
         _say(exc, err=True)
         return EXIT_SPEC_ERROR
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the status a shell gives a command ended by SIGINT
+        _say(f"specvit {args.command}: interrupted", err=True)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0

@@ -21,6 +21,7 @@ __all__ = [
     "atomic_path",
     "atomic_save",
     "atomic_write",
+    "file_mode",
     "read_regular",
     "refuse_inputs",
     "spec_inputs",
@@ -168,7 +169,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     except OSError as exc:
         raise _about(exc, target) from None
     try:
-        os.chmod(tmp, _mode_for(target))  # mkstemp makes 0600; give the file the mode a plain open would
+        os.chmod(tmp, file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open would
         yield tmp
         os.replace(tmp, target)
     except OSError as exc:
@@ -197,8 +198,12 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         os.fsync(f.fileno())
 
 
-def _mode_for(target: Path) -> int:
-    """The existing file's mode, or 0666 less the umask for a new file."""
+def file_mode(target: Path) -> int:
+    """The existing file's mode, or 0666 less the umask for a new file.
+
+    Args:
+        target: the file about to be written.
+    """
     try:
         return target.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -244,7 +249,7 @@ def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _mode_for(target))
+        os.chmod(tmp, file_mode(target))
         os.link(tmp, target)  # fails if target exists: a file created meanwhile is never replaced
     except FileExistsError:
         return False
@@ -318,6 +323,6 @@ def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], object]) ->
             final = target.parent / written.name
             with open(written, "rb+") as f:
                 os.fsync(f.fileno())
-            os.chmod(written, _mode_for(final))
+            os.chmod(written, file_mode(final))
             os.replace(written, final)
     return target
