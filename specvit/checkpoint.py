@@ -309,6 +309,10 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
         return Contents(path, spec, weights, manifest)
 
 
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The floating-point dtypes the model's layers compute in: float8 (a storage format) is not one of them."""
+
+
 def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -323,7 +327,8 @@ def check_weights(
 
     A floating-point parameter must be stored as a floating-point tensor, anything else in its own dtype;
     unless ``cast``, the floating-point tensors must share one dtype (as ``save_pretrained`` writes them),
-    since a model of mixed precisions fails only later, in its forward.
+    since a model of mixed precisions fails only later, in its forward. A dtype the layers cannot compute
+    in (float8, a storage format) is refused unless ``cast``, for the same reason.
 
     Args:
         state: the loaded tensors.
@@ -342,6 +347,11 @@ def check_weights(
             problems.append(f"{k}: checkpoint has {list(have_shape)}, the spec needs {list(shape)}")
         if dtype.is_floating_point and not have.is_floating_point:
             problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs a floating-point tensor")
+        elif dtype.is_floating_point and have not in COMPUTE_DTYPES and not cast:
+            problems.append(
+                f"{k}: checkpoint has {_dtype(have)}, a dtype the model cannot compute in (its layers take "
+                f"{', '.join(_dtype(d) for d in COMPUTE_DTYPES)}; pass dtype= to load_pretrained to cast)"
+            )
         elif not dtype.is_floating_point and have != dtype:
             problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs {_dtype(dtype)}")
         elif dtype.is_floating_point:

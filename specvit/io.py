@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from specvit.signals import cleanup_on_signals
+
 __all__ = [
     "Unreadable",
     "atomic_create",
@@ -24,7 +26,9 @@ __all__ = [
     "file_mode",
     "read_regular",
     "refuse_inputs",
+    "refuse_special",
     "spec_inputs",
+    "temp_prefix",
 ]
 
 
@@ -91,6 +95,12 @@ def read_regular(
             _check(os.fstat(fd), name, what, None if head else limit)
             data = f.read(limit if head else limit + 1)
     except FileNotFoundError:
+        if not os.path.isabs(path) and not _cwd_exists():
+            raise Unreadable(
+                f"{what} '{name}' cannot be read: the working directory no longer exists (it was deleted or moved)",
+                "cd to a directory that exists, or give an absolute path",
+                "os",
+            ) from None
         raise Unreadable(f"{what} '{name}' does not exist", "check the path", "missing") from None
     except PermissionError:
         raise Unreadable(
@@ -108,6 +118,14 @@ def read_regular(
             len(data),
         )
     return data
+
+
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+    except OSError:
+        return False
+    return True
 
 
 def _check(info: os.stat_result, name: str, what: str, limit: int | None) -> None:
@@ -144,6 +162,47 @@ def _parent(target: Path) -> None:
         raise _about(exc, target) from None
 
 
+NAME_MAX = 255  # bytes in one file name, on the file systems specvit writes to
+
+
+def temp_prefix(name: str) -> str:
+    """``.NAME.``: the prefix of a temporary file beside ``NAME``, cut so that the temporary file's name
+    (the prefix, 8 random characters, ``.tmp``) fits in :data:`NAME_MAX` bytes whatever ``NAME`` is.
+
+    Args:
+        name: the file name the temporary file stands in for.
+    """
+    room = NAME_MAX - len("..") - 8 - len(".tmp")
+    return f".{os.fsdecode(os.fsencode(name)[:room])}."
+
+
+def refuse_special(target: Path) -> None:
+    """Refuse an output that exists and is not a regular file (a device, a FIFO, a socket, a link to one).
+
+    A write replaces its output in one rename: over ``/dev/null`` or a link to ``/proc/self/fd/1`` that
+    would replace the node itself (or fail half-way), so specvit writes regular files only.
+
+    Args:
+        target: the output named by the user.
+
+    Raises:
+        FileExistsError: naming ``target`` and what it is.
+    """
+    try:
+        info = os.stat(target)
+    except (OSError, ValueError):  # missing (or a dangling link, replaced as a file would be)
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file", str(target))
+    if not stat.S_ISREG(info.st_mode):
+        raise FileExistsError(
+            errno.EEXIST,
+            f"is {_kind(info.st_mode)}, not a regular file; specvit writes its outputs as regular files and "
+            "never replaces a device, pipe or socket: name a file",
+            str(target),
+        )
+
+
 def _about(exc: OSError, target: Path) -> OSError:
     """``exc`` as an error about ``target`` (the path the user named), of the same class."""
     return OSError(exc.errno, exc.strerror or str(exc), str(target)) if exc.errno else exc
@@ -161,10 +220,15 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """
     target = Path(path)
     _parent(target)
-    if target.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file", str(target))
+    refuse_special(target)
+    with cleanup_on_signals():  # SIGTERM, SIGHUP ... remove the temporary file, as Ctrl-C does
+        yield from _replacing(target)
+
+
+def _replacing(target: Path) -> Iterator[str]:
+    """The body of :func:`atomic_path`: a temporary file beside ``target`` that replaces it at the end."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
         os.close(fd)
     except OSError as exc:
         raise _about(exc, target) from None
@@ -241,7 +305,7 @@ def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
         return False
     _parent(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise _about(exc, target) from None
     try:
@@ -313,14 +377,19 @@ def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], object]) ->
         save: writes the main file at the path it is given (same name, another directory).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
+    _parent(target)
+    refuse_special(target)
+    with (
+        cleanup_on_signals(),
+        tempfile.TemporaryDirectory(prefix=temp_prefix(target.name), dir=target.parent) as tmp,
+    ):
         staged = Path(tmp) / target.name
         save(staged)
         if not staged.is_file():
             raise FileNotFoundError(f"nothing was written to {target}")
         for written in sorted(Path(tmp).iterdir(), key=lambda p: p == staged):  # the main file last
             final = target.parent / written.name
+            refuse_special(final)
             with open(written, "rb+") as f:
                 os.fsync(f.fileno())
             os.chmod(written, file_mode(final))

@@ -115,3 +115,120 @@ def test_a_weight_file_larger_than_its_manifest_says_is_refused_before_reading(
         f.truncate(size)  # the control: cut back, it loads
     assert specvit.load_pretrained(directory).spec == model.spec
     assert stat.S_ISREG(weights.stat().st_mode)
+
+
+# ------------------------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.parametrize("command", ["render", "eject", "export", "schema", "import", "diff"])
+@pytest.mark.parametrize("node", ["/dev/null", "/dev/full", "/proc/self/fd/1", "fifo"])
+def test_an_output_that_is_not_a_regular_file_is_refused_and_left(
+    command: str, node: str, tmp_path: Path
+) -> None:
+    """`-o` through a link to a device, to the process's stdout, or onto a FIFO: refused, the node kept."""
+    out = tmp_path / {"render": "x.mmd", "eject": "x.py", "export": "x.onnx", "diff": "x.dot"}.get(
+        command, "x.json"
+    )
+    if node == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to(node)
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 1}')
+    argv = {
+        "import": ["import", "hf", str(config)],
+        "diff": ["diff", str(MNIST), str(MNIST)],
+        "schema": ["schema"],
+    }.get(command, [command, str(MNIST)])
+    run = subprocess.run(
+        [sys.executable, "-m", "specvit.cli", *argv, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"specvit {command}: {out}: is " in run.stderr and "not a regular file" in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1
+    assert out.is_symlink() or stat.S_ISFIFO(out.lstat().st_mode)  # the link or FIFO is still there
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({out.name, "config.json"})
+
+
+@pytest.mark.parametrize("length", [240, 254, 255])
+def test_an_output_of_any_valid_name_length_is_written(length: int, tmp_path: Path) -> None:
+    """The temporary file beside it must fit 255 bytes too: a 254-character name used to fail."""
+    name = "é" * ((length - 4) // 2) + "x" * ((length - 4) % 2) + ".mmd"  # 2-byte characters
+    assert len(name.encode()) == length
+    assert main(["render", str(MNIST), "-o", str(tmp_path / name)]) == 0
+    assert main(["eject", str(MNIST), "-o", str(tmp_path / name.replace(".mmd", ".py"))]) == 0
+    assert sorted(len(p.name.encode()) for p in tmp_path.iterdir()) == [length - 1, length]
+    assert (tmp_path / name).read_text().strip()
+
+
+def test_diff_refuses_to_write_over_its_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.dot", tmp_path / "b.dot"
+    a.write_text(MNIST.read_text())
+    b.write_text(MNIST.read_text())
+    before = a.read_bytes()
+    for spec in (a, b):
+        assert main(["diff", str(a), str(b), "-o", str(spec)]) == 1
+        err = capsys.readouterr().err
+        assert f"specvit diff: {spec}: is the spec itself" in err and "name another file" in err, err
+    assert a.read_bytes() == before == b.read_bytes()
+    assert main(["diff", str(a), str(b), "-o", str(tmp_path / "c.dot")]) == 0  # the control
+
+
+# ------------------------------------------------------------------------------------ the process
+
+
+def test_a_deleted_working_directory_is_named(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    code = (
+        "import os, sys, specvit.cli as cli\n"
+        f"os.chdir({str(gone)!r}); os.rmdir({str(gone)!r})\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    for argv in (["validate", "mnist_vit"], ["validate", "x.yaml"], ["render", str(MNIST), "-o", "x.mmd"]):
+        gone.mkdir()
+        if argv[1] == "mnist_vit":  # the control: a preset by name needs no working directory
+            run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+            assert run.returncode == 0 and run.stdout.startswith("ok  mnist_vit"), run.stderr
+            continue
+        run = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        assert run.returncode == 1 and "Traceback" not in run.stderr
+        assert ": :" not in run.stderr and "does not exist" not in run.stderr, run.stderr
+        assert "the working directory no longer exists" in run.stderr and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["validate", str(MNIST)], ["summary", str(MNIST)], ["schema"]])
+def test_a_full_standard_output_is_named(argv: list[str]) -> None:
+    with open("/dev/full", "w") as full:  # opened for writing, never replaced
+        run = subprocess.run(
+            [sys.executable, "-m", "specvit.cli", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "Exception ignored" not in run.stderr
+    assert run.stderr == (
+        f"specvit {argv[0]}: cannot write to standard output: No space left on device (is the disk full, or the "
+        "pipe closed?)\n"
+    )
+
+
+@pytest.mark.parametrize("which", ["all", "one"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_weights_in_a_dtype_the_model_cannot_compute_in_are_refused_at_load(
+    which: str, dtype: torch.dtype, model: specvit.SpecModel, tmp_path: Path
+) -> None:
+    """float8 in model.safetensors: refused when loading, naming the dtype, not at the first forward."""
+    directory = tmp_path / "ck"
+    state = {
+        k: v.to(dtype) if which == "all" or k.endswith("fc1.weight") else v
+        for k, v in model.state_dict().items()
+    }
+    model.save_pretrained(directory, state_dict=state)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(CheckpointError, match=rf"checkpoint has {name}, a dtype the model cannot compute in"):
+        specvit.load_pretrained(directory)
+    cast = specvit.load_pretrained(directory, dtype=torch.float32)  # the control: cast, it loads and runs
+    assert cast(torch.randn(1, 1, 28, 28)).isfinite().all()

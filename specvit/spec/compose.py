@@ -68,7 +68,7 @@ def shown_path(path: Path, *, absolute: bool = False) -> str:
         return str(path)
     try:
         rel = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
+    except (ValueError, OSError):  # another drive (Windows); a working directory that no longer exists
         return str(path)
     return str(path) if rel.startswith(".." + os.sep + "..") else rel
 
