@@ -98,7 +98,7 @@ def test_every_file_of_a_checkpoint_is_read_only_if_regular(
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_a_weight_file_larger_than_its_manifest_says_is_refused_before_reading(
+def test_a_weight_file_of_another_size_than_its_header_says_is_refused_unread(
     model: specvit.SpecModel, tmp_path: Path
 ) -> None:
     directory = tmp_path / "ck"
