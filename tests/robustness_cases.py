@@ -860,6 +860,9 @@ BEYOND: list[Beyond] = [
     Beyond("checkpoint_signal_commit", "a signal while a save renames its files into place",
            "held until the renames are done: the new checkpoint loads whole",
            _SIG + "test_a_signal_while_a_save_renames_waits_until_the_new_one_is_whole"),
+    Beyond("write_signal", "SIGTERM, SIGHUP or SIGINT while render, eject, export or import writes its output",
+           "the temporary file is removed, the old output is left, and the process ends by the signal",
+           _SIG + "test_a_signal_during_any_atomic_write_removes_its_temporary_file"),
     Beyond("checkpoint_special_file", "a checkpoint file that is a FIFO, a link to `/dev/zero` or "
            "`/dev/urandom`, a sparse 8 GiB file or a directory", "`CheckpointError` naming the file, "
            "read by `read_regular`; `export --checkpoint` exits 2 with one line",

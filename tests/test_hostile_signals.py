@@ -131,3 +131,20 @@ def test_ctrl_c_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     monkeypatch.setattr("specvit.cli._load", interrupted)
     assert main(["validate", str(MNIST)]) == 130
     assert capsys.readouterr().err == "specvit validate: interrupted\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_during_any_atomic_write_removes_its_temporary_file(signum: int, tmp_path: Path) -> None:
+    """render, eject, export and import write through io.atomic_path: a signal mid-write leaves the old file."""
+    target = tmp_path / "out.mmd"
+    target.write_text("old")
+    code = (
+        "import os, sys, specvit.io as io\n"
+        "with io.atomic_open(sys.argv[1]) as f:\n"
+        "    f.write(b'new, half written')\n"
+        "    os.kill(os.getpid(), int(sys.argv[2]))\n"
+        "    f.write(b' and the rest')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(target), str(signum)], capture_output=True, env=ENV)
+    assert run.returncode == -signum
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mmd"] and target.read_text() == "old"

@@ -147,7 +147,7 @@ class Config:
         value = self.get(key, default)
         if value < 1:
             raise self.refuse(key, value, "it must be 1 or more", "give a positive integer")
-        return int(value)
+        return value  # an int, still naming its field (see untrace)
 
     def refuse(self, key: str, value: Any, why: str, fix: str) -> SpecError:
         """The error for a field whose value specvit cannot state exactly."""
