@@ -109,6 +109,20 @@ def test_deeply_nested_arrays_are_a_spec_error(tmp_path: Path) -> None:
         specvit.from_hf({**LLAMA, "hidden_act": deep})  # the message shows a clipped repr, never recurses
 
 
+def test_a_config_json_that_python_cannot_read_is_a_spec_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    for text, message in [
+        ('{"model_type": "llama", "hidden_size": ' + "9" * 5000 + "}", "a value cannot be read"),
+        ('{"model_type": "llama",', "not valid JSON"),
+        (b'{"model_type": "\xff"}', "not UTF-8"),
+        ('{"model_type": "mamba"}', "config.model_type: model_type 'mamba' has no specvit family"),
+    ]:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(SpecError) as info:
+            specvit.from_hf(path)
+        assert str(info.value).startswith(f"{path}") and message in str(info.value), str(info.value)
+
+
 def test_the_cli_names_the_field_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**GPT2, "n_embd": "64"}))

@@ -57,6 +57,8 @@ def _read_json(path: Path) -> Any:
         where = Location(str(path), exc.lineno, exc.colno)
     except RecursionError:
         problem = Problem("", "the JSON nests too deeply to read", "a config.json is a few levels deep")
+    except ValueError as exc:  # an integer of more digits than Python converts
+        problem = Problem("", f"a value cannot be read: {exc}", "give the config.json transformers wrote")
     raise SpecError(Problem(problem.path, problem.message, problem.hint, where)) from None
 
 
@@ -92,7 +94,8 @@ def _config(config: Any) -> Config:
     return Config(model_type, values, source)
 
 
-def _family(model_type: str) -> Family:
+def _family(cfg: Config) -> Family:
+    model_type = cfg.model_type
     for f in FAMILIES:
         if model_type in f.model_types:
             return f
@@ -100,8 +103,9 @@ def _family(model_type: str) -> Family:
     raise SpecError(
         Problem(
             "config.model_type",
-            f"model_type {model_type!r} has no specvit family",
+            f"model_type {show_value(model_type)} has no specvit family",
             f"specvit reads {', '.join(known)}",
+            Location(cfg.source),
         )
     )
 
@@ -117,7 +121,7 @@ def spec_dict(config: Any) -> dict[str, Any]:
             specvit cannot state, or one the spec made of it refuses (``hidden_size: -64``).
     """
     cfg = _config(config)
-    data, origin = untrace(_family(cfg.model_type).spec(cfg))
+    data, origin = untrace(_family(cfg).spec(cfg))
     try:
         parse_spec(data, source="<from_hf>")
     except SpecError as exc:
