@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,9 @@ from typing import Any
 import torch
 
 from specvit.errors import CheckpointError
-from specvit.io import atomic_write
+from specvit.io import Unreadable, file_mode, read_regular
+from specvit.signals import cleanup_on_signals, deferred_signals
+from specvit.spec.yamlread import MAX_BYTES
 from specvit.text import escape
 
 __all__ = [
@@ -69,6 +72,9 @@ def _digest(data: bytes) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
+STAGING = ".specvit-save-"  # the hidden directory a save writes its files in before they are put in place
+
+
 def save_pretrained(
     model: Any,
     directory: str | os.PathLike[str],
@@ -78,7 +84,10 @@ def save_pretrained(
 ) -> Path:
     """Write the model's canonical spec, its weights and the manifest that binds them into ``directory``.
 
-    Only the checkpoint's three files are written; other files in the directory are left alone.
+    Only the checkpoint's three files are written; other files in the directory are left alone. The files
+    are first written whole in a hidden directory inside ``directory``, then renamed into place under an
+    exclusive lock with signals held: until then the previous checkpoint stays as it was and loads, and a
+    signal (SIGINT, SIGTERM, SIGHUP ...) during the save removes what it wrote.
 
     Args:
         model: a compiled model.
@@ -94,25 +103,69 @@ def save_pretrained(
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{escape(str(path))} exists and is not a directory")
-    weights = model.state_dict() if state_dict is None else state_dict
-    tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-    weight_bytes = save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
-    spec_bytes = model.spec.to_yaml().encode("utf-8")
-    path.mkdir(parents=True, exist_ok=True)
-    with _locked(path, exclusive=True):  # checked under the lock: two saves cannot both find it empty
-        if any(path.iterdir()) and not overwrite:
-            raise CheckpointError(
-                f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
-            )
-        (path / MANIFEST_FILE).unlink(missing_ok=True)  # until the new one is written, nothing loads
-        atomic_write(path / WEIGHTS_FILE, weight_bytes)
-        atomic_write(path / SPEC_FILE, spec_bytes)
+    with cleanup_on_signals():
+        weights = model.state_dict() if state_dict is None else state_dict
+        tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+        weight_bytes = save(tensors, metadata={"format": "pt", "specvit_spec": model.spec.name})
+        spec_bytes = model.spec.to_yaml().encode("utf-8")
         manifest = {
             "format": FORMAT,
             "files": {SPEC_FILE: _digest(spec_bytes), WEIGHTS_FILE: _digest(weight_bytes)},
         }
-        atomic_write(path / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+        files = {
+            WEIGHTS_FILE: weight_bytes,
+            SPEC_FILE: spec_bytes,
+            MANIFEST_FILE: (json.dumps(manifest, indent=2) + "\n").encode(),
+        }
+        path.mkdir(parents=True, exist_ok=True)
+        if not overwrite:
+            _refuse_files(path)  # before writing anything; checked again under the lock
+        with tempfile.TemporaryDirectory(prefix=STAGING, dir=path) as tmp:
+            for name, data in files.items():
+                _stage(Path(tmp) / name, data, path / name)
+            with _locked(path, exclusive=True):
+                if not overwrite:
+                    _refuse_files(path)  # under the lock: two saves cannot both find it empty
+                with deferred_signals():
+                    (path / MANIFEST_FILE).unlink(
+                        missing_ok=True
+                    )  # a save killed between renames never loads
+                    for name in files:  # the manifest last
+                        _put(Path(tmp) / name, path / name)
+                    _sync(path)
     return path
+
+
+def _refuse_files(path: Path) -> None:
+    """Refuse a directory holding files (other saves' staging directories aside)."""
+    if any(not entry.name.startswith(STAGING) for entry in path.iterdir()):
+        raise CheckpointError(
+            f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
+        )
+
+
+def _stage(staged: Path, data: bytes, final: Path) -> None:
+    """Write ``data`` to ``staged`` whole (flushed to disk), with the mode ``final`` has or would get."""
+    with open(staged, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(staged, file_mode(final))
+
+
+def _put(staged: Path, final: Path) -> None:
+    """Rename a staged file into place (one step of the commit; tests interleave other saves here)."""
+    os.replace(staged, final)
+
+
+def _sync(path: Path) -> None:
+    """Flush the directory's entries (the renames) to disk, where the platform can."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -146,15 +199,24 @@ class Contents:
                 )
 
 
-def _read(path: Path) -> bytes:
+MANIFEST_BYTES = 1 << 20  # checkpoint.json holds two digests: a larger one is not a manifest
+
+
+def _read(path: Path, limit: int, *, head: bool = False) -> bytes:
+    """The bytes of one file of a checkpoint, read by :func:`specvit.io.read_regular` (at most ``limit``)."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{escape(str(path))} is missing") from None
-    except IsADirectoryError:
-        raise CheckpointError(f"{escape(str(path))} is a directory, not a file") from None
-    except OSError as exc:
-        raise CheckpointError(f"{escape(str(path))} cannot be read: {exc.strerror or exc}") from None
+        return read_regular(path, limit, "checkpoint file", head=head)
+    except Unreadable as exc:
+        where = escape(str(path))
+        if exc.reason == "missing":
+            raise CheckpointError(
+                f"{where} is missing (the checkpoint is incomplete; save the model again)"
+            ) from None
+        regular = "a checkpoint holds regular files only; save the model again"
+        hint = {"special": regular, "directory": regular, "too_big": "save the model again"}.get(
+            exc.reason, exc.hint
+        )
+        raise CheckpointError(escape(f"{exc.message} ({hint})" if hint else exc.message)) from None
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -166,7 +228,7 @@ def _manifest(path: Path) -> dict[str, Any]:
             "written by specvit's save_pretrained); save the model again"
         )
     try:
-        manifest = json.loads(_read(path / MANIFEST_FILE))
+        manifest = json.loads(_read(path / MANIFEST_FILE, MANIFEST_BYTES))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(
             f"{where} is not valid JSON ({escape(str(exc))}); save the model again"
@@ -176,10 +238,54 @@ def _manifest(path: Path) -> dict[str, Any]:
         not isinstance(manifest, dict)
         or manifest.get("format") != FORMAT
         or not isinstance(files, dict)
-        or not all(isinstance(files.get(n), dict) for n in (SPEC_FILE, WEIGHTS_FILE))
+        or not all(_entry(files.get(n)) for n in (SPEC_FILE, WEIGHTS_FILE))
     ):
         raise CheckpointError(f"{where} is not a {FORMAT} manifest; save the model again")
     return manifest
+
+
+def _entry(entry: Any) -> bool:
+    """Whether a manifest's entry for a file is ``{"sha256": str, "bytes": int >= 0}``."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str):
+        return False
+    size = entry.get("bytes")
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
+
+
+HEADER_BYTES = 100 << 20  # safetensors' own bound on the JSON header
+
+
+def _weights_limit(path: Path) -> int:
+    """The size the weight file's safetensors header says it has, which memory must be able to hold.
+
+    Read from the header (8 bytes of length, then JSON) before the tensors: a file of another size (a
+    sparse file of zeros, one cut short, one with bytes appended) is refused without reading its body.
+    """
+    from specvit.resources import memory_budget
+
+    weights = path / WEIGHTS_FILE
+    where = escape(str(weights))
+    try:
+        length = int.from_bytes(_read(weights, 8, head=True).ljust(8, b"\0"), "little")
+        if not 2 <= length <= HEADER_BYTES:
+            raise ValueError(f"a header of {length:,} bytes")
+        header = json.loads(_read(weights, 8 + length, head=True)[8:])
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        size = 8 + length + max(ends, default=0)
+        if not all(isinstance(e, int) for e in ends) or size != weights.stat().st_size:
+            raise ValueError(
+                f"its header describes {size:,} bytes, the file holds {weights.stat().st_size:,}"
+            )
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OSError) as exc:
+        raise CheckpointError(
+            f"{where} is truncated or corrupted ({escape(str(exc))}); save the model again"
+        ) from None
+    budget, what = memory_budget()
+    if budget is not None and size > budget:
+        raise CheckpointError(
+            f"{where} holds {size:,} bytes, more than {what} ({budget:,} bytes); load it where there is more memory"
+        )
+    return size
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
@@ -198,7 +304,13 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Contents:
         raise CheckpointError(f"{escape(str(path))} is not a checkpoint directory")
     with _locked(path, exclusive=False):
         manifest = _manifest(path)
-        return Contents(path, _read(path / SPEC_FILE), _read(path / WEIGHTS_FILE), manifest)
+        spec = _read(path / SPEC_FILE, MAX_BYTES)
+        weights = _read(path / WEIGHTS_FILE, _weights_limit(path))
+        return Contents(path, spec, weights, manifest)
+
+
+COMPUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The floating-point dtypes the model's layers compute in: float8 (a storage format) is not one of them."""
 
 
 def _dtype(dtype: torch.dtype) -> str:
@@ -215,7 +327,8 @@ def check_weights(
 
     A floating-point parameter must be stored as a floating-point tensor, anything else in its own dtype;
     unless ``cast``, the floating-point tensors must share one dtype (as ``save_pretrained`` writes them),
-    since a model of mixed precisions fails only later, in its forward.
+    since a model of mixed precisions fails only later, in its forward. A dtype the layers cannot compute
+    in (float8, a storage format) is refused unless ``cast``, for the same reason.
 
     Args:
         state: the loaded tensors.
@@ -234,6 +347,11 @@ def check_weights(
             problems.append(f"{k}: checkpoint has {list(have_shape)}, the spec needs {list(shape)}")
         if dtype.is_floating_point and not have.is_floating_point:
             problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs a floating-point tensor")
+        elif dtype.is_floating_point and have not in COMPUTE_DTYPES and not cast:
+            problems.append(
+                f"{k}: checkpoint has {_dtype(have)}, a dtype the model cannot compute in (its layers take "
+                f"{', '.join(_dtype(d) for d in COMPUTE_DTYPES)}; pass dtype= to load_pretrained to cast)"
+            )
         elif not dtype.is_floating_point and have != dtype:
             problems.append(f"{k}: checkpoint has {_dtype(have)}, the model needs {_dtype(dtype)}")
         elif dtype.is_floating_point:
@@ -278,7 +396,7 @@ def read_weights(
     path = Path(directory)
     weights = path / WEIGHTS_FILE
     try:
-        state = load(data if data is not None else _read(weights))
+        state = load(data if data is not None else _read(weights, _weights_limit(path)))
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
         raise CheckpointError(
             f"{escape(str(weights))} is truncated or corrupted ({escape(str(exc))})"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from specvit import __version__
 from specvit.commands import add_import, cmd_presets
 from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
+from specvit.process import describe, named_stdout
 from specvit.text import escape
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 EXIT_IO_ERROR = 1  # a file cannot be read or written
 EXIT_SPEC_ERROR = 2  # the spec is invalid
 EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 def _key_value(text: str) -> str:
@@ -130,10 +132,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from specvit.diagram.diff import diff_graphs, diff_json, format_diff, highlight, marked
     from specvit.diagram.graphviz import ENGINE_FORMATS, RenderError, draw_dot, to_dot
     from specvit.graph import build_graph
-    from specvit.io import atomic_write
+    from specvit.io import atomic_write, refuse_inputs, spec_inputs
 
-    a = build_graph(_load(args.a, []), **_sizes(args))
-    b = build_graph(_load(args.b, args.set), **_sizes(args))
+    spec_a, spec_b = _load(args.a, []), _load(args.b, args.set)
+    if args.output:  # never over A or B (or a base they extend), as render, eject and export refuse
+        refuse_inputs(args.output, {**spec_inputs(spec_b), **spec_inputs(spec_a)})
+    a, b = build_graph(spec_a, **_sizes(args)), build_graph(spec_b, **_sizes(args))
     rows = diff_graphs(a, b)
     if args.json:
         print(json.dumps(diff_json(a, b, rows), indent=2))
@@ -456,18 +460,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        with named_stdout():
+            return int(args.func(args))
     except SpecFileError as exc:
         print(exc, file=sys.stderr)
         return EXIT_IO_ERROR
     except SpecError as exc:
         _say(exc, err=True)
         return EXIT_SPEC_ERROR
+    except KeyboardInterrupt:  # Ctrl-C: one line, and the status a shell gives a command ended by SIGINT
+        _say(f"specvit {args.command}: interrupted", err=True)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0
     except OSError as exc:
-        _say(f"specvit {args.command}: {exc.filename or ''}: {exc.strerror or exc}", err=True)
+        _say(f"specvit {args.command}: {describe(exc)}", err=True)
         return EXIT_IO_ERROR
     except MissingDependencyError as exc:
         _say(f"specvit {args.command}: {exc}", err=True)

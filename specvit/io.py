@@ -8,20 +8,143 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from specvit.signals import cleanup_on_signals
+
 __all__ = [
+    "Unreadable",
     "atomic_create",
     "atomic_open",
     "atomic_path",
     "atomic_save",
     "atomic_write",
+    "file_mode",
+    "read_regular",
     "refuse_inputs",
+    "refuse_special",
     "spec_inputs",
+    "temp_prefix",
 ]
+
+
+class Unreadable(ValueError):
+    """Why a file the user named cannot be read; callers turn it into their own error (SpecError ...).
+
+    Args:
+        message: what is wrong, naming the file (``spec 'x.yaml' is not a regular file but a FIFO``).
+        hint: how to fix it.
+        reason: ``missing``, ``directory``, ``special``, ``too_big``, ``permission`` or ``os``.
+        size: the file's size, for ``too_big``.
+    """
+
+    def __init__(self, message: str, hint: str, reason: str, size: int = 0):
+        super().__init__(f"{message} ({hint})" if hint else message)
+        self.message, self.hint, self.reason, self.size = message, hint, reason, size
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO nobody writes to returns at once
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (a named pipe: reading it waits for a writer)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def read_regular(
+    path: str | os.PathLike[str], limit: int, what: str, *, shown: str | None = None, head: bool = False
+) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; anything else is refused.
+
+    The one way specvit reads a file a user named (specs, ``extends`` bases, config.json, every file of
+    a checkpoint). A FIFO, a device (``/dev/zero``, ``/dev/stdin``), a socket or a directory is refused
+    by its ``stat`` before it is opened, and again by ``fstat`` after an open that cannot block (the path
+    may change in between); a file over ``limit`` is refused by its size before a byte is read, and the
+    read stops at ``limit + 1`` bytes should the file grow meanwhile.
+
+    Args:
+        path: the file.
+        limit: the most bytes it may hold.
+        what: what the file is, for messages (``spec``, ``HF config``, ``checkpoint file``).
+        shown: the file's name in messages (default: ``path`` as given).
+        head: read only the first ``limit`` bytes (a header), whatever the file's size.
+
+    Raises:
+        Unreadable: naming the file, what is wrong and the fix.
+    """
+    name = shown if shown is not None else os.fspath(path)
+    if "\0" in os.fspath(path):
+        raise Unreadable(
+            f"{what} {name!r} cannot be read: the path holds a NUL character", "check the path", "os"
+        )
+    try:
+        info = os.stat(path)
+        _check(info, name, what, None if head else limit)
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as f:
+            _check(os.fstat(fd), name, what, None if head else limit)
+            data = f.read(limit if head else limit + 1)
+    except FileNotFoundError:
+        if not os.path.isabs(path) and not _cwd_exists():
+            raise Unreadable(
+                f"{what} '{name}' cannot be read: the working directory no longer exists (it was deleted or moved)",
+                "cd to a directory that exists, or give an absolute path",
+                "os",
+            ) from None
+        raise Unreadable(f"{what} '{name}' does not exist", "check the path", "missing") from None
+    except PermissionError:
+        raise Unreadable(
+            f"{what} '{name}' cannot be read (permission denied)",
+            "check the file's permissions",
+            "permission",
+        ) from None
+    except OSError as exc:
+        raise Unreadable(f"{what} '{name}' cannot be read: {exc.strerror or exc}", "", "os") from None
+    if len(data) > limit:
+        raise Unreadable(
+            f"{what} '{name}' holds more than {limit:,} bytes, over the limit",
+            "is this the right file?",
+            "too_big",
+            len(data),
+        )
+    return data
+
+
+def _cwd_exists() -> bool:
+    try:
+        os.getcwd()
+    except OSError:
+        return False
+    return True
+
+
+def _check(info: os.stat_result, name: str, what: str, limit: int | None) -> None:
+    """Refuse what is not a regular file, or a regular file over ``limit`` bytes."""
+    if stat.S_ISDIR(info.st_mode):
+        raise Unreadable(f"{what} '{name}' is a directory", "give the path of a file", "directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise Unreadable(
+            f"{what} '{name}' is not a regular file but {_kind(info.st_mode)}",
+            "give the path of a regular file; specvit does not read pipes or devices",
+            "special",
+        )
+    if limit is not None and info.st_size > limit:
+        raise Unreadable(
+            f"{what} '{name}' is {info.st_size:,} bytes, over the {limit:,}-byte limit for it",
+            "is this the right file?",
+            "too_big",
+            info.st_size,
+        )
 
 
 def _parent(target: Path) -> None:
@@ -37,6 +160,47 @@ def _parent(target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _about(exc, target) from None
+
+
+NAME_MAX = 255  # bytes in one file name, on the file systems specvit writes to
+
+
+def temp_prefix(name: str) -> str:
+    """``.NAME.``: the prefix of a temporary file beside ``NAME``, cut so that the temporary file's name
+    (the prefix, 8 random characters, ``.tmp``) fits in :data:`NAME_MAX` bytes whatever ``NAME`` is.
+
+    Args:
+        name: the file name the temporary file stands in for.
+    """
+    room = NAME_MAX - len("..") - 8 - len(".tmp")
+    return f".{os.fsdecode(os.fsencode(name)[:room])}."
+
+
+def refuse_special(target: Path) -> None:
+    """Refuse an output that exists and is not a regular file (a device, a FIFO, a socket, a link to one).
+
+    A write replaces its output in one rename: over ``/dev/null`` or a link to ``/proc/self/fd/1`` that
+    would replace the node itself (or fail half-way), so specvit writes regular files only.
+
+    Args:
+        target: the output named by the user.
+
+    Raises:
+        FileExistsError: naming ``target`` and what it is.
+    """
+    try:
+        info = os.stat(target)
+    except (OSError, ValueError):  # missing (or a dangling link, replaced as a file would be)
+        return
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file", str(target))
+    if not stat.S_ISREG(info.st_mode):
+        raise FileExistsError(
+            errno.EEXIST,
+            f"is {_kind(info.st_mode)}, not a regular file; specvit writes its outputs as regular files and "
+            "never replaces a device, pipe or socket: name a file",
+            str(target),
+        )
 
 
 def _about(exc: OSError, target: Path) -> OSError:
@@ -56,15 +220,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
     """
     target = Path(path)
     _parent(target)
-    if target.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a directory; name a file", str(target))
+    refuse_special(target)
+    with cleanup_on_signals():  # SIGTERM, SIGHUP ... remove the temporary file, as Ctrl-C does
+        yield from _replacing(target)
+
+
+def _replacing(target: Path) -> Iterator[str]:
+    """The body of :func:`atomic_path`: a temporary file beside ``target`` that replaces it at the end."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
         os.close(fd)
     except OSError as exc:
         raise _about(exc, target) from None
     try:
-        os.chmod(tmp, _mode_for(target))  # mkstemp makes 0600; give the file the mode a plain open would
+        os.chmod(tmp, file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open would
         yield tmp
         os.replace(tmp, target)
     except OSError as exc:
@@ -93,8 +262,12 @@ def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         os.fsync(f.fileno())
 
 
-def _mode_for(target: Path) -> int:
-    """The existing file's mode, or 0666 less the umask for a new file."""
+def file_mode(target: Path) -> int:
+    """The existing file's mode, or 0666 less the umask for a new file.
+
+    Args:
+        target: the file about to be written.
+    """
     try:
         return target.stat().st_mode & 0o777
     except FileNotFoundError:
@@ -132,7 +305,7 @@ def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
         return False
     _parent(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise _about(exc, target) from None
     try:
@@ -140,7 +313,7 @@ def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _mode_for(target))
+        os.chmod(tmp, file_mode(target))
         os.link(tmp, target)  # fails if target exists: a file created meanwhile is never replaced
     except FileExistsError:
         return False
@@ -204,16 +377,21 @@ def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], object]) ->
         save: writes the main file at the path it is given (same name, another directory).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
+    _parent(target)
+    refuse_special(target)
+    with (
+        cleanup_on_signals(),
+        tempfile.TemporaryDirectory(prefix=temp_prefix(target.name), dir=target.parent) as tmp,
+    ):
         staged = Path(tmp) / target.name
         save(staged)
         if not staged.is_file():
             raise FileNotFoundError(f"nothing was written to {target}")
         for written in sorted(Path(tmp).iterdir(), key=lambda p: p == staged):  # the main file last
             final = target.parent / written.name
+            refuse_special(final)
             with open(written, "rb+") as f:
                 os.fsync(f.fileno())
-            os.chmod(written, _mode_for(final))
+            os.chmod(written, file_mode(final))
             os.replace(written, final)
     return target

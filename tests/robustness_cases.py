@@ -165,6 +165,14 @@ def _mkfifo(name: str) -> Callable[[Path], None]:
     return setup
 
 
+def _sparse(name: str) -> Callable[[Path], None]:
+    def setup(d: Path) -> None:
+        with (d / name).open("wb") as f:
+            f.truncate(8 << 30)  # a hole: no block is written
+
+    return setup
+
+
 def _mkdir(name: str) -> Callable[[Path], None]:
     def setup(d: Path) -> None:
         (d / name).mkdir()
@@ -450,9 +458,24 @@ CASES: list[Case] = [
     Case(
         "extends_fifo",
         "extends names a FIFO nobody writes to (reading it would wait forever)",
-        "2:10: spec 'base.yaml' is not a regular file (give the path of a .yaml file)",
+        "2:10: spec 'base.yaml' is not a regular file but a FIFO (a named pipe: reading it waits for a writer) (give the path of a .yaml file)",
         text=_EXTENDS % b"base.yaml",
         setup=_mkfifo("base.yaml"),
+    ),
+    Case(
+        "extends_dev_urandom",
+        "extends names a symlink to /dev/urandom (reading it would never end)",
+        "2:10: spec '/dev/urandom' is not a regular file but a character device (give the path of a .yaml file)",
+        text=_EXTENDS % b"base.yaml",
+        setup=_symlink("base.yaml", "/dev/urandom"),
+    ),
+    Case(
+        "extends_sparse",
+        "extends names a sparse file of 8 GiB (no disk used; reading it would fill memory)",
+        "1:1: the file is 8,589,934,592 bytes, over the 1,048,576-byte limit for a spec",
+        text=_EXTENDS % b"base.yaml",
+        setup=_sparse("base.yaml"),
+        error_file="base.yaml",
     ),
     Case(
         "extends_symlink_loop",
@@ -586,8 +609,16 @@ CASES: list[Case] = [
     Case(
         "path_fifo",
         "a spec path that is a FIFO nobody writes to",
-        "spec 'path_fifo.yaml' is not a regular file (give the path of a .yaml file)",
+        "spec 'path_fifo.yaml' is not a regular file but a FIFO (a named pipe: reading it waits for a writer) (give the path of a .yaml file)",
         setup=_mkfifo("path_fifo.yaml"),
+        error_file=None,
+        exit_code=1,  # the path given cannot be read: a file error
+    ),
+    Case(
+        "path_dev_zero",
+        "a spec path that is a symlink to /dev/zero (reading it would never end)",
+        "spec 'path_dev_zero.yaml' is not a regular file but a character device (give the path of a .yaml file)",
+        setup=_symlink("path_dev_zero.yaml", "/dev/zero"),
         error_file=None,
         exit_code=1,  # the path given cannot be read: a file error
     ),
@@ -727,6 +758,17 @@ The policy:
   a collection that contains it. A chain of `extends` is at most 32 files long, holds at most 1 MiB in
   all (the limit holds for the chain, not for each file) and may not loop; it names regular files only
   (a FIFO or a device would wait forever for input).
+- **Regular files only, in and out.** Every file a user names is read through one function
+  (`specvit.io.read_regular`): spec files, `extends` bases, an HF `config.json` and each file of a
+  checkpoint. A FIFO, a device (`/dev/zero`, `/dev/urandom`, through a symlink or not), a socket or a
+  directory is refused by its `stat` before it is opened (and by `fstat` after an open that cannot
+  block), and a file over its limit is refused by its size before a byte is read: a spec 1 MiB, a
+  config.json 16 MiB, a weight file the size its safetensors header gives (so a sparse file of many GB
+  is refused after reading 8 bytes). Outputs (`-o`) replace regular files only: a device, a FIFO or a
+  link to `/proc/self/fd/1` is refused and left as it was, and no command writes over its inputs.
+- **An HF config is input too.** Each field `from_hf` reads is checked for its type (integers are
+  integers and not booleans, floats are finite numbers, strings are strings); every problem names
+  `config.<field>` and the file, also when the spec made of the config fails its own validation.
 - **YAML 1.2 where YAML 1.1 differs.** `2024-05-01` and `=` are strings, as YAML 1.2 reads them (PyYAML's
   YAML 1.1 makes a timestamp and a "value" tag of them), and `0o17` is an integer. The forms YAML 1.1 and
   1.2 read as different values are refused with the fix: `012` (octal 10, or 12), `08` (a string, or 8),
@@ -770,7 +812,8 @@ it with coverage guidance (atheris; `make fuzz`): every outcome must be a spec o
 grammar (keys, indices, non-ASCII digits, empty parts, escape sequences, YAML values): every outcome is
 status 0 or 2 and lines safe to print. `tests/test_checkpoint_unit.py` damages checkpoint directories at
 random (flipped, truncated, deleted, emptied files, files of another save): every load gives back the
-saved model exactly or raises a `CheckpointError`.
+saved model exactly or raises a `CheckpointError`. `tests/test_hostile_hf.py` gives `from_hf` configs of
+random field types: every outcome is a spec that builds or a `SpecError` naming a config field.
 """
 
 
@@ -794,22 +837,72 @@ class Beyond:
 _IO = "tests/test_hostile_io.py::"
 _TEXT = "tests/test_hostile_text.py::"
 _CK = "tests/test_checkpoint_unit.py::"
+_FILES = "tests/test_hostile_files.py::"
+_HF = "tests/test_hostile_hf.py::"
+_SIG = "tests/test_hostile_signals.py::"
 
 BEYOND: list[Beyond] = [
     Beyond("checkpoint_concurrent_saves", "two processes save different models into one directory at once",
-           "saves take an exclusive lock on the directory: one runs after the other, and the last loads whole",
+           "a save puts its files in place under an exclusive lock on the directory: one after the other, "
+           "and the last loads whole",
            _CK + "test_a_second_save_waits_for_the_first"),
     Beyond("checkpoint_mixed", "one save's `spec.yaml` beside another save's weights (the lock bypassed)",
            "`CheckpointError`: the file is not the one `checkpoint.json` (SHA-256 of both) was written for",
            _CK + "test_a_save_inside_another_save_never_loads_as_a_mix"),
-    Beyond("checkpoint_interrupted", "a save killed after its weights, before its spec",
-           "`CheckpointError`: `checkpoint.json` is missing, the checkpoint is incomplete (a save removes "
-           "the manifest first and writes it last)", _CK + "test_an_interrupted_save_never_loads"),
+    Beyond("checkpoint_interrupted", "a save killed (SIGKILL, power loss) after renaming its weights into "
+           "place, before its spec", "`CheckpointError`: `checkpoint.json` is missing, the checkpoint is "
+           "incomplete (the renames remove the manifest first and put it last)",
+           _CK + "test_an_interrupted_save_never_loads"),
+    Beyond("checkpoint_signal", "SIGTERM, SIGINT or SIGHUP while `save_pretrained(overwrite=True)` writes",
+           "the files are written in a hidden directory first: the old checkpoint stays and loads, the "
+           "hidden directory is removed, and the process ends by the signal",
+           _SIG + "test_a_signal_while_a_save_writes_leaves_the_old_checkpoint"),
+    Beyond("checkpoint_signal_commit", "a signal while a save renames its files into place",
+           "held until the renames are done: the new checkpoint loads whole",
+           _SIG + "test_a_signal_while_a_save_renames_waits_until_the_new_one_is_whole"),
+    Beyond("write_signal", "SIGTERM, SIGHUP or SIGINT while render, eject, export or import writes its output",
+           "the temporary file is removed, the old output is left, and the process ends by the signal",
+           _SIG + "test_a_signal_during_any_atomic_write_removes_its_temporary_file"),
+    Beyond("checkpoint_special_file", "a checkpoint file that is a FIFO, a link to `/dev/zero` or "
+           "`/dev/urandom`, a sparse 8 GiB file or a directory", "`CheckpointError` naming the file, "
+           "read by `read_regular`; `export --checkpoint` exits 2 with one line",
+           _FILES + "test_every_file_of_a_checkpoint_is_read_only_if_regular"),
+    Beyond("checkpoint_sparse_weights", "a weight file grown to 64 GiB (sparse)", "`CheckpointError` after "
+           "reading its 8-byte header: its header describes another size",
+           _FILES + "test_a_weight_file_of_another_size_than_its_header_says_is_refused_unread"),
+    Beyond("checkpoint_float8", "weights stored as float8 (all of them, or one)", "`CheckpointError` at "
+           "load naming the dtype the model cannot compute in; `dtype=` casts",
+           _FILES + "test_weights_in_a_dtype_the_model_cannot_compute_in_are_refused_at_load"),
     Beyond("checkpoint_dtype", "a weight stored as int64, or as float64 among float32 ones",
            "`CheckpointError` naming each tensor and its dtype; a checkpoint of one dtype loads in it",
            _CK + "test_tensors_of_the_wrong_dtype_are_named"),
     Beyond("checkpoint_damaged", "random damage to any file of a checkpoint (Hypothesis)",
            "the saved model exactly, or `CheckpointError`", _CK + "test_a_damaged_checkpoint_loads_whole_or_not_at_all"),
+    Beyond("output_special", "`-o` onto a link to `/dev/null`, `/dev/full` or `/proc/self/fd/1`, or a "
+           "FIFO (render, eject, export, schema, import, diff)", "refused with one line, status 1; the node "
+           "and the link are left as they were", _FILES + "test_an_output_that_is_not_a_regular_file_is_refused_and_left"),
+    Beyond("output_long_name", "`-o` of a valid 254- or 255-byte file name", "written: the temporary file's "
+           "name is cut to fit 255 bytes", _FILES + "test_an_output_of_any_valid_name_length_is_written"),
+    Beyond("diff_input", "`diff A B -o A` (or `-o B`)", "refused before writing: `-o` is the spec itself",
+           _FILES + "test_diff_refuses_to_write_over_its_specs"),
+    Beyond("cwd_deleted", "a command run in a working directory that was deleted",
+           "one line saying the working directory no longer exists; presets by name still load",
+           _FILES + "test_a_deleted_working_directory_is_named"),
+    Beyond("stdout_full", "standard output that cannot be written (`> /dev/full`)",
+           "`cannot write to standard output: No space left on device`, status 1, no second error at exit",
+           _FILES + "test_a_full_standard_output_is_named"),
+    Beyond("cli_ctrl_c", "Ctrl-C (SIGINT) while a command runs", "`specvit CMD: interrupted`, status 130, "
+           "no traceback", _SIG + "test_ctrl_c_in_the_cli_is_one_line_and_status_130"),
+    Beyond("hf_config_file", "`import hf` / `from_hf` of a config.json that is a FIFO, a device, a sparse "
+           "4 GiB file or a directory", "`SpecError` naming the file; the CLI exits 1 with one line",
+           _HF + "test_a_config_that_is_not_a_regular_file_is_refused"),
+    Beyond("hf_config_types", "`hidden_size: \"64\"`, `hidden_act: [\"silu\"]`, `rope_scaling: \"linear\"`, zero "
+           "heads, an int `id2label`, `hidden_size: -64`", "`SpecError` at `config.<field>` and the file (not "
+           "at the spec key the value became)", _HF + "test_config_fields_are_typed_and_named"),
+    Beyond("hf_config_nesting", "a config.json of 100,000 nested arrays", "`SpecError`: the JSON nests too "
+           "deeply; values are shown clipped", _HF + "test_deeply_nested_arrays_are_a_spec_error"),
+    Beyond("hf_config_fuzz", "Llama, GPT-2 and BERT configs with random types per field (Hypothesis)",
+           "a spec that builds, or a `SpecError` at `config.<field>`", _HF + "test_any_config_gives_a_spec_or_a_spec_error"),
     Beyond("render_input", "`render model.mmd -o model.mmd`, through a symlink, or over a base of `extends`",
            "refused before writing: `-o` is the spec itself (render, eject and export alike)",
            _IO + "test_no_command_writes_over_its_input"),

@@ -80,17 +80,18 @@ def test_weights_of_another_save_are_refused(
 def test_an_interrupted_save_never_loads(
     tmp_path: Path, pair: tuple[specvit.SpecModel, specvit.SpecModel], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A save of b over a's checkpoint stops after b's weights: neither a mix nor a half of b loads."""
+    """A save of b over a's checkpoint stops after b's weights are in place (a crash, SIGKILL: signals are
+    held while the files are renamed into place): neither a mix nor a half of b loads."""
     a, b = pair
     a.save_pretrained(tmp_path / "ck")
-    real = ck.atomic_write
+    real = ck._put
 
-    def stop_at_spec(path: Path, data: str | bytes) -> None:
-        if Path(path).name == "spec.yaml":
+    def stop_at_spec(staged: Path, final: Path) -> None:
+        if Path(final).name == "spec.yaml":
             raise KeyboardInterrupt
-        real(path, data)
+        real(staged, final)
 
-    monkeypatch.setattr(ck, "atomic_write", stop_at_spec)
+    monkeypatch.setattr(ck, "_put", stop_at_spec)
     with pytest.raises(KeyboardInterrupt):
         b.save_pretrained(tmp_path / "ck", overwrite=True)
     monkeypatch.undo()
@@ -109,17 +110,17 @@ def _no_lock(path: Path, exclusive: bool) -> Iterator[None]:
 
 
 def _interleave(monkeypatch: pytest.MonkeyPatch, between: object) -> None:
-    """Make the next save call ``between()`` after writing its weights, before its spec."""
-    real = ck.atomic_write
+    """Make the next save call ``between()`` after putting its weights in place, before its spec."""
+    real = ck._put
     done = []
 
-    def write(path: Path, data: str | bytes) -> None:
-        if Path(path).name == "spec.yaml" and not done:
+    def put(staged: Path, final: Path) -> None:
+        if Path(final).name == "spec.yaml" and not done:
             done.append(True)
             between()  # type: ignore[operator]
-        real(path, data)
+        real(staged, final)
 
-    monkeypatch.setattr(ck, "atomic_write", write)
+    monkeypatch.setattr(ck, "_put", put)
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["verified", "control-unverified"])

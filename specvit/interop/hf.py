@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specvit.errors import Problem, SpecError
+from specvit.errors import Location, Problem, SpecError, SpecFileError
 from specvit.interop import registry
 from specvit.interop.layout import Layout
-from specvit.interop.registry import FAMILIES, Config, Family
+from specvit.interop.registry import FAMILIES, Config, Family, show_value, untrace
+from specvit.io import Unreadable, read_regular
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import dump_yaml
@@ -30,21 +31,52 @@ for _module in pkgutil.iter_modules([str(Path(registry.__file__).parent)]):
         importlib.import_module(f"specvit.interop.{_module.name}")
 
 
+CONFIG_BYTES = 1 << 24  # 16 MiB: a config.json is a few KB (a large id2label included)
+
+
+def _read_json(path: Path) -> Any:
+    """The parsed config.json at ``path``: a regular file of at most :data:`CONFIG_BYTES`, valid JSON."""
+    where = Location(str(path))
+    try:
+        raw = read_regular(path, CONFIG_BYTES, "HF config")
+    except Unreadable as exc:
+        hint = (
+            "give the path of a config.json"
+            if exc.reason in ("special", "directory", "missing")
+            else exc.hint
+        )
+        raise SpecFileError(Problem("", exc.message, hint, where)) from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = Problem(
+            "", f"the file is not UTF-8 text ({exc.reason} at byte {exc.start})", "save it as UTF-8"
+        )
+    except json.JSONDecodeError as exc:
+        problem = Problem("", f"not valid JSON: {exc.msg}", "give the config.json transformers wrote", where)
+        where = Location(str(path), exc.lineno, exc.colno)
+    except RecursionError:
+        problem = Problem("", "the JSON nests too deeply to read", "a config.json is a few levels deep")
+    except ValueError as exc:  # an integer of more digits than Python converts
+        problem = Problem("", f"a value cannot be read: {exc}", "give the config.json transformers wrote")
+    raise SpecError(Problem(problem.path, problem.message, problem.hint, where)) from None
+
+
 def _config(config: Any) -> Config:
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise SpecError(
-                Problem("", f"cannot read {path}: {exc}", "give the path of a config.json")
-            ) from None
+        values = _read_json(path)
+        source = str(path)
         if not isinstance(values, dict):
-            raise SpecError(Problem("", f"{path} is not a JSON object", "give the path of a config.json"))
+            raise SpecError(
+                Problem(
+                    "", "the file is not a JSON object", "give the path of a config.json", Location(source)
+                )
+            )
     elif isinstance(config, dict):
-        values = dict(config)
+        values, source = dict(config), "<dict>"
     elif hasattr(config, "to_dict"):
-        values = config.to_dict()
+        values, source = config.to_dict(), f"<{type(config).__name__}>"
     else:
         raise TypeError(
             f"from_hf takes a transformers config, a dict or a config.json path, got {type(config)}"
@@ -52,12 +84,18 @@ def _config(config: Any) -> Config:
     model_type = values.get("model_type")
     if not isinstance(model_type, str):
         raise SpecError(
-            Problem("config.model_type", "the config has no model_type", "give a transformers config")
+            Problem(
+                "config.model_type",
+                "the config has no model_type",
+                "give a transformers config",
+                Location(source),
+            )
         )
-    return Config(model_type, values)
+    return Config(model_type, values, source)
 
 
-def _family(model_type: str) -> Family:
+def _family(cfg: Config) -> Family:
+    model_type = cfg.model_type
     for f in FAMILIES:
         if model_type in f.model_types:
             return f
@@ -65,8 +103,9 @@ def _family(model_type: str) -> Family:
     raise SpecError(
         Problem(
             "config.model_type",
-            f"model_type {model_type!r} has no specvit family",
+            f"model_type {show_value(model_type)} has no specvit family",
             f"specvit reads {', '.join(known)}",
+            Location(cfg.source),
         )
     )
 
@@ -76,9 +115,32 @@ def spec_dict(config: Any) -> dict[str, Any]:
 
     Args:
         config: a transformers config object, a dict of its fields, or the path of a config.json.
+
+    Raises:
+        SpecError: naming ``config.<field>`` and the file, for a field of the wrong type or of a value
+            specvit cannot state, or one the spec made of it refuses (``hidden_size: -64``).
     """
     cfg = _config(config)
-    return _without_defaults(_family(cfg.model_type).spec(cfg))
+    data, origin = untrace(_family(cfg).spec(cfg))
+    try:
+        parse_spec(data, source="<from_hf>")
+    except SpecError as exc:
+        raise SpecError([_blame(cfg, origin, data, p) for p in exc.problems]) from None
+    return _without_defaults(data)
+
+
+def _blame(cfg: Config, origin: dict[str, str], data: dict[str, Any], problem: Problem) -> Problem:
+    """A problem of the spec made of ``cfg`` as a problem of the config field its value came from."""
+    field = origin.get(problem.path)
+    where = Location(cfg.source)
+    if field is None:  # a value the family derived (a head_dim of width // heads): say whence it came
+        message = f"{problem.message} (in the spec made of this {cfg.model_type} config)"
+        return Problem(problem.path, message, problem.hint, where)
+    value: Any = data
+    for part in problem.path.split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    message = f"{cfg.model_type} config has {field}={show_value(value)}: {problem.message}"
+    return Problem(f"config.{field}", message, problem.hint, where)
 
 
 _KEEP = {"specvit", "name", "description", "model", "kind"}

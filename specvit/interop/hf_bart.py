@@ -37,7 +37,7 @@ def _spec(c: Config) -> dict[str, Any]:
     width, eps = c.get("d_model", 1024), 1e-5
     tied = bool(c.get("tie_word_embeddings", True))
     tokens: dict[str, Any] = {"kind": "tokens", "vocab": c.get("vocab_size", 50265)}
-    pad = c.values.get("pad_token_id", 1)
+    pad = c.get("pad_token_id", 1)
     if isinstance(pad, int) and 0 <= pad < tokens["vocab"]:
         tokens["padding_idx"] = pad  # nn.Embedding(padding_idx=pad): no gradient to that row
     if c.get("scale_embedding", False):

@@ -98,9 +98,9 @@ def _bert(c: Config) -> dict[str, Any]:
 
 
 def _vit(c: Config) -> dict[str, Any]:
-    labels = c.get("id2label") or {}
+    labels = c.get("id2label", kind=dict) or {}
     head: Any = "none"
-    if c.get("architectures") and "ViTForImageClassification" in c.get("architectures"):
+    if "ViTForImageClassification" in (c.get("architectures", kind=list) or []):
         head = {"kind": "classifier", "classes": len(labels), "pool": "cls"}
     return {
         "specvit": 1,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.errors import SpecError
 from specvit.interop.layout import Layout, batched, cat, check_blocks, one
 from specvit.interop.registry import Config, Family, activation, family
 
@@ -21,8 +20,7 @@ __all__: list[str] = []
 class _TextConfig(Config):
     """The ``text_config`` of a full CLIP config: refusals name ``config.text_config.<field>``."""
 
-    def refuse(self, key: str, value: Any, why: str, fix: str) -> SpecError:
-        return super().refuse(f"text_config.{key}", value, why, fix)
+    prefix = "text_config."
 
 
 def _spec(c: Config) -> dict[str, Any]:
@@ -32,7 +30,7 @@ def _spec(c: Config) -> dict[str, Any]:
         sub = c.get("text_config", {})
         if not isinstance(sub, dict):
             raise c.refuse("text_config", sub, "it is not a mapping of the text tower's fields", "give one")
-        text = _TextConfig(c.model_type, sub)
+        text = _TextConfig(c.model_type, sub, c.source)
     vocab = text.get("vocab_size", 49408)
     eos = text.get("eos_token_id", 49407)
     if not isinstance(eos, int) or isinstance(eos, bool) or eos < 0:

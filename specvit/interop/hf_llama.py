@@ -16,17 +16,18 @@ _ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh
 
 def rope_theta(c: Config, default: float = 10000.0) -> float:
     """RoPE's theta from ``rope_parameters`` (transformers 5) or ``rope_theta``; scaled RoPE is refused."""
-    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    key = "rope_parameters" if c.get("rope_parameters", kind=dict) else "rope_scaling"
+    params = c.sub(key)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
         raise c.refuse(
-            "rope_parameters", params, f"{kind} RoPE scaling has no specvit position kind", "use plain RoPE"
+            key, params.values, f"{kind} RoPE scaling has no specvit position kind", "use plain RoPE"
         )
-    return float(params.get("rope_theta", c.get("rope_theta", default)))
+    return params.get("rope_theta", c.get("rope_theta", default))
 
 
 def _spec(c: Config) -> dict[str, Any]:
-    width, heads = c.get("hidden_size", 4096), c.get("num_attention_heads", 32)
+    width, heads = c.get("hidden_size", 4096), c.size("num_attention_heads", 32)
     c.only("pretraining_tp", 1, [1], "tensor-parallel slicing of the projections changes the sums")
     bias = bool(c.get("attention_bias", False))
     block: dict[str, Any] = {
@@ -47,7 +48,7 @@ def _spec(c: Config) -> dict[str, Any]:
     head_dim = c.get("head_dim", width // heads)
     if head_dim * heads != width or width % heads:
         block["head_dim"] = head_dim
-    if c.model_type == "mistral" and c.get("sliding_window") is not None:
+    if c.model_type == "mistral" and c.get("sliding_window", kind=int) is not None:
         block["sliding_window"] = c.get("sliding_window")
     name = {"llama": "Llama", "mistral": "Mistral"}[c.model_type]
     return {

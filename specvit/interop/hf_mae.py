@@ -36,12 +36,12 @@ def _stack(c: Config, width: int, depth: int, heads: int, hidden: int) -> dict[s
 
 def _mae(c: Config) -> dict[str, Any]:
     for key in ("image_size", "patch_size"):
-        value = c.get(key, 224 if key == "image_size" else 16)
-        if not isinstance(value, int) or isinstance(value, bool):
+        value = c.values.get(key)
+        if isinstance(value, list):
             raise c.refuse(
                 key, value, "ViTMAE's patchify and sin-cos tables assume square images", f"give one int {key}"
             )
-    patches = (c.get("image_size", 224) // c.get("patch_size", 16)) ** 2
+    patches = (c.size("image_size", 224) // c.size("patch_size", 16)) ** 2
     ratio = c.get("mask_ratio", 0.75)
     if not 0 < ratio < 1 or not 1 <= keep_count(patches, ratio) < patches:
         raise c.refuse(

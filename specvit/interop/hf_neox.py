@@ -17,17 +17,20 @@ __all__: list[str] = []
 
 def _neox(c: Config) -> dict[str, Any]:
     width, heads = c.get("hidden_size", 6144), c.get("num_attention_heads", 64)
-    rope = c.get("rope_parameters") or {}
+    rope = c.sub("rope_parameters")
     kind = rope.get("rope_type", "default")
     if kind != "default":
         raise c.refuse(
-            "rope_parameters", rope, f"{kind} RoPE scaling has no specvit position kind", "use plain RoPE"
+            "rope_parameters",
+            rope.values,
+            f"{kind} RoPE scaling has no specvit position kind",
+            "use plain RoPE",
         )
     position: dict[str, Any] = {
         "kind": "rope",
-        "base": float(rope.get("rope_theta", c.get("rotary_emb_base", 10000))),
+        "base": rope.get("rope_theta", c.get("rotary_emb_base", 10000.0)),
     }
-    fraction = float(rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25)))
+    fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25))
     if fraction != 1.0:
         position["fraction"] = fraction
     bias = bool(c.get("attention_bias", True))

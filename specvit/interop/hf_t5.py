@@ -22,7 +22,7 @@ def _spec(c: Config) -> dict[str, Any]:
         raise c.refuse(
             "feed_forward_proj", proj, "specvit has no such MLP", "use relu, gelu, gated-gelu or gated-silu"
         )
-    width, eps = c.get("d_model", 512), c.get("layer_norm_epsilon", 1e-6)
+    width, eps = c.size("d_model", 512), c.get("layer_norm_epsilon", 1e-6)
     position = {
         "kind": "relative",
         "buckets": c.get("relative_attention_num_buckets", 32),

@@ -7,37 +7,158 @@ dict by its keys.
 
 from __future__ import annotations
 
+import math
 import re
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specvit.errors import Problem, SpecError
+from specvit.errors import Location, Problem, SpecError
 from specvit.interop.layout import Layout
 
-__all__ = ["ACTIVATIONS", "FAMILIES", "Config", "Family", "activation", "family"]
+__all__ = ["ACTIVATIONS", "FAMILIES", "Config", "Family", "activation", "family", "show_value", "untrace"]
+
+
+_KINDS: dict[type, str] = {
+    bool: "a boolean (true or false)",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    dict: "a mapping ({...})",
+    list: "a list ([...])",
+}
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 60
+_SHOW.maxlist = _SHOW.maxdict = _SHOW.maxlevel = 4
+
+
+def show_value(value: Any) -> str:
+    """``repr(value)`` clipped: a config's value may be a huge or deeply nested JSON array."""
+    return _SHOW.repr(value)
+
+
+class _Int(int):
+    """An int read from a config field, that remembers the field (see :func:`untrace`)."""
+
+    field: str
+
+
+class _Float(float):
+    """A float read from a config field, that remembers the field."""
+
+    field: str
+
+
+class _Str(str):
+    """A str read from a config field, that remembers the field."""
+
+    field: str
+
+
+_TRACED: dict[type, type] = {int: _Int, float: _Float, str: _Str}
+_PLAIN: dict[type, type] = {traced: plain for plain, traced in _TRACED.items()}
+
+
+def untrace(data: Any, path: tuple[str | int, ...] = ()) -> tuple[Any, dict[str, str]]:
+    """``data`` with every value read from a config made plain, and the field each spec key came from.
+
+    Args:
+        data: the spec's fields a family made of a config.
+        path: where ``data`` is in the spec.
+
+    Returns:
+        The plain data, and ``{"decoder.width": "hidden_size"}`` for every value taken from a field as is.
+    """
+    origin: dict[str, str] = {}
+    if isinstance(data, dict):
+        out: dict[Any, Any] = {}
+        for k, v in data.items():
+            out[str(k)], inner = untrace(v, (*path, str(k)))
+            origin.update(inner)
+        return out, origin
+    if isinstance(data, list):
+        items = [untrace(v, (*path, i)) for i, v in enumerate(data)]
+        for _, inner in items:
+            origin.update(inner)
+        return [v for v, _ in items], origin
+    for plain, traced in _TRACED.items():
+        if type(data) is traced:
+            origin[".".join(str(p) for p in path)] = data.field  # type: ignore[attr-defined]
+            return plain(data), origin
+    return data, origin
 
 
 class Config:
     """A transformers config read as a dict, with the class defaults a config.json may leave out.
 
+    Every field is read through :meth:`get`, which checks its type: a config is input, and a string
+    where a number belongs (``"hidden_size": "64"``) would otherwise flow into arithmetic.
+
     Args:
         model_type: the config's ``model_type``.
         values: its fields (``config.to_dict()`` or a config.json).
+        source: where it was read from (the config.json's path, ``<dict>``), for messages.
     """
 
-    def __init__(self, model_type: str, values: dict[str, Any]):
-        self.model_type, self.values = model_type, values
+    prefix = ""  # the fields' place in the config: a nested config (CLIP's text_config) names its own
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A field, or its default when the config leaves it out (or sets it to null)."""
+    def __init__(self, model_type: str, values: dict[str, Any], source: str = "<config>"):
+        self.model_type, self.values, self.source = model_type, values, source
+
+    def get(self, key: str, default: Any = None, kind: type | None = None) -> Any:
+        """A field, or its default when the config leaves it out (or sets it to null).
+
+        Args:
+            key: the field.
+            default: the HF class's default; its type is the field's type unless ``kind`` says otherwise.
+            kind: the field's type (``int``, ``float``, ``bool``, ``str``, ``dict``, ``list``) where the
+                default does not say it (a default of None).
+
+        Raises:
+            SpecError: naming ``config.<key>`` when the value is not of the field's type: ints are ints
+                and not booleans, floats are finite numbers, strings are strings.
+        """
         value = self.values.get(key)
-        return default if value is None else value
+        if value is None:
+            return default
+        expected = kind or (type(default) if default is not None else None)
+        expected = _PLAIN.get(expected, expected)  # type: ignore[arg-type]
+        if expected is not None and not _is(value, expected):
+            raise self.refuse(
+                key, value, f"expected {_KINDS.get(expected, expected.__name__)}", _fix(value, expected)
+            )
+        traced = _TRACED.get(type(value))
+        if traced is None:
+            return value
+        out = traced(value)
+        out.field = self.prefix + key
+        return out
+
+    def sub(self, key: str) -> Config:
+        """A field that is a mapping of fields (``rope_parameters``), read as a Config of its own."""
+        values = self.get(key, kind=dict) or {}
+        nested = Config(self.model_type, values, self.source)
+        nested.prefix = f"{self.prefix}{key}."
+        return nested
+
+    def size(self, key: str, default: int) -> int:
+        """A field that is a count or a size, such as a number of heads: an integer >= 1."""
+        value = self.get(key, default)
+        if value < 1:
+            raise self.refuse(key, value, "it must be 1 or more", "give a positive integer")
+        return value  # an int, still naming its field (see untrace)
 
     def refuse(self, key: str, value: Any, why: str, fix: str) -> SpecError:
         """The error for a field whose value specvit cannot state exactly."""
+        field = self.prefix + key
         return SpecError(
-            Problem(f"config.{key}", f"{self.model_type} config has {key}={value!r}: {why}", fix)
+            Problem(
+                f"config.{field}",
+                f"{self.model_type} config has {field}={show_value(value)}: {why}",
+                fix,
+                Location(self.source),
+            )
         )
 
     def only(self, key: str, default: Any, allowed: Sequence[Any], why: str) -> Any:
@@ -46,6 +167,29 @@ class Config:
         if value not in allowed:
             raise self.refuse(key, value, why, f"use {' or '.join(repr(a) for a in allowed)}")
         return value
+
+
+def _is(value: Any, kind: type) -> bool:
+    """Whether a JSON value is of the field's type (an int is a float; a bool is neither)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float and isinstance(value, int):
+        return abs(value) < 2**1023  # float() of it is finite
+    if kind is float:
+        return isinstance(value, float) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def _fix(value: Any, kind: type) -> str:
+    """How to write ``value`` as the field's type."""
+    if isinstance(value, str) and kind in (int, float):
+        try:
+            number = kind(value.strip())
+        except (ValueError, OverflowError):
+            number = None
+        if number is not None and (kind is int or math.isfinite(number)):
+            return f"write the number without quotes: {number}"
+    return f"give {_KINDS.get(kind, kind.__name__)}"
 
 
 @dataclass(frozen=True)
@@ -103,7 +247,7 @@ def activation(
         key: the config field (``hidden_act``, ``activation_function``).
         default: the HF class's default for the field.
     """
-    act = c.get(key, default)
+    act = c.get(key, default, str)
     if act not in table:
         raise c.refuse(key, act, "specvit has no such activation", f"use one of {', '.join(table)}")
     return table[act]

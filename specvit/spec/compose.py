@@ -4,13 +4,13 @@ keeping the file:line:col it came from."""
 from __future__ import annotations
 
 import os
-import stat
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from specvit.errors import Location, SpecError, SpecFileError
+from specvit.io import Unreadable, read_regular
 from specvit.spec.presets import preset_path, suggest
 from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
 from specvit.text import quote
@@ -28,9 +28,6 @@ __all__ = [
 MAX_EXTENDS = 32  # files in one extends chain (the presets use one)
 
 
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # POSIX: opening a FIFO nobody writes to returns at once
-
-
 def resolve(path: Path) -> Path:
     """``path.resolve()``, or ``path`` itself where that fails (a symlink loop): reading it then says why."""
     try:
@@ -42,43 +39,22 @@ def resolve(path: Path) -> Path:
 def _read_file(path: Path, shown: str, *, what: str = "spec", at: Location | None = None) -> bytes:
     """The bytes of a spec file (at most ``MAX_BYTES + 1``), or a SpecError saying why there are none.
 
-    Only regular files are read. The file is opened without blocking and checked before any read, so
-    that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting forever for input.
+    Read by :func:`specvit.io.read_regular`: only regular files, opened without blocking and checked
+    before any read, so that a FIFO or a device (``extends: /dev/stdin``) is refused instead of waiting
+    forever for input, and a file over the limit is refused by its size.
     """
     error = SpecFileError if at is None else SpecError  # the file named by the user, or by a spec
     try:
-        if "\0" in str(path):
-            raise error.at(
-                f"{what} {shown!r} cannot be read: the path holds a NUL character",
-                hint="check the path",
-                location=at,
-            )
-        if path.is_dir():
-            raise error.at(
-                f"{what} '{shown}' is a directory", hint="give the path of a .yaml file", location=at
-            )
-        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
-        with open(fd, "rb") as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise error.at(
-                    f"{what} '{shown}' is not a regular file",
-                    hint="give the path of a .yaml file",
-                    location=at,
-                )
-            if info.st_size > MAX_BYTES:
-                raise too_big(info.st_size, shown)
-            return f.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        raise error.at(f"{what} '{shown}' does not exist", hint=suggest(shown), location=at) from None
-    except PermissionError:
-        raise error.at(
-            f"{what} '{shown}' cannot be read (permission denied)",
-            hint="check the file's permissions",
-            location=at,
-        ) from None
-    except OSError as exc:
-        raise error.at(f"{what} '{shown}' cannot be read: {exc.strerror}", location=at) from None
+        return read_regular(path, MAX_BYTES, what, shown=shown)
+    except Unreadable as exc:
+        if exc.reason == "too_big":
+            raise too_big(exc.size, shown) from None
+        hint = {"missing": suggest(shown), "directory": "give the path of a .yaml file"}.get(
+            exc.reason, exc.hint
+        )
+        if exc.reason == "special":
+            hint = "give the path of a .yaml file"
+        raise error.at(exc.message, hint=hint, location=at) from None
 
 
 def shown_path(path: Path, *, absolute: bool = False) -> str:
@@ -92,7 +68,7 @@ def shown_path(path: Path, *, absolute: bool = False) -> str:
         return str(path)
     try:
         rel = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
+    except (ValueError, OSError):  # another drive (Windows); a working directory that no longer exists
         return str(path)
     return str(path) if rel.startswith(".." + os.sep + "..") else rel
 

@@ -1,0 +1,150 @@
+"""Hostile input, third round: signals. A save interrupted by any signal the process can handle leaves the
+previous checkpoint loadable and no temporary file; Ctrl-C in the CLI is one line and status 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import specvit
+from specvit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST = ROOT / "specs" / "mnist_vit.yaml"
+OLD = {"encoder.width": 32, "encoder.block.heads": 2, "encoder.block.mlp.hidden": 64}
+NEW = {"encoder.width": 512, "encoder.block.heads": 8, "encoder.block.mlp.hidden": 2048, "encoder.depth": 8}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+# The child saves the big NEW model over the checkpoint; WHEN says where the signal comes from: sent by the
+# parent while the save runs ("external"), or by the child itself right after its weights are staged
+# ("staging") or right before its first rename into place ("commit").
+_CHILD = """
+import os, signal, sys
+import torch, specvit
+from specvit import checkpoint as ck
+directory, when, signum = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.manual_seed(1)
+model = specvit.build_model({mnist!r}, overrides={new!r})
+hook = {{"staging": "_stage", "commit": "_put"}}.get(when)
+if hook:
+    real = getattr(ck, hook)
+    def signalled(*args):
+        if hook == "_put":
+            os.kill(os.getpid(), signum)
+        real(*args)
+        if hook == "_stage":
+            os.kill(os.getpid(), signum)
+    setattr(ck, hook, signalled)
+print("saving", flush=True)
+model.save_pretrained(directory, overwrite=True)
+print("saved", flush=True)
+"""
+
+
+@pytest.fixture
+def old(tmp_path: Path) -> Path:
+    torch.manual_seed(0)
+    specvit.build_model(MNIST, overrides=OLD).save_pretrained(tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def _save_and_signal(directory: Path, when: str, signum: int) -> subprocess.CompletedProcess[str]:
+    code = _CHILD.format(mnist=str(MNIST), new=NEW)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, str(directory), when, str(signum)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "saving\n"
+    if when == "external":
+        time.sleep(0.3)
+        child.send_signal(signum)
+    out, err = child.communicate(timeout=300)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") or p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_while_a_save_writes_leaves_the_old_checkpoint(signum: int, old: Path) -> None:
+    before = {n: (old / n).read_bytes() for n in ("spec.yaml", "model.safetensors", "checkpoint.json")}
+    run = _save_and_signal(old, "staging", signum)
+    assert run.returncode == -signum, run.stderr  # the process still ends by the signal
+    assert "saved" not in run.stdout
+    assert _leftovers(old) == []
+    assert {n: (old / n).read_bytes() for n in before} == before
+    assert specvit.load_pretrained(old).spec == specvit.load_spec(MNIST, overrides=OLD)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_while_a_save_renames_waits_until_the_new_one_is_whole(signum: int, old: Path) -> None:
+    run = _save_and_signal(old, "commit", signum)
+    assert run.returncode == -signum, run.stderr
+    assert _leftovers(old) == []
+    assert specvit.load_pretrained(old).spec == specvit.load_spec(MNIST, overrides=NEW)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_at_any_moment_of_a_save_leaves_one_whole_checkpoint(signum: int, old: Path) -> None:
+    run = _save_and_signal(old, "external", signum)
+    assert run.returncode in (-signum, 0), run.stderr
+    assert _leftovers(old) == []
+    loaded = specvit.load_pretrained(old).spec  # the old one, or the new one if the renames had begun
+    assert loaded in (specvit.load_spec(MNIST, overrides=OLD), specvit.load_spec(MNIST, overrides=NEW))
+    if run.returncode == 0:
+        assert loaded == specvit.load_spec(MNIST, overrides=NEW)
+
+
+def test_ctrl_c_in_the_cli_is_one_line_and_status_130(tmp_path: Path) -> None:
+    code = (
+        "import time, specvit.cli as cli\n"
+        "cli._load = lambda *a: time.sleep(60)\n"
+        "print('ready', flush=True)\n"
+        f"raise SystemExit(cli.main(['summary', {str(MNIST)!r}]))\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+    )
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130 and "Traceback" not in err
+    assert err == "specvit summary: interrupted\n"
+
+
+def test_ctrl_c_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("specvit.cli._load", interrupted)
+    assert main(["validate", str(MNIST)]) == 130
+    assert capsys.readouterr().err == "specvit validate: interrupted\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_during_any_atomic_write_removes_its_temporary_file(signum: int, tmp_path: Path) -> None:
+    """render, eject, export and import write through io.atomic_path: a signal mid-write leaves the old file."""
+    target = tmp_path / "out.mmd"
+    target.write_text("old")
+    code = (
+        "import os, sys, specvit.io as io\n"
+        "with io.atomic_open(sys.argv[1]) as f:\n"
+        "    f.write(b'new, half written')\n"
+        "    os.kill(os.getpid(), int(sys.argv[2]))\n"
+        "    f.write(b' and the rest')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(target), str(signum)], capture_output=True, env=ENV)
+    assert run.returncode == -signum
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mmd"] and target.read_text() == "old"
