@@ -379,4 +379,4 @@ def test_from_hf_of_the_default_config_is_the_preset() -> None:
 def test_from_hf_refuses_what_no_spec_states(fields: dict[str, Any], expected: str) -> None:
     with pytest.raises(SpecError) as info:
         from_hf({"model_type": "pvt_v2", **fields})
-    assert str(info.value.problems[0]) == expected
+    assert str(info.value.problems[0]) == f"<dict>: {expected}"  # a config given as a dict is named so

@@ -353,4 +353,4 @@ def test_from_hf_of_the_default_config_has_hfs_parameter_count() -> None:
 def test_from_hf_refuses_what_no_spec_states(fields: dict[str, Any], expected: str) -> None:
     with pytest.raises(SpecError) as info:
         from_hf({"model_type": "pvt", **fields})
-    assert str(info.value.problems[0]) == expected
+    assert str(info.value.problems[0]) == f"<dict>: {expected}"  # a config given as a dict is named so

@@ -28,6 +28,18 @@ _DEFAULTS = {
 """PvtV2Config's per-stage defaults (pvt_v2_b0's)."""
 
 
+def _image_size(c: Config) -> int | list[int]:
+    """PvtV2Config's ``image_size``: one side, or [height, width]."""
+    size = c.get("image_size", 224, kind=object)
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if isinstance(size, list | tuple) and len(size) == 2 and all(type(v) is int and v > 0 for v in size):
+        return list(size)
+    raise c.refuse(
+        "image_size", size, "an image size is one side or [height, width]", "give 224 or [224, 224]"
+    )
+
+
 def _stages(c: Config) -> dict[str, list[Any]]:
     """The per-stage fields, one entry per stage each; refused where the spec cannot state them."""
     if c.get("linear_attention", False):
@@ -72,7 +84,7 @@ def _spec(c: Config) -> dict[str, Any]:
         "encoder": {
             "input": {
                 "kind": "image",
-                "size": c.get("image_size", 224),
+                "size": _image_size(c),
                 "channels": c.get("num_channels", 3),
                 "stem": [stem, norm],
             },
