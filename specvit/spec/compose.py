@@ -4,6 +4,7 @@ keeping the file:line:col it came from."""
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
@@ -83,6 +84,50 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+_PLAIN_EXTENDS = re.compile(rb"^extends:[ ]+([^\s#'\"{}\[\],&*!|>]+)[ ]*(?:#[^\n]*)?$", re.M)
+"""A top-level ``extends: name`` written plainly: what :func:`_chain_too_big` follows without parsing."""
+
+
+def _too_big(shown: str, files: int, total: int, at: Location | None) -> SpecError:
+    return SpecError.at(
+        f"the extends chain holds more than {MAX_BYTES:,} bytes: with '{shown}' its {files} files hold {total:,}",
+        path="extends",
+        hint="a spec and its bases are a few pages of YAML; shorten the chain or the files",
+        location=at,
+    )
+
+
+def _chain_too_big(path: Path, raw: bytes, shown: str) -> SpecError | None:
+    """The chain's bytes counted before any of its files is parsed (parsing is what costs: a chain of files
+    each under the limit must not be parsed whole to be refused), following plain top-level ``extends:``
+    lines; a chain written otherwise is counted file by file as :func:`load_tree` parses it.
+
+    Args:
+        path: the spec file, resolved.
+        raw: its bytes.
+        shown: its name as the user gave it.
+    """
+    chain, total = [path], len(raw)
+    while len(chain) < MAX_EXTENDS and (match := _PLAIN_EXTENDS.search(raw)) is not None:
+        ref = match.group(1).decode("utf-8", "replace")
+        base = resolve(path.parent / ref)
+        if not base.exists() and (preset := preset_path(ref)) is not None:
+            base = resolve(preset)
+        if base in chain or not base.is_file():
+            return None  # a cycle or a file that is not there: the parse says so, where it is
+        at = Location(shown, raw[: match.start()].count(b"\n") + 1, match.start(1) - match.start() + 1)
+        path, shown = base, shown_path(base, absolute=Path(shown).is_absolute())
+        try:
+            raw = read_regular(path, MAX_BYTES, "spec", shown=shown)
+        except Unreadable:
+            return None
+        chain.append(path)
+        total += len(raw)
+        if total > MAX_BYTES:
+            return _too_big(shown, len(chain), total, at)
+    return None
+
+
 def load_tree(
     path: Path, shown: str, chain: tuple[Path, ...], at: Location | None, total: int = 0
 ) -> tuple[Any, SourceMap]:
@@ -100,13 +145,9 @@ def load_tree(
     """
     raw = _read_file(path, shown, at=at)
     if total + len(raw) > MAX_BYTES:
-        raise SpecError.at(
-            f"the extends chain holds more than {MAX_BYTES:,} bytes: with '{shown}' its {len(chain)} files "
-            f"hold {total + len(raw):,}",
-            path="extends",
-            hint="a spec and its bases are a few pages of YAML; shorten the chain or the files",
-            location=at,
-        )
+        raise _too_big(shown, len(chain), total + len(raw), at)
+    if at is None and (error := _chain_too_big(path, raw, shown)) is not None:
+        raise error
     data, source = read_yaml(raw, shown)
     source.files.append(str(path))
     if not isinstance(data, dict) or "extends" not in data:
