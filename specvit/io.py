@@ -341,16 +341,19 @@ def spec_inputs(source: Any) -> dict[str, str]:
 
 
 def refuse_inputs(output: str | os.PathLike[str], inputs: Mapping[str, str]) -> None:
-    """Refuse to write ``output`` when it is one of ``inputs`` (the same file, through any path or link).
+    """Refuse to write ``output`` when it is one of ``inputs`` (the same file, through any path or link), or
+    not a regular file (:func:`refuse_special`): the commands call this before their work, so a refusal
+    costs nothing.
 
     Args:
         output: the file about to be written.
         inputs: the files read to make it, each with what it is (``"the spec itself"``).
 
     Raises:
-        FileExistsError: naming the output and the input it is.
+        FileExistsError: naming the output and the input it is, or what the output is.
     """
     out = Path(output)
+    refuse_special(out)
     if not out.exists():
         return
     for item, what in inputs.items():
