@@ -14,7 +14,7 @@ from typing import Any
 from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, prefix
 from specvit.interop.registry import Config, Family, activation, family
 
-__all__: list[str] = []
+__all__ = ["block_table", "stage_fields"]
 
 _DEFAULTS = {
     "depths": [2, 2, 2, 2],
@@ -40,6 +40,26 @@ def _image_size(c: Config) -> int | list[int]:
     )
 
 
+def stage_fields(c: Config, defaults: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """A PVT config's per-stage fields, one entry per stage each (``num_encoder_blocks``); the patch
+    embeddings after the first share one kernel and stride, as the spec's one ``downsample`` does.
+
+    Args:
+        c: the config.
+        defaults: the config class's per-stage defaults, by field.
+    """
+    n = c.get("num_encoder_blocks", 4)
+    out = {key: list(c.get(key, default)) for key, default in defaults.items()}
+    for key, values in out.items():
+        if len(values) != n:
+            raise c.refuse(key, values, f"num_encoder_blocks is {n}", f"give {n} values, one per stage")
+    for key in ("patch_sizes", "strides"):
+        if len(set(out[key][1:])) > 1:
+            why = "the patch embeddings after the first share one kernel and stride in a spec"
+            raise c.refuse(key, out[key], why, "give every stage after the first the same value")
+    return out
+
+
 def _stages(c: Config) -> dict[str, list[Any]]:
     """The per-stage fields, one entry per stage each; refused where the spec cannot state them."""
     if c.get("linear_attention", False):
@@ -49,16 +69,7 @@ def _stages(c: Config) -> dict[str, list[Any]]:
             "PVT v2-Li pools keys and values to 7x7 with a GELU and adds a ReLU to its MLP, which no spec states",
             "use linear_attention: false (spatial-reduction attention, pvt_v2_b0 .. b5)",
         )
-    n = c.get("num_encoder_blocks", 4)
-    out = {key: list(c.get(key, default)) for key, default in _DEFAULTS.items()}
-    for key, values in out.items():
-        if len(values) != n:
-            raise c.refuse(key, values, f"num_encoder_blocks is {n}", f"give {n} values, one per stage")
-    for key in ("patch_sizes", "strides"):
-        if len(set(out[key][1:])) > 1:
-            why = "the patch embeddings after the first share one kernel and stride in a spec"
-            raise c.refuse(key, out[key], why, "give every stage after the first the same value")
-    return out
+    return stage_fields(c, _DEFAULTS)
 
 
 def _spec(c: Config) -> dict[str, Any]:
@@ -108,24 +119,51 @@ def _spec(c: Config) -> dict[str, Any]:
     }
 
 
-def _block(pre: str, s: int) -> dict[str, Entry]:
-    """The table of stage ``s``'s blocks."""
-    ours, layer = f"encoder.stages.{s}.blocks.{{i}}.", f"{pre}encoder.layers.{s}.blocks.{{i}}."
-    attention = layer + "attention."
+def block_table(ours: str, layer: str, names: dict[str, str]) -> dict[str, Entry]:
+    """The rename table of one stage's blocks, shared by PVT v1 and v2: the same layout under each version's
+    names.
+
+    Args:
+        ours: the blocks' key prefix (``encoder.stages.1.blocks.{i}.``).
+        layer: HF's (``encoder.layers.1.blocks.{i}.``).
+        names: HF's names under ``layer``: ``attention`` (the prefix of query, key and value), ``sr``,
+            ``proj``, and for the parts one version has, ``dwconv`` and ``pos_embed`` (a full key).
+    """
+    attention = layer + names["attention"]
     kv = (attention + "key.{p}", attention + "value.{p}")
-    return {
+    table = {
         ours + "norm1.{p}": one(layer + "layer_norm_1.{p}"),
         ours + "attn.qkv.{p}": ((attention + "query.{p}", *kv), cat),
         ours + "attn.q.{p}": one(attention + "query.{p}"),
         ours + "attn.kv.{p}": (kv, cat),
-        ours + "attn.sr.{p}": one(attention + "spatial_reduction.{p}"),
+        ours + "attn.sr.{p}": one(attention + names["sr"] + ".{p}"),
         ours + "attn.norm.{p}": one(attention + "layer_norm.{p}"),
-        ours + "attn.proj.{p}": one(attention + "proj.{p}"),
+        ours + "attn.proj.{p}": one(layer + names["proj"] + ".{p}"),
         ours + "norm2.{p}": one(layer + "layer_norm_2.{p}"),
         ours + "mlp.fc1.{p}": one(layer + "mlp.dense1.{p}"),
-        ours + "mlp.dwconv.{p}": one(layer + "mlp.dwconv.dwconv.{p}"),
         ours + "mlp.fc2.{p}": one(layer + "mlp.dense2.{p}"),
     }
+    if "dwconv" in names:
+        table[ours + "mlp.dwconv.{p}"] = one(layer + names["dwconv"] + ".{p}")
+    if "pos_embed" in names:
+        table[ours + "pos_embed.weight"] = one(names["pos_embed"])
+    return table
+
+
+_V2_NAMES = {
+    "attention": "attention.",
+    "sr": "spatial_reduction",
+    "proj": "attention.proj",
+    "dwconv": "mlp.dwconv.dwconv",
+}
+"""HF PVT v2's names in a block."""
+
+
+def _block(pre: str, s: int) -> dict[str, Entry]:
+    """The table of stage ``s``'s blocks."""
+    return block_table(
+        f"encoder.stages.{s}.blocks.{{i}}.", f"{pre}encoder.layers.{s}.blocks.{{i}}.", _V2_NAMES
+    )
 
 
 def _layout(spec: Any, keys: Sequence[str]) -> Layout:

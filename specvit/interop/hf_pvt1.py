@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, prefix
+from specvit.interop.hf_pvt import block_table, stage_fields
+from specvit.interop.layout import Entry, Layout, check_blocks, one, prefix
 from specvit.interop.registry import Config, Family, activation, family
 
 __all__: list[str] = []
@@ -31,15 +32,7 @@ _DEFAULTS = {
 
 def _stages(c: Config) -> dict[str, list[Any]]:
     """The per-stage fields, one entry per stage each; refused where the spec (or HF) cannot state them."""
-    n = c.get("num_encoder_blocks", 4)
-    out = {key: list(c.get(key, default)) for key, default in _DEFAULTS.items()}
-    for key, values in out.items():
-        if len(values) != n:
-            raise c.refuse(key, values, f"num_encoder_blocks is {n}", f"give {n} values, one per stage")
-    for key in ("patch_sizes", "strides"):
-        if len(set(out[key][1:])) > 1:
-            why = "the patch embeddings after the first share one kernel and stride in a spec"
-            raise c.refuse(key, out[key], why, "give every stage after the first the same value")
+    out = stage_fields(c, _DEFAULTS)
     size, grid = c.get("image_size", 224), c.get("image_size", 224)
     for i, (patch, kernel) in enumerate(zip(out["patch_sizes"], out["strides"], strict=True)):
         grid = (grid - kernel) // patch + 1
@@ -97,23 +90,14 @@ def _spec(c: Config) -> dict[str, Any]:
 
 
 def _block(pre: str, s: int) -> dict[str, Entry]:
-    """The table of stage ``s``'s blocks."""
-    ours, layer = f"encoder.stages.{s}.blocks.{{i}}.", f"{pre}encoder.block.{s}.{{i}}."
-    attention = layer + "attention.self."
-    kv = (attention + "key.{p}", attention + "value.{p}")
-    return {
-        ours + "norm1.{p}": one(layer + "layer_norm_1.{p}"),
-        ours + "attn.qkv.{p}": ((attention + "query.{p}", *kv), cat),
-        ours + "attn.q.{p}": one(attention + "query.{p}"),
-        ours + "attn.kv.{p}": (kv, cat),
-        ours + "attn.sr.{p}": one(attention + "sequence_reduction.{p}"),
-        ours + "attn.norm.{p}": one(attention + "layer_norm.{p}"),
-        ours + "attn.proj.{p}": one(layer + "attention.output.dense.{p}"),
-        ours + "norm2.{p}": one(layer + "layer_norm_2.{p}"),
-        ours + "mlp.fc1.{p}": one(layer + "mlp.dense1.{p}"),
-        ours + "mlp.fc2.{p}": one(layer + "mlp.dense2.{p}"),
-        ours + "pos_embed.weight": one(f"{pre}encoder.patch_embeddings.{s}.position_embeddings"),
+    """The table of stage ``s``'s blocks: PVT v2's layout under v1's names, and the stage's position table."""
+    names = {
+        "attention": "attention.self.",
+        "sr": "sequence_reduction",
+        "proj": "attention.output.dense",
+        "pos_embed": f"{pre}encoder.patch_embeddings.{s}.position_embeddings",
     }
+    return block_table(f"encoder.stages.{s}.blocks.{{i}}.", f"{pre}encoder.block.{s}.{{i}}.", names)
 
 
 def _layout(spec: Any, keys: Sequence[str]) -> Layout:
