@@ -32,10 +32,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from specvit.interop.hf import hf_layout
+from specvit.interop.hf import hf_layouts
 from specvit.interop.layout import (
     Entry,
     Layout,
+    Misfit,
     check_blocks,
     one,
     rows,
@@ -87,17 +88,14 @@ def _torch(spec: Spec, keys: Sequence[str]) -> Layout:
     return Layout(name, table)
 
 
-def _hf(spec: Spec, keys: Sequence[str]) -> Layout:
-    layout = hf_layout(spec, keys)
-    if layout is None:
-        families = ", ".join(f.name for f in FAMILIES)
-        raise ValueError(f"source 'hf' converts state dicts of {families}; these keys are none of them")
-    return layout
+def _no_hf(spec: Spec, keys: Sequence[str]) -> Layout:
+    families = ", ".join(f.name for f in FAMILIES)
+    raise ValueError(f"source 'hf' converts state dicts of {families}; these keys are none of them")
 
 
 _LAYOUTS: dict[str, Callable[[Sequence[str]], list[Callable[[Spec, Sequence[str]], Layout]]]] = {
     "torch": lambda keys: [_torch],
-    "hf": lambda keys: [_hf],
+    "hf": lambda keys: hf_layouts(keys) or [_no_hf],
     "timm": timm_layouts,
 }
 """Per source: the layouts that may name a state dict with these keys, tried in order."""
@@ -142,12 +140,15 @@ def convert_state_dict(state_dict: Mapping[str, Tensor], source: Source, spec: S
     keys = list(state_dict)
     expected = _expected(spec)
     failures: list[ValueError] = []
+    misfits: list[Misfit] = []
     for layout in _LAYOUTS[source](keys):  # most specific first; the first that maps every key wins
         try:
             return _convert(state_dict, layout(spec, keys), expected, spec)
+        except Misfit as exc:  # the layout's names mean other modules in this spec: said only if none fits
+            misfits.append(exc)
         except ValueError as exc:
             failures.append(exc)
-    raise failures[0]
+    raise (failures or misfits)[0]
 
 
 def _convert(

@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 import pkgutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
 from specvit.spec.yamlread import dump_yaml
 
-__all__ = ["from_hf", "hf_layout", "spec_dict"]
+__all__ = ["from_hf", "hf_layouts", "spec_dict"]
 
 for _module in pkgutil.iter_modules([str(Path(registry.__file__).parent)]):
     if _module.name.startswith("hf_"):
@@ -195,12 +195,11 @@ def from_hf(config: Any) -> Spec:
     return parse_spec(data, source=f"{data['name']} (from a {data['model']} HF config)")
 
 
-def hf_layout(spec: Spec, keys: Sequence[str]) -> Layout | None:
-    """The layout of an HF state dict with these keys, if a registered family reads it."""
-    for f in FAMILIES:
-        if f.reads(keys):
-            return f.layout(spec, keys)
-    return None
+def hf_layouts(keys: Sequence[str]) -> list[Callable[[Spec, Sequence[str]], Layout]]:
+    """The layouts of the registered families whose state dicts may have these keys, in registration order
+    (families of one shared layout name most of their weights alike: the converter takes the first that
+    places every key)."""
+    return [f.layout for f in FAMILIES if f.reads(keys)]
 
 
 def to_yaml(config: Any) -> str:

@@ -1,21 +1,25 @@
-"""Llama and Mistral (``LlamaForCausalLM``, ``MistralForCausalLM``): RMSNorm, SwiGLU, RoPE, GQA; Mistral
-adds a sliding window."""
+"""The Llama-like decoder layout: ``model.layers.{i}.self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj``,
+RMSNorm, RoPE. Llama and Mistral are its first tables; the families of ``hf_decoders.py`` change a few
+entries of :data:`LLAMA`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.layout import Layout, cat, one
-from specvit.interop.registry import Config, Family, activation, family
+from specvit.interop.registry import Config
+from specvit.interop.table import D, F, Only, Table, count, register
 
-__all__: list[str] = []
+__all__ = ["GATED", "LLAMA", "head_dim", "rope", "sliding"]
 
-_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
+"""transformers' activation of a gated MLP (``act(gate) * up``) -> specvit's gated activation."""
 
 
-def rope_theta(c: Config, default: float = 10000.0) -> float:
-    """RoPE's theta from ``rope_parameters`` (transformers 5) or ``rope_theta``; scaled RoPE is refused."""
+def _theta(c: Config, default: float) -> tuple[Config, float]:
+    """The RoPE parameters (transformers 5's ``rope_parameters``, 4's ``rope_scaling``) and theta;
+    scaled RoPE is refused."""
     key = "rope_parameters" if c.get("rope_parameters", kind=dict) else "rope_scaling"
     params = c.sub(key)
     kind = params.get("rope_type", params.get("type", "default"))
@@ -23,72 +27,161 @@ def rope_theta(c: Config, default: float = 10000.0) -> float:
         raise c.refuse(
             key, params.values, f"{kind} RoPE scaling has no specvit position kind", "use plain RoPE"
         )
-    return params.get("rope_theta", c.get("rope_theta", default))
+    return params, params.get("rope_theta", c.get("rope_theta", default))
 
 
-def _spec(c: Config) -> dict[str, Any]:
-    width, heads = c.get("hidden_size", 4096), c.size("num_attention_heads", 32)
-    c.only("pretraining_tp", 1, [1], "tensor-parallel slicing of the projections changes the sums")
-    bias = bool(c.get("attention_bias", False))
-    block: dict[str, Any] = {
-        "heads": heads,
-        "layers": ["masked_self_attention", "mlp"],
-        "norm": {"kind": "rmsnorm", "eps": c.get("rms_norm_eps", 1e-6)},
-        "mlp": {
-            "hidden": c.get("intermediate_size", 11008),
-            "activation": activation(c, _ACT, default="silu"),
-            "bias": bool(c.get("mlp_bias", False)),
-        },
-        "qkv_bias": bias,
-        "proj_bias": bias,
-    }
-    kv = c.get("num_key_value_heads", heads)
-    if kv != heads:
-        block["kv_heads"] = kv
-    head_dim = c.get("head_dim", width // heads)
-    if head_dim * heads != width or width % heads:
-        block["head_dim"] = head_dim
-    if c.model_type == "mistral" and c.get("sliding_window", kind=int) is not None:
-        block["sliding_window"] = c.get("sliding_window")
-    name = {"llama": "Llama", "mistral": "Mistral"}[c.model_type]
+def rope(default_theta: float = 10000.0, fraction: float = 1.0, layout: str | None = None) -> D:
+    """The spec's ``position``: RoPE at the config's theta over its fraction of each head.
+
+    Args:
+        default_theta: the family's default theta.
+        fraction: the family's default rotary fraction (``partial_rotary_factor``).
+        layout: the pairs' layout when not rotate-half (``interleaved``: Cohere, GPT-J).
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
+        params, theta = _theta(c, default_theta)
+        share = params.get("partial_rotary_factor", c.get("partial_rotary_factor", fraction))
+        position: dict[str, Any] = {"kind": "rope", "base": theta}
+        if share != 1.0:
+            position["fraction"] = share
+        if layout is not None:
+            position["layout"] = layout
+        return position
+
+    return D(read, ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"))
+
+
+def head_dim(fixed: int | None = None) -> D:
+    """``head_dim`` where it is not width / heads (given apart, or heads not dividing the width).
+
+    Args:
+        fixed: the class's default head_dim, where it is a number (Gemma's 256) and not width / heads.
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int | None:
+        width, heads = spec["decoder.width"], spec["decoder.block.heads"]
+        hd = c.get("head_dim", fixed, int)
+        if hd is None:
+            return None
+        return hd if hd * heads != width or width % heads else None
+
+    return D(read, ("head_dim",))
+
+
+def sliding(
+    default: int | None,
+    pattern: Callable[[Config, int], bool],
+    *,
+    switch: tuple[str, bool] | None = None,
+    fields: tuple[str, ...] = (),
+) -> dict[str, D]:
+    """The spec entries of windows that slide in some layers: those of type ``sliding_attention`` in the
+    config's ``layer_types`` (Qwen2, Gemma 2), written as overrides of those layers (or as the block's
+    window when every layer slides).
+
+    Args:
+        default: the class's default ``sliding_window``.
+        pattern: (config, layer) -> whether it slides, as the class computes ``layer_types`` when a config
+            leaves them out.
+        switch: a field that turns the window off, and its default (Qwen2's ``use_sliding_window``).
+        fields: the fields ``pattern`` reads.
+    """
+
+    def read(c: Config, depth: int) -> tuple[int | None, list[int]]:
+        window = c.get("sliding_window", default, int)
+        if switch is not None and not c.get(*switch):
+            window = None
+        types = c.get("layer_types", kind=list)
+        if types is None:
+            types = ["sliding_attention" if pattern(c, i) else "full_attention" for i in range(depth)]
+        if len(types) != depth or not set(types) <= {"full_attention", "sliding_attention"}:
+            raise c.refuse(
+                "layer_types",
+                types,
+                f"expected full_attention or sliding_attention for each of the {depth} layers",
+                "give one type per layer",
+            )
+        return window, [i for i, t in enumerate(types) if t == "sliding_attention"]
+
+    def block(c: Config, spec: Mapping[str, Any]) -> int | None:
+        window, layers = read(c, spec["decoder.depth"])
+        return window if len(layers) == spec["decoder.depth"] else None
+
+    def overrides(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        window, layers = read(c, spec["decoder.depth"])
+        if window is None or not layers or len(layers) == spec["decoder.depth"]:
+            return None
+        return [{"layers": layers, "block": {"sliding_window": window}}]
+
+    read_fields = ("sliding_window", "layer_types", *(switch[:1] if switch else ()), *fields)
     return {
-        "specvit": 1,
-        "name": f"{c.model_type}_from_hf",
-        "description": f"{name} ({name}ForCausalLM), imported from its transformers config.",
-        "model": "decoder",
-        "decoder": {
-            "input": {"kind": "tokens", "vocab": c.get("vocab_size", 32000)},
-            "position": {"kind": "rope", "base": rope_theta(c)},
-            "width": width,
-            "depth": c.get("num_hidden_layers", 32),
-            "block": block,
+        "decoder.block.sliding_window": D(block, read_fields),
+        "decoder.overrides": D(overrides, read_fields),
+    }
+
+
+_LAYER = "layers.{i}."
+
+LLAMA = register(
+    Table(
+        name="Llama",
+        model_types=("llama",),
+        role="decoder",
+        keys=r"(?:model\.)?layers\.\d+\.mlp\.gate_proj\.",
+        spec={
+            "decoder.input.kind": "tokens",
+            "decoder.input.vocab": F("vocab_size", 32000),
+            "decoder.position": rope(),
+            "decoder.width": F("hidden_size", 4096),
+            "decoder.depth": F("num_hidden_layers", 32),
+            "decoder.block.layers": ["masked_self_attention", "mlp"],
+            "decoder.block.heads": count("num_attention_heads", 32),
+            "decoder.block.kv_heads": F("num_key_value_heads", None, int),
+            "decoder.block.head_dim": head_dim(),
+            "decoder.block.norm.kind": "rmsnorm",
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-6),
+            "decoder.block.mlp.hidden": F("intermediate_size", 11008),
+            "decoder.block.mlp.activation": F("hidden_act", "silu", map=GATED),
+            "decoder.block.mlp.bias": F("mlp_bias", False),
+            "decoder.block.qkv_bias": F("attention_bias", False),
+            "decoder.block.proj_bias": F("attention_bias", False),
+            "decoder.dropout.attention": F("attention_dropout", 0.0),
+            "head.kind": "lm",
+            "head.tied": F("tie_word_embeddings", False),
         },
-        "head": {"kind": "lm", "tied": bool(c.get("tie_word_embeddings", False))},
-    }
-
-
-def _layout(spec: Any, keys: Sequence[str]) -> Layout:
-    layer, block = "model.layers.{i}.", "decoder.blocks.{i}."
-    attn = tuple(layer + f"self_attn.{n}_proj" + ".{p}" for n in "qkv")
-    table = {
-        "decoder.tok_embed.weight": one("model.embed_tokens.weight"),
-        block + "norm1.weight": one(layer + "input_layernorm.weight"),
-        block + "attn.qkv.{p}": (attn, cat),
-        block + "attn.proj.{p}": one(layer + "self_attn.o_proj.{p}"),
-        block + "norm2.weight": one(layer + "post_attention_layernorm.weight"),
-        block + "mlp.fc1.{p}": ((layer + "mlp.gate_proj.{p}", layer + "mlp.up_proj.{p}"), cat),
-        block + "mlp.fc2.{p}": one(layer + "mlp.down_proj.{p}"),
-        "decoder.norm.weight": one("model.norm.weight"),
-        "head.fc.weight": one("lm_head.weight"),
-    }
-    tied = {"lm_head.weight": "model.embed_tokens.weight"} if spec.head.tied else {}
-    if tied:
-        del table["head.fc.weight"]
-    return Layout(
-        "HF LlamaForCausalLM / MistralForCausalLM", table, ignore=(r".*rotary_emb\.inv_freq",), tied=tied
+        only=(
+            Only("pretraining_tp", 1, (1,), "tensor-parallel slicing of the projections changes the sums"),
+        ),
+        names={
+            "decoder.tok_embed": "embed_tokens",
+            "decoder.blocks.{i}.norm1": _LAYER + "input_layernorm",
+            "decoder.blocks.{i}.attn.qkv": tuple(_LAYER + f"self_attn.{n}_proj" for n in "qkv"),
+            "decoder.blocks.{i}.attn.proj": _LAYER + "self_attn.o_proj",
+            "decoder.blocks.{i}.attn.q_norm": _LAYER + "self_attn.q_norm",
+            "decoder.blocks.{i}.attn.k_norm": _LAYER + "self_attn.k_norm",
+            "decoder.blocks.{i}.norm2": _LAYER + "post_attention_layernorm",
+            "decoder.blocks.{i}.mlp.fc1": (_LAYER + "mlp.gate_proj", _LAYER + "mlp.up_proj"),
+            "decoder.blocks.{i}.mlp.fc2": _LAYER + "mlp.down_proj",
+            "decoder.norm": "norm",
+        },
+        heads={"head.fc": "lm_head"},
+        ignore=(r".*rotary_emb\.inv_freq",),
     )
+)
 
-
-family(
-    Family("LlamaForCausalLM", ("llama", "mistral"), r"model\.layers\.\d+\.mlp\.gate_proj\.", _spec, _layout)
+MISTRAL = register(
+    LLAMA.but(
+        "Mistral",
+        ("mistral",),
+        {
+            "decoder.block.kv_heads": F("num_key_value_heads", 8),
+            "decoder.block.mlp.hidden": F("intermediate_size", 14336),
+            "decoder.block.mlp.bias": False,
+            "decoder.block.qkv_bias": False,
+            "decoder.block.proj_bias": False,
+            "decoder.block.sliding_window": F("sliding_window", 4096, int),
+        },
+        drop=("pretraining_tp",),
+    )
 )

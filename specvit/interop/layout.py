@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Entry",
     "Layout",
+    "Misfit",
     "Transform",
     "batched",
     "cat",
@@ -37,6 +38,11 @@ Transform = Callable[[Sequence[Tensor]], Tensor]
 Entry = tuple[tuple[str, ...], Transform]  # source key templates, and how to make the target from them
 
 _BLOCK = re.compile(r"\.blocks\.(\d+)\.")
+
+
+class Misfit(ValueError):
+    """A layout whose names mean other modules in this spec (a norm after the attention, not before): the
+    converter tries the next layout of the keys, and says this only when none places them."""
 
 
 # -- transforms ---------------------------------------------------------------------------------------

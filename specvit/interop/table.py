@@ -1,0 +1,287 @@
+"""A family of a shared layout, as data: which config field makes which spec key, which values are refused,
+which fields change nothing, and what its weights' modules are called.
+
+A :class:`Table` is read over a shared layout (``hf_llama.py``'s Llama-like decoders): the layout gives a
+base table, and a family is the base with a few entries changed (:meth:`Table.but`). Every field a config
+holds is accounted for: read into the spec, checked against the values the spec states (:class:`Only`),
+or listed as changing nothing the model computes (``inert``); any other field is refused, so a field a
+later transformers adds never silently builds a model that computes something else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from specvit.interop.layout import Layout, Misfit, cat, same
+from specvit.interop.registry import Config, Family, family
+
+__all__ = ["COMMON", "TABLES", "D", "F", "Only", "Table", "count", "register"]
+
+COMMON = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "chunk_size_feed_forward",
+        "dtype",
+        "torch_dtype",
+        "id2label",
+        "is_encoder_decoder",
+        "label2id",
+        "model_type",
+        "output_attentions",
+        "output_hidden_states",
+        "problem_type",
+        "return_dict",
+        "transformers_version",
+        "use_cache",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "max_position_embeddings",
+    }
+)
+"""Fields every transformers config may hold that change nothing a forward computes: names, token ids, the
+initialiser's range, whether to return a cache. (``max_position_embeddings`` bounds a RoPE model's length
+only in HF's own checks; a learned table's size is read where a table has it.)"""
+
+
+@dataclass(frozen=True)
+class F:
+    """A spec value read from one config field: ``F("hidden_size", 4096)``.
+
+    Args:
+        name: the config field.
+        default: the HF config class's default; its type is the field's type unless ``kind`` says otherwise.
+        kind: the field's type where the default does not say it (a default of None).
+        map: the field's values -> the spec's (activation names); a value it lacks is refused.
+    """
+
+    name: str
+    default: Any
+    kind: type | None = None
+    map: Mapping[Any, Any] | None = None
+
+    def read(self, c: Config) -> Any:
+        value = c.get(self.name, self.default, self.kind or (str if self.map else None))
+        if self.map is None:
+            return value
+        if value not in self.map:
+            raise c.refuse(
+                self.name, value, "specvit has no such value here", f"use one of {', '.join(self.map)}"
+            )
+        return self.map[value]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class D:
+    """A spec value derived from a config and the spec keys read before it (``head_dim`` only where it is not
+    width / heads); None leaves the key out.
+
+    Args:
+        fn: (config, the spec's dotted keys read so far) -> the value.
+        fields: the config fields it reads.
+    """
+
+    fn: Callable[[Config, Mapping[str, Any]], Any]
+    fields: tuple[str, ...] = ()
+
+    def read(self, c: Config, spec: Mapping[str, Any]) -> Any:
+        return self.fn(c, spec)
+
+
+def count(name: str, default: int) -> D:
+    """A field that is a count (heads): an integer >= 1."""
+    return D(lambda c, spec: c.size(name, default), (name,))
+
+
+@dataclass(frozen=True)
+class Only:
+    """A config field whose value must be one of ``allowed`` (the ones the spec states); others are refused.
+
+    Args:
+        name: the config field.
+        default: the HF class's default.
+        allowed: the values specvit computes exactly.
+        why: what another value would change.
+    """
+
+    name: str
+    default: Any
+    allowed: tuple[Any, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """One HF family over a shared layout.
+
+    Args:
+        name: the HF classes' prefix (``Qwen2``: ``Qwen2Model``, ``Qwen2ForCausalLM``).
+        model_types: the config ``model_type`` values it reads.
+        role: the stack it fills (``decoder`` / ``encoder``).
+        spec: dotted spec key -> an :class:`F`, a :class:`D` or a constant.
+        only: fields whose other values are refused.
+        inert: fields that change nothing the model computes (dropout rates; HF-only switches).
+        names: specvit module (or parameter) -> the HF one(s) it is made of, concatenated in order; block
+            templates use ``{i}``; names are relative to the backbone (``model.`` in a task model).
+        heads: head module -> the HF one, outside the backbone.
+        keys: a regular expression one of its state dicts' keys matches, and no other layout's.
+        ignore: regular expressions of HF buffers that are not weights (RoPE's ``inv_freq``).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    role: str
+    spec: Mapping[str, Any]
+    keys: str
+    only: tuple[Only, ...] = ()
+    inert: tuple[str, ...] = ()
+    names: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
+    heads: Mapping[str, str] = field(default_factory=dict)
+    ignore: tuple[str, ...] = ()
+    backbone: str = "model."
+
+    def but(
+        self,
+        name: str,
+        model_types: tuple[str, ...],
+        spec: Mapping[str, Any] | None = None,
+        *,
+        drop: Sequence[str] = (),
+        only: tuple[Only, ...] = (),
+        inert: tuple[str, ...] = (),
+        names: Mapping[str, str | tuple[str, ...]] | None = None,
+        keys: str | None = None,
+    ) -> Table:
+        """This table with entries changed: a family of the same layout.
+
+        Args:
+            name: the family's class prefix.
+            model_types: its model types.
+            spec: entries added or replaced.
+            drop: spec keys (and config fields of ``only``) the family does not have.
+            only: checks added or replaced (by field).
+            inert: fields added to the inert ones.
+            names: module names added or replaced.
+            keys: the family's own key pattern, where its weights' names differ from the layout's.
+        """
+        merged = {k: v for k, v in self.spec.items() if k not in drop} | dict(spec or {})
+        checks = {o.name: o for o in self.only if o.name not in drop} | {o.name: o for o in only}
+        return replace(
+            self,
+            name=name,
+            model_types=model_types,
+            spec=merged,
+            only=tuple(checks.values()),
+            inert=self.inert + inert,
+            names={**self.names, **(names or {})},
+            keys=keys or self.keys,
+        )
+
+    def known(self) -> set[str]:
+        """Every config field the table accounts for."""
+        read = {f for v in self.spec.values() if isinstance(v, (F, D)) for f in v.fields}
+        return read | {o.name for o in self.only} | set(self.inert) | COMMON
+
+    def read(self, c: Config) -> dict[str, Any]:
+        """The spec's fields made of config ``c``; an unaccounted field or a refused value raises SpecError."""
+        for key in c.values:
+            if key not in self.known():
+                raise c.refuse(
+                    key,
+                    c.values[key],
+                    f"specvit's {self.name} table does not read this field, so cannot say the model it builds "
+                    "computes what this config describes",
+                    "leave the field out if it is unset, or ask for the field to be mapped",
+                )
+        for o in self.only:
+            c.only(o.name, o.default, o.allowed, o.why)
+        data: dict[str, Any] = {
+            "specvit": 1,
+            "name": f"{c.model_type}_from_hf",
+            "description": f"{self.name} ({self._class(c)}), imported from its transformers config.",
+            "model": self.role,
+        }
+        flat: dict[str, Any] = {}
+        for key, value in self.spec.items():
+            if isinstance(value, F):
+                value = value.read(c)
+            elif isinstance(value, D):
+                value = value.read(c, flat)
+            flat[key] = value
+            if value is not None:
+                _put(data, key, value)
+        if not self._class(c).endswith("ForCausalLM"):
+            data["head"] = "none"
+        return data
+
+    def _class(self, c: Config) -> str:
+        """The HF class the config names (``architectures``), ``<name>ForCausalLM`` when it names none."""
+        classes = c.get("architectures", kind=list) or [f"{self.name}ForCausalLM"]
+        allowed = (f"{self.name}Model", f"{self.name}ForCausalLM")
+        if len(classes) != 1 or classes[0] not in allowed:
+            raise c.refuse(
+                "architectures",
+                classes,
+                "specvit reads this family's base model and causal LM",
+                f"use {' or '.join(allowed)}",
+            )
+        return classes[0]
+
+    def layout(self, spec: Any, keys: Sequence[str]) -> Layout:
+        """The weights' names: each specvit module (or parameter) made of its HF counterparts.
+
+        Raises:
+            Misfit: the spec's blocks are not this family's (norm placement, parallel residual), so its
+                names would place weights in modules that compute something else.
+        """
+        block = spec.stacks[self.role].block
+        for key, ours in (("norm.placement", block.norm.placement), ("parallel", block.parallel)):
+            want = self.spec.get(
+                f"{self.role}.block.{key}", {"norm.placement": "pre", "parallel": False}[key]
+            )
+            if not isinstance(want, (F, D)) and ours != want:
+                raise Misfit(
+                    f"HF {self.name} blocks have {key} {want}, but spec {spec.name!r} has "
+                    f"{self.role}.block.{key} {ours}"
+                )
+        pre = self.backbone if any(k.startswith(self.backbone) for k in keys) else ""
+        table: dict[str, tuple[tuple[str, ...], Any]] = {}
+        for ours, theirs in {**self.names, **self.heads}.items():
+            sources = (theirs,) if isinstance(theirs, str) else theirs
+            sources = tuple(s if ours in self.heads else pre + s for s in sources)
+            join = cat if len(sources) > 1 else same
+            table[ours] = (sources, join)  # a parameter named whole (an MoE's stacked experts)
+            table[ours + ".{p}"] = (tuple(s + ".{p}" for s in sources), join)
+        tied: dict[str, str] = {}
+        if getattr(spec.head, "tied", False):
+            for ours, theirs in self.heads.items():
+                tied[theirs + ".weight"] = pre + str(self.names["decoder.tok_embed"]) + ".weight"
+                del table[ours + ".{p}"]
+        return Layout(f"HF {self.name}ForCausalLM / {self.name}Model", table, ignore=self.ignore, tied=tied)
+
+
+def _put(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key in nested dicts."""
+    *path, last = key.split(".")
+    for part in path:
+        data = data.setdefault(part, {})
+    data[last] = value
+
+
+TABLES: dict[str, Table] = {}
+"""Model type -> its table."""
+
+
+def register(table: Table) -> Table:
+    """Register a table as a family ``from_hf`` and the converter find by model type and by keys."""
+    TABLES.update(dict.fromkeys(table.model_types, table))
+    family(Family(f"{table.name}ForCausalLM", table.model_types, table.keys, table.read, table.layout))
+    return table
