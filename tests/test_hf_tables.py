@@ -190,7 +190,8 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     table = _table(family)
     switched = {k for k, _ in CASES[family][3]}
-    fields = {f for v in table.spec.values() if hasattr(v, "fields") for f in v.fields}
+    entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
+    fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
     untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - COMMON - {"partial_rotary_factor", "rope_theta",
                                                                          "rope_scaling", "mlp_bias"}  # fmt: skip
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
@@ -201,7 +202,9 @@ def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     import transformers
 
     defaults = getattr(transformers, CASES[family][0])()
-    for key, value in _table(family).spec.items():
+    table = _table(family)
+    entries = {**table.spec, **{k: v for head in table.classes.values() for k, v in head.spec.items()}}
+    for key, value in entries.items():
         if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
             assert value.default == getattr(defaults, value.name), (family, key, value.name)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from specvit.interop.hf_llama import GATED, LLAMA, head_dim, rope, sliding
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import D, F, Only, count, register
+from specvit.interop.table import D, F, Only, count, lm, register
 
 __all__: list[str] = []
 
@@ -72,7 +72,6 @@ _GEMMA = {
     "decoder.input.scale": True,  # the embedding times sqrt(width)
     "decoder.block.norm.unit_offset": True,  # RMSNorm scales by 1 + w
     "decoder.block.mlp.bias": False,
-    "head.tied": F("tie_word_embeddings", True),
 }
 _BIDIRECTIONAL = Only("use_bidirectional_attention", False, (False,), "Gemma's decoders attend causally")
 
@@ -91,6 +90,7 @@ GEMMA = register(
         },
         drop=_LLAMA_ONLY,
         only=(_BIDIRECTIONAL,),
+        classes={"ForCausalLM": lm(tied=True)},
     )
 )
 
@@ -114,9 +114,9 @@ GEMMA2 = register(
             "decoder.block.mlp.activation": F("hidden_activation", "gelu_pytorch_tanh", map=GATED),
             "decoder.block.attention_scale": D(_query_scale, ("query_pre_attn_scalar",)),
             "decoder.block.attention_softcap": F("attn_logit_softcapping", 50.0, float),
-            "head.softcap": F("final_logit_softcapping", 30.0, float),
             **sliding(4096, lambda c, i: bool((i + 1) % 2)),
         },
+        classes={"ForCausalLM": lm(tied=True, softcap=F("final_logit_softcapping", 30.0, float))},
         names={
             "decoder.blocks.{i}.post_norm1": _LAYER + "post_attention_layernorm",
             "decoder.blocks.{i}.norm2": _LAYER + "pre_feedforward_layernorm",
@@ -201,10 +201,10 @@ STARCODER2 = register(
             "decoder.block.qkv_bias": F("use_bias", True),
             "decoder.block.proj_bias": F("use_bias", True),
             "decoder.block.sliding_window": F("sliding_window", None, int),
-            "head.tied": F("tie_word_embeddings", True),
         },
         drop=_LLAMA_ONLY,
         only=_no_dropout("residual_dropout", "embedding_dropout"),
+        classes={"ForCausalLM": lm(tied=True)},
         keys=_LAYERS + r"mlp\.c_fc\.",
         names={
             "decoder.blocks.{i}.mlp.fc1": _LAYER + "mlp.c_fc",

@@ -147,8 +147,6 @@ LLAMA = register(
             "decoder.block.qkv_bias": F("attention_bias", False),
             "decoder.block.proj_bias": F("attention_bias", False),
             "decoder.dropout.attention": F("attention_dropout", 0.0),
-            "head.kind": "lm",
-            "head.tied": F("tie_word_embeddings", False),
         },
         only=(
             Only("pretraining_tp", 1, (1,), "tensor-parallel slicing of the projections changes the sums"),
@@ -165,7 +163,6 @@ LLAMA = register(
             "decoder.blocks.{i}.mlp.fc2": _LAYER + "mlp.down_proj",
             "decoder.norm": "norm",
         },
-        heads={"head.fc": "lm_head"},
         ignore=(r".*rotary_emb\.inv_freq",),
     )
 )

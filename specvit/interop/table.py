@@ -14,10 +14,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specvit.interop.layout import Layout, Misfit, cat, same
+from specvit.interop.layout import Layout, Misfit, Transform, cat, same
 from specvit.interop.registry import Config, Family, family
 
-__all__ = ["COMMON", "TABLES", "D", "F", "Only", "Table", "count", "register"]
+__all__ = [
+    "BARE",
+    "COMMON",
+    "LM",
+    "TABLES",
+    "D",
+    "F",
+    "Head",
+    "Only",
+    "Renamed",
+    "Table",
+    "count",
+    "lm",
+    "register",
+]
 
 COMMON = frozenset(
     {
@@ -119,6 +133,52 @@ class Only:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """Weights made of HF ones by a transform other than concatenation (a (N, D) table as (1, N, D)).
+
+    Args:
+        sources: the HF module or parameter (or several).
+        transform: the source tensors -> specvit's.
+    """
+
+    sources: str | tuple[str, ...]
+    transform: Transform
+
+
+Name = str | tuple[str, ...] | Renamed
+"""An HF module (or parameter), several concatenated in order, or :class:`Renamed`."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """One task class of a family (``ForCausalLM``): its head in the spec, and its head's weights.
+
+    Args:
+        spec: the spec entries of the head (``{"head": "none"}``; F and D read the config).
+        names: head module -> the HF one, outside the backbone (``{"head.fc": "lm_head"}``).
+    """
+
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    names: Mapping[str, Name] = field(default_factory=dict)
+
+
+def lm(tied: bool = False, **spec: Any) -> Head:
+    """A causal LM's head: a linear to the vocabulary (``lm_head``), tied to the embedding or not.
+
+    Args:
+        tied: the class's default ``tie_word_embeddings``.
+        spec: more head entries, by the key under ``head.`` (``softcap=F(...)``).
+    """
+    entries = {"head.kind": "lm", "head.tied": F("tie_word_embeddings", tied)}
+    return Head(entries | {f"head.{k}": v for k, v in spec.items()}, {"head.fc": "lm_head"})
+
+
+LM = lm()
+BARE = Head({"head": "none"})
+"""The base model: the final features, no head."""
+
+
+@dataclass(frozen=True)
 class Table:
     """One HF family over a shared layout.
 
@@ -131,7 +191,9 @@ class Table:
         inert: fields that change nothing the model computes (dropout rates; HF-only switches).
         names: specvit module (or parameter) -> the HF one(s) it is made of, concatenated in order; block
             templates use ``{i}``; names are relative to the backbone (``model.`` in a task model).
-        heads: head module -> the HF one, outside the backbone.
+        classes: class suffix (``ForCausalLM``) -> its head; the config's ``architectures`` names the class,
+            ``default`` when it names none.
+        default: the class of a config that names none.
         keys: a regular expression one of its state dicts' keys matches, and no other layout's.
         ignore: regular expressions of HF buffers that are not weights (RoPE's ``inv_freq``).
     """
@@ -143,8 +205,9 @@ class Table:
     keys: str
     only: tuple[Only, ...] = ()
     inert: tuple[str, ...] = ()
-    names: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
-    heads: Mapping[str, str] = field(default_factory=dict)
+    names: Mapping[str, Name] = field(default_factory=dict)
+    classes: Mapping[str, Head] = field(default_factory=lambda: {"Model": BARE, "ForCausalLM": LM})
+    default: str = "ForCausalLM"
     ignore: tuple[str, ...] = ()
     backbone: str = "model."
 
@@ -157,7 +220,8 @@ class Table:
         drop: Sequence[str] = (),
         only: tuple[Only, ...] = (),
         inert: tuple[str, ...] = (),
-        names: Mapping[str, str | tuple[str, ...]] | None = None,
+        names: Mapping[str, Name] | None = None,
+        classes: Mapping[str, Head] | None = None,
         keys: str | None = None,
     ) -> Table:
         """This table with entries changed: a family of the same layout.
@@ -170,6 +234,7 @@ class Table:
             only: checks added or replaced (by field).
             inert: fields added to the inert ones.
             names: module names added or replaced.
+            classes: task classes added or replaced.
             keys: the family's own key pattern, where its weights' names differ from the layout's.
         """
         merged = {k: v for k, v in self.spec.items() if k not in drop} | dict(spec or {})
@@ -182,12 +247,14 @@ class Table:
             only=tuple(checks.values()),
             inert=self.inert + inert,
             names={**self.names, **(names or {})},
+            classes={**self.classes, **(classes or {})},
             keys=keys or self.keys,
         )
 
     def known(self) -> set[str]:
         """Every config field the table accounts for."""
-        read = {f for v in self.spec.values() if isinstance(v, (F, D)) for f in v.fields}
+        entries = [*self.spec.values(), *(v for h in self.classes.values() for v in h.spec.values())]
+        read = {f for v in entries if isinstance(v, (F, D)) for f in v.fields}
         return read | {o.name for o in self.only} | set(self.inert) | COMMON
 
     def read(self, c: Config) -> dict[str, Any]:
@@ -203,14 +270,15 @@ class Table:
                 )
         for o in self.only:
             c.only(o.name, o.default, o.allowed, o.why)
+        suffix = self._class(c)
         data: dict[str, Any] = {
             "specvit": 1,
             "name": f"{c.model_type}_from_hf",
-            "description": f"{self.name} ({self._class(c)}), imported from its transformers config.",
+            "description": f"{self.name} ({self.name}{suffix}), imported from its transformers config.",
             "model": self.role,
         }
         flat: dict[str, Any] = {}
-        for key, value in self.spec.items():
+        for key, value in {**self.spec, **self.classes[suffix].spec}.items():
             if isinstance(value, F):
                 value = value.read(c)
             elif isinstance(value, D):
@@ -218,22 +286,20 @@ class Table:
             flat[key] = value
             if value is not None:
                 _put(data, key, value)
-        if not self._class(c).endswith("ForCausalLM"):
-            data["head"] = "none"
         return data
 
     def _class(self, c: Config) -> str:
-        """The HF class the config names (``architectures``), ``<name>ForCausalLM`` when it names none."""
-        classes = c.get("architectures", kind=list) or [f"{self.name}ForCausalLM"]
-        allowed = (f"{self.name}Model", f"{self.name}ForCausalLM")
-        if len(classes) != 1 or classes[0] not in allowed:
+        """The suffix of the HF class the config names (``architectures``), :attr:`default` if it names none."""
+        named = c.get("architectures", kind=list) or [self.name + self.default]
+        allowed = [self.name + suffix for suffix in self.classes]
+        if len(named) != 1 or named[0] not in allowed:
             raise c.refuse(
                 "architectures",
-                classes,
-                "specvit reads this family's base model and causal LM",
-                f"use {' or '.join(allowed)}",
+                named,
+                f"specvit reads the {self.name} classes {', '.join(allowed)}",
+                f"use one of {', '.join(allowed)}",
             )
-        return classes[0]
+        return named[0][len(self.name) :]
 
     def layout(self, spec: Any, keys: Sequence[str]) -> Layout:
         """The weights' names: each specvit module (or parameter) made of its HF counterparts.
@@ -253,19 +319,38 @@ class Table:
                     f"{self.role}.block.{key} {ours}"
                 )
         pre = self.backbone if any(k.startswith(self.backbone) for k in keys) else ""
+        heads = self._head(spec, keys).names
         table: dict[str, tuple[tuple[str, ...], Any]] = {}
-        for ours, theirs in {**self.names, **self.heads}.items():
+        for ours, name in {**self.names, **heads}.items():
+            theirs, join = (name.sources, name.transform) if isinstance(name, Renamed) else (name, None)
             sources = (theirs,) if isinstance(theirs, str) else theirs
-            sources = tuple(s if ours in self.heads else pre + s for s in sources)
-            join = cat if len(sources) > 1 else same
+            sources = tuple(s if ours in heads else pre + s for s in sources)
+            join = join or (cat if len(sources) > 1 else same)
             table[ours] = (sources, join)  # a parameter named whole (an MoE's stacked experts)
             table[ours + ".{p}"] = (tuple(s + ".{p}" for s in sources), join)
         tied: dict[str, str] = {}
         if getattr(spec.head, "tied", False):
-            for ours, theirs in self.heads.items():
-                tied[theirs + ".weight"] = pre + str(self.names["decoder.tok_embed"]) + ".weight"
+            embedding = self.names[f"{self.role}.tok_embed"]
+            assert isinstance(embedding, str)
+            for ours, head in heads.items():
+                tied[f"{head}.weight"] = f"{pre}{embedding}.weight"
                 del table[ours + ".{p}"]
-        return Layout(f"HF {self.name}ForCausalLM / {self.name}Model", table, ignore=self.ignore, tied=tied)
+        return Layout(
+            f"HF {self.name}{self.default} / {self.name}Model", table, ignore=self.ignore, tied=tied
+        )
+
+    def _head(self, spec: Any, keys: Sequence[str]) -> Head:
+        """The task class whose head weights the keys hold; with none of them, the class of the spec's head
+        (a tied LM head may be left out of a checkpoint)."""
+        for head in self.classes.values():
+            for name in head.names.values():
+                first = name.sources if isinstance(name, Renamed) else name
+                first = first if isinstance(first, str) else first[0]
+                if any(k.startswith(first + ".") or k == first for k in keys):
+                    return head
+        if spec.head.kind == "none":
+            return BARE
+        return self.classes[self.default]
 
 
 def _put(data: dict[str, Any], key: str, value: Any) -> None:
