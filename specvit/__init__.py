@@ -39,6 +39,7 @@ __all__ = [
     "render",
     "save_pretrained",
     "to_dot",
+    "to_hf",
     "to_mermaid",
 ]
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from specvit.inference import optimize
     from specvit.interop.hf import from_hf
     from specvit.interop.timm import from_timm
+    from specvit.interop.to_hf import to_hf
     from specvit.model import SpecModel
     from specvit.spec import Spec, load_spec, parse_spec
 
@@ -70,6 +72,7 @@ _LAZY = {
     "convert_state_dict": "specvit.convert",
     "from_hf": "specvit.interop.hf",
     "from_timm": "specvit.interop.timm",
+    "to_hf": "specvit.interop.to_hf",
     "SpecModel": "specvit.model",
     "render": "specvit.diagram",  # the function; the package is specvit.diagram
     "to_dot": "specvit.diagram",

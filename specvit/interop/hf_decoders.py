@@ -3,7 +3,7 @@ it changes: Qwen2, Qwen3, Gemma, Gemma 2, OLMo, OLMo 2, Phi-3, Starcoder2, Mixtr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.hf_llama import GATED, LLAMA, head_dim, rope, sliding
@@ -97,7 +97,23 @@ GEMMA = register(
 
 def _query_scale(c: Config, spec: Mapping[str, Any]) -> float:
     """Gemma 2 scales the queries by ``query_pre_attn_scalar ** -0.5``, not by head_dim's."""
-    return float(c.get("query_pre_attn_scalar", 256)) ** -0.5
+    scalar = c.get("query_pre_attn_scalar", 256, float)
+    if scalar <= 0:
+        raise c.refuse(
+            "query_pre_attn_scalar",
+            scalar,
+            "the queries are scaled by its -1/2 power",
+            "give a positive number",
+        )
+    return float(scalar) ** -0.5
+
+
+def _query_scalar(scale: float | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    if scale is None:  # 1/sqrt(head_dim): the scalar is head_dim
+        head_dim = get("decoder.block.head_dim") or get("decoder.width") // get("decoder.block.heads")
+        return {"query_pre_attn_scalar": head_dim}
+    scalar = scale**-2
+    return {"query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar}
 
 
 GEMMA2 = register(
@@ -112,7 +128,7 @@ GEMMA2 = register(
             "decoder.block.norm.placement": "sandwich",
             "decoder.block.mlp.hidden": F("intermediate_size", 9216),
             "decoder.block.mlp.activation": F("hidden_activation", "gelu_pytorch_tanh", map=GATED),
-            "decoder.block.attention_scale": D(_query_scale, ("query_pre_attn_scalar",)),
+            "decoder.block.attention_scale": D(_query_scale, ("query_pre_attn_scalar",), _query_scalar),
             "decoder.block.attention_softcap": F("attn_logit_softcapping", 50.0, float),
             **sliding(4096, lambda c, i: bool((i + 1) % 2)),
         },
@@ -166,6 +182,7 @@ PHI3 = register(
         ("phi3",),
         {
             "decoder.input.vocab": F("vocab_size", 32064),
+            "decoder.position": rope(fraction=1.0),  # Phi-3 rotates partial_rotary_factor of each head
             "decoder.width": F("hidden_size", 3072),
             "decoder.block.mlp.hidden": F("intermediate_size", 8192),
             **_NO_BIAS,

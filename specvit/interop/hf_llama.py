@@ -30,18 +30,25 @@ def _theta(c: Config, default: float) -> tuple[Config, float]:
     return params, params.get("rope_theta", c.get("rope_theta", default))
 
 
-def rope(default_theta: float = 10000.0, fraction: float = 1.0, layout: str | None = None) -> D:
-    """The spec's ``position``: RoPE at the config's theta over its fraction of each head.
+def rope(default_theta: float = 10000.0, fraction: float | None = None, layout: str | None = None) -> D:
+    """The spec's ``position``: RoPE at the config's theta, over the config's fraction of each head where the
+    family rotates part of a head.
 
     Args:
         default_theta: the family's default theta.
-        fraction: the family's default rotary fraction (``partial_rotary_factor``).
+        fraction: the family's default rotary fraction (``partial_rotary_factor``); None for a family that
+            rotates whole heads (Llama's ``apply_rotary_pos_emb`` has no pass-through part), whose configs
+            are refused a fraction other than 1.
         layout: the pairs' layout when not rotate-half (``interleaved``: Cohere, GPT-J).
     """
 
     def read(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
         params, theta = _theta(c, default_theta)
-        share = params.get("partial_rotary_factor", c.get("partial_rotary_factor", fraction))
+        key = "partial_rotary_factor"
+        share = params.get(key, c.get(key, 1.0 if fraction is None else fraction))
+        if fraction is None and share != 1.0:
+            where = f"{params.prefix}{key}" if key in params.values else key
+            raise c.refuse(where, share, f"{c.model_type} rotates whole heads", "use 1.0")
         position: dict[str, Any] = {"kind": "rope", "base": theta}
         if share != 1.0:
             position["fraction"] = share
@@ -49,7 +56,15 @@ def rope(default_theta: float = 10000.0, fraction: float = 1.0, layout: str | No
             position["layout"] = layout
         return position
 
-    return D(read, ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"))
+    def write(position: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+        if not isinstance(position, dict) or position.get("kind") != "rope":
+            return {}
+        params = {"rope_type": "default", "rope_theta": position.get("base", default_theta)}
+        if position.get("fraction", 1.0) != 1.0:
+            params["partial_rotary_factor"] = position["fraction"]
+        return {"rope_parameters": params}
+
+    return D(read, ("rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor"), write)
 
 
 def head_dim(fixed: int | None = None) -> D:
@@ -66,7 +81,10 @@ def head_dim(fixed: int | None = None) -> D:
             return None
         return hd if hd * heads != width or width % heads else None
 
-    return D(read, ("head_dim",))
+    def write(value: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        return {"head_dim": value or get("decoder.width") // get("decoder.block.heads")}
+
+    return D(read, ("head_dim",), write)
 
 
 def sliding(
@@ -114,9 +132,21 @@ def sliding(
             return None
         return [{"layers": layers, "block": {"sliding_window": window}}]
 
+    def write(window: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        """``sliding_window`` and ``layer_types`` of the block's window and the overrides of windows only."""
+        depth = get("decoder.depth")
+        layers = set(range(depth)) if window else set()
+        for o in get("decoder.overrides") or []:
+            if set(o["block"]) == {"sliding_window"} and o["block"]["sliding_window"] and o["layers"]:
+                window, layers = o["block"]["sliding_window"], layers | {i % depth for i in o["layers"]}
+        types = ["sliding_attention" if i in layers else "full_attention" for i in range(depth)]
+        return {"sliding_window": window, "layer_types": types} | (
+            {switch[0]: bool(layers)} if switch else {}
+        )
+
     read_fields = ("sliding_window", "layer_types", *(switch[:1] if switch else ()), *fields)
     return {
-        "decoder.block.sliding_window": D(block, read_fields),
+        "decoder.block.sliding_window": D(block, read_fields, write),
         "decoder.overrides": D(overrides, read_fields),
     }
 

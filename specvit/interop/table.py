@@ -88,6 +88,12 @@ class F:
             )
         return self.map[value]
 
+    def write(self, value: Any) -> dict[str, Any]:
+        """The config field that reads as ``value`` (the first of the names a map sends to it)."""
+        if self.map is not None:
+            value = next((k for k, v in self.map.items() if v == value), value)
+        return {self.name: value}
+
     @property
     def fields(self) -> tuple[str, ...]:
         return (self.name,)
@@ -105,6 +111,8 @@ class D:
 
     fn: Callable[[Config, Mapping[str, Any]], Any]
     fields: tuple[str, ...] = ()
+    inverse: Callable[[Any, Callable[[str], Any]], Mapping[str, Any]] | None = None
+    """(the spec's value, the spec's value at another dotted key) -> config fields giving it (``to_hf``)."""
 
     def read(self, c: Config, spec: Mapping[str, Any]) -> Any:
         return self.fn(c, spec)
@@ -112,7 +120,7 @@ class D:
 
 def count(name: str, default: int) -> D:
     """A field that is a count (heads): an integer >= 1."""
-    return D(lambda c, spec: c.size(name, default), (name,))
+    return D(lambda c, spec: c.size(name, default), (name,), lambda value, get: {name: value})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""Back to transformers: a spec that is exactly an HF family, written as the directory its classes load.
+
+The config is the family table read backwards (:meth:`F.write`, :attr:`D.inverse`) and then read forwards
+again: only a config whose table reads back the very spec is written, so a spec no HF class computes is
+refused with the keys that differ, never written as another model. The weights are the table's names run
+backwards (a concatenation split at the HF shapes, a reshape undone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from specvit.errors import Problem, SpecError
+from specvit.interop.layout import Transform, batched, cat, conv1d, same
+from specvit.interop.registry import Config
+from specvit.interop.table import TABLES, D, F, Table
+from specvit.spec.loader import parse_spec
+from specvit.spec.schema import Spec
+
+if TYPE_CHECKING:
+    from specvit.model import SpecModel
+
+__all__ = ["hf_config", "to_hf"]
+
+_INVERSE: dict[Transform, Callable[[Tensor], Tensor]] = {
+    same: lambda t: t,
+    batched: lambda t: t.squeeze(0),
+    conv1d: lambda t: t.t().contiguous() if t.ndim == 2 else t,
+}
+"""Transforms of one source undone; a concatenation is split at the HF shapes."""
+
+_NAMES = ("name", "description")
+
+
+def _at(data: Any, key: str) -> Any:
+    """The value at a dotted key of a spec's dump, None where there is none."""
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _written(table: Table, suffix: str, dump: dict[str, Any]) -> dict[str, Any]:
+    """The config fields that ``table``'s class ``suffix`` reads as the spec dumped in ``dump``."""
+    config: dict[str, Any] = {"model_type": table.model_types[0], "architectures": [table.name + suffix]}
+    config |= dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"))  # a spec has no token ids
+    for key, entry in {**table.spec, **table.classes[suffix].spec}.items():
+        value = _at(dump, key)
+        if isinstance(entry, F):
+            config |= entry.write(value)
+        elif isinstance(entry, D) and entry.inverse is not None:
+            config |= entry.inverse(value, lambda k: _at(dump, k))
+    return config
+
+
+def _differences(a: Any, b: Any, at: str = "") -> list[str]:
+    """The dotted keys where two dumps differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _differences(a.get(k), b.get(k), f"{at}{k}.")]
+    return [] if a == b else [f"{at[:-1]} is {a!r} in the spec, {b!r} in HF's"]
+
+
+def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
+    """The HF family and config.json fields that state exactly ``spec``.
+
+    Args:
+        spec: the spec, imported (``from_hf``) or written.
+
+    Raises:
+        SpecError: no family's table reads any config back as this spec; the message names the family that
+            comes closest and every key where it differs.
+    """
+    dump = spec.model_dump(exclude=set(_NAMES))
+    best: tuple[int, str, list[str]] | None = None
+    own = spec.name.removesuffix("_from_hf")  # an imported spec goes back to its own family first
+    tables = {id(t): t for t in sorted(TABLES.values(), key=lambda t: own not in t.model_types)}.values()
+    for table in tables:
+        if spec.model != table.role:
+            continue
+        for suffix in table.classes:
+            config = _written(table, suffix, dump)
+            try:
+                back = parse_spec(
+                    table.read(Config(config["model_type"], config, "<to_hf>")), source="<to_hf>"
+                )
+            except SpecError as exc:
+                diffs = [f"{p.path}: {p.message}" for p in exc.problems]
+            else:
+                diffs = _differences(dump, back.model_dump(exclude=set(_NAMES)))
+                if not diffs:
+                    return table, config
+            if best is None or len(diffs) < best[0]:
+                best = (len(diffs), table.name + suffix, diffs)
+    closest = f"; the closest, HF {best[1]}, differs: " + "; ".join(best[2][:6]) if best else ""
+    raise SpecError(
+        Problem(
+            "",
+            f"spec {spec.name!r} is no HF model class specvit's tables state{closest}",
+            "change those keys to the family's, or keep the model in specvit's own format (save_pretrained)",
+        )
+    )
+
+
+def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of every persistent entry of the HF model of ``config``, built on the meta device."""
+    try:
+        import transformers
+    except ImportError:
+        raise SpecError(Problem("", "to_hf needs transformers", "pip install transformers")) from None
+    hf_config = transformers.AutoConfig.for_model(**config)
+    cls = getattr(transformers, config["architectures"][0])
+    with torch.device("meta"):
+        model = cls(hf_config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def hf_state_dict(model: SpecModel, table: Table, config: dict[str, Any]) -> dict[str, Tensor]:
+    """``model``'s weights under the HF names of ``config``'s class.
+
+    Args:
+        model: the specvit model of the spec ``hf_config`` accepted.
+        table: the family.
+        config: its config fields.
+    """
+    shapes = _hf_shapes(config)
+    layout = table.layout(model.spec, list(shapes))
+    out: dict[str, Tensor] = {}
+    for key, tensor in model.state_dict().items():
+        entry = layout.sources(key)
+        if entry is None:
+            raise SpecError(Problem(key, f"HF {table.name} has no weight for {key}", "report this"))
+        names, transform = entry
+        if transform is cat:
+            sizes = [shapes[n][0] for n in names]
+            out |= dict(zip(names, tensor.split(sizes), strict=True))
+        elif transform in _INVERSE:
+            out[names[0]] = _INVERSE[transform](tensor)
+        else:
+            raise SpecError(
+                Problem(key, f"{key} is made of {names} in a way to_hf cannot undo", "report this")
+            )
+    missing = sorted(set(shapes) - set(out) - set(layout.tied) - {k for k in shapes if layout.ignored(k)})
+    if missing:
+        raise SpecError(
+            Problem("", f"HF {table.name} weights with no specvit counterpart: {missing[:6]}", "report this")
+        )
+    return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def to_hf(model: SpecModel, directory: str | os.PathLike[str]) -> Path:
+    """Write ``model`` as an HF model directory (config.json + model.safetensors) transformers loads.
+
+    Args:
+        model: a specvit model whose spec is exactly an HF family (imported with ``from_hf``, or written).
+        directory: where to write; created if missing, its two files replaced atomically.
+
+    Returns:
+        The directory; ``transformers.AutoModelForCausalLM.from_pretrained`` (or the class in
+        config.json's ``architectures``) loads it with the same outputs.
+
+    Raises:
+        SpecError: the spec is no HF family (the keys that differ from the closest are named).
+    """
+    from safetensors.torch import save
+
+    from specvit.io import atomic_write
+
+    table, config = hf_config(model.spec)
+    weights = hf_state_dict(model, table, config)
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_write(path / "model.safetensors", save(weights, metadata={"format": "pt"}))
+    atomic_write(path / "config.json", json.dumps(config, indent=2) + "\n")
+    return path

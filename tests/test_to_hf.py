@@ -1,0 +1,100 @@
+"""Back to transformers (``specvit.to_hf``): a spec that is exactly an HF family is written as config.json +
+model.safetensors, and transformers' own class loads it with the same outputs. A spec no family states is
+refused with the keys that differ from the closest family, and nothing is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from reference import converted
+from test_hf_tables import ATOL, _hf, _tokens
+
+import specvit
+from specvit.errors import SpecError
+from specvit.interop.to_hf import hf_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(directory: Path) -> torch.nn.Module:
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(_tokens())
+    return out["logits"] if isinstance(out, dict) else getattr(out, "logits", out)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "mixtral", "phi3", "olmo2"])
+def test_an_imported_model_goes_back_to_its_family(family: str, tmp_path: Path) -> None:
+    """HF -> specvit -> HF: the class transformers loads from specvit's directory is the original's, with the
+    original's outputs; a weight changed in specvit comes back changed (the control)."""
+    ref = _hf(family)
+    ours = converted(ref, specvit.from_hf(ref.config))
+    specvit.to_hf(ours, tmp_path / "back")
+    back = _load(tmp_path / "back")
+    assert type(back) is type(ref)
+    assert (_logits(back) - _logits(ref)).abs().max().item() <= 1e-5
+    assert (_logits(back) - _logits(ours)).abs().max().item() <= ATOL
+
+    with torch.no_grad():
+        ours.decoder.blocks[1].attn.proj.weight.add_(0.05)
+    specvit.to_hf(ours, tmp_path / "changed")
+    assert (_logits(_load(tmp_path / "changed")) - _logits(ref)).abs().max().item() > 10 * ATOL
+
+
+def test_a_written_spec_finds_its_family(tmp_path: Path) -> None:
+    """docs/examples/qwen2_tiny.yaml, written by hand, is Qwen2: the directory loads as Qwen2ForCausalLM."""
+    spec = specvit.load_spec(ROOT / "docs" / "examples" / "qwen2_tiny.yaml")
+    table, config = hf_config(spec)
+    assert (table.name, config["architectures"]) == ("Qwen2", ["Qwen2ForCausalLM"])
+    torch.manual_seed(0)
+    ours = specvit.build_model(spec).eval()
+    back = _load(specvit.to_hf(ours, tmp_path / "qwen2"))
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (back(ids).logits - ours(ids)).abs().max().item() <= ATOL
+
+
+def test_sliding_windows_of_some_layers_become_layer_types() -> None:
+    spec = specvit.from_hf(_hf("qwen2").config)
+    _, config = hf_config(spec)
+    assert config["layer_types"] == ["full_attention", "sliding_attention"]
+    assert (config["sliding_window"], config["use_sliding_window"]) == (5, True)
+
+
+@pytest.mark.parametrize(
+    ("source", "overrides", "message"),
+    [
+        (
+            "qwen2",
+            {"decoder.dropout.projection": 0.1},
+            "the closest, HF Qwen2ForCausalLM, differs: decoder.dropout.projection is 0.1 in the spec, 0.0 in HF's",
+        ),
+        (
+            "qwen2",
+            {"decoder.block.norm.kind": "layernorm"},
+            "decoder.block.norm.kind is 'layernorm' in the spec, 'rmsnorm' in HF's",
+        ),
+        (
+            "vit_tiny_patch16_224",
+            {},
+            "spec 'vit_tiny_patch16_224' is no HF model class specvit's tables state",
+        ),
+    ],
+)
+def test_a_spec_no_family_states_is_refused_and_nothing_written(
+    source: str, overrides: dict[str, object], message: str, tmp_path: Path
+) -> None:
+    spec = specvit.from_hf(_hf(source).config) if source == "qwen2" else specvit.load_spec(source)
+    spec = specvit.load_spec(spec, overrides=overrides) if overrides else spec
+    model = specvit.build_model(spec, device="meta")
+    with pytest.raises(SpecError) as info:
+        specvit.to_hf(model, tmp_path / "out")
+    assert message in str(info.value)
+    assert not (tmp_path / "out").exists()
