@@ -241,7 +241,7 @@ def test_dropout_fields_reach_the_spec() -> None:
         ),
         (
             "qwen2",
-            {"architectures": ["Qwen2ForSequenceClassification"]},
+            {"architectures": ["Qwen2ForQuestionAnswering"]},
             "config.architectures: qwen2 config has",
         ),
     ],
@@ -266,3 +266,33 @@ def test_the_base_model_class_has_no_head() -> None:
     with torch.no_grad():
         diff = (model(_tokens()) - base(input_ids=_tokens()).last_hidden_state).abs().max().item()
     assert diff <= ATOL
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "phi3", "mistral_like_starcoder2"])
+def test_sequence_classifiers_pool_the_last_real_token(family: str) -> None:
+    """``*ForSequenceClassification``: the score of the last token that is not padding, right-padded rows
+    included (HF finds them by pad_token_id, specvit by the padding mask)."""
+    import transformers
+
+    family = family.removeprefix("mistral_like_")
+    config_name, _, kw, _ = CASES[family]
+    config = getattr(transformers, config_name)(**(SMALL | IDS | kw | {"num_labels": 3}))
+    torch.manual_seed(0)
+    name = CASES[family][1].replace("ForCausalLM", "ForSequenceClassification")
+    ref = getattr(transformers, name)(config).eval()
+    with torch.no_grad():
+        for t in ref.state_dict().values():
+            t.add_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) * NOISE)
+    spec = specvit.from_hf(ref)  # the model: its class is the head (a config built in code names none)
+    assert (spec.head.kind, spec.head.pool, spec.head.classes) == ("classifier", "last", 3)
+    ids = _tokens()
+    pad = torch.zeros_like(ids, dtype=torch.bool)
+    pad[1, 11:] = True  # the second row is 11 tokens long
+    ids = ids.masked_fill(pad, 0)
+    model = converted(ref, spec)
+    with torch.no_grad():
+        theirs = ref(input_ids=ids, attention_mask=(~pad).long()).logits
+        ours = model(ids, key_padding_mask=pad)
+        control = model(ids)  # the last token, padding or not
+    assert (ours - theirs).abs().max().item() <= ATOL
+    assert (control - theirs)[1].abs().max().item() > 10 * ATOL

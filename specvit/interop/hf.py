@@ -75,11 +75,14 @@ def _config(config: Any) -> Config:
             )
     elif isinstance(config, dict):
         values, source = dict(config), "<dict>"
+    elif hasattr(config, "config") and hasattr(config, "state_dict"):  # a model: its class is the head
+        values = config.config.to_dict() | {"architectures": [type(config).__name__]}
+        source = f"<{type(config).__name__}>"
     elif hasattr(config, "to_dict"):
         values, source = config.to_dict(), f"<{type(config).__name__}>"
     else:
         raise TypeError(
-            f"from_hf takes a transformers config, a dict or a config.json path, got {type(config)}"
+            f"from_hf takes a transformers model or config, a dict or a config.json path, got {type(config)}"
         )
     model_type = values.get("model_type")
     if not isinstance(model_type, str):
@@ -180,8 +183,9 @@ def from_hf(config: Any) -> Spec:
     """The spec of exactly the architecture a transformers config describes.
 
     Args:
-        config: a transformers config object (``LlamaConfig(...)``, ``AutoConfig.from_pretrained(...)``),
-            a dict of its fields, or the path of a config.json.
+        config: a transformers model (its class says the head: ``Qwen2ForSequenceClassification``), a
+            config object (``LlamaConfig(...)``, ``AutoConfig.from_pretrained(...)``; its ``architectures``
+            say the class), a dict of its fields, or the path of a config.json.
 
     Returns:
         The validated spec; ``build_model(spec)`` loads the HF model's weights through

@@ -21,6 +21,7 @@ __all__ = [
     "BARE",
     "COMMON",
     "LM",
+    "SEQUENCE",
     "TABLES",
     "D",
     "F",
@@ -182,6 +183,27 @@ def lm(tied: bool = False, **spec: Any) -> Head:
 
 
 LM = lm()
+
+
+def _labels(c: Config, spec: Mapping[str, Any]) -> int:
+    """The classes of a classifier: as many as ``id2label`` names (transformers' ``num_labels``, 2 by default)."""
+    labels = c.get("id2label", kind=dict)
+    return len(labels) if labels else 2
+
+
+SEQUENCE = Head(
+    {
+        "head.kind": "classifier",
+        "head.pool": "last",
+        "head.bias": False,
+        "head.classes": D(
+            _labels, ("id2label",), lambda n, get: {"id2label": {str(i): f"LABEL_{i}" for i in range(n)}}
+        ),
+    },
+    {"head.fc": "score"},
+)
+"""A decoder's sequence classifier (``*ForSequenceClassification``): a linear without bias on the last token
+that is not padding. HF finds padding by ``pad_token_id`` in the ids; specvit by the padding mask."""
 BARE = Head({"head": "none"})
 """The base model: the final features, no head."""
 
@@ -214,7 +236,9 @@ class Table:
     only: tuple[Only, ...] = ()
     inert: tuple[str, ...] = ()
     names: Mapping[str, Name] = field(default_factory=dict)
-    classes: Mapping[str, Head] = field(default_factory=lambda: {"Model": BARE, "ForCausalLM": LM})
+    classes: Mapping[str, Head] = field(
+        default_factory=lambda: {"Model": BARE, "ForCausalLM": LM, "ForSequenceClassification": SEQUENCE}
+    )
     default: str = "ForCausalLM"
     ignore: tuple[str, ...] = ()
     backbone: str = "model."

@@ -38,6 +38,22 @@ def eos_pool(x: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), where]  # (B, D)
 
 
+def last_pool(x: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The last token that is not padding (a causal decoder's summary of the sequence): (B, N, D) -> (B, D).
+
+    Args:
+        x: (B, N, D) tokens.
+        mask: (B, N) bool, True = padding (left or right); None: the last token.
+    """
+    if mask is None:
+        return x[:, -1]  # (B, D)
+    order = torch.arange(x.shape[1], device=x.device)  # (N,)
+    where = (order * ~mask).argmax(
+        dim=-1
+    )  # (B,) the rightmost real token, as HF's *ForSequenceClassification
+    return x[torch.arange(x.shape[0], device=x.device), where]  # (B, D)
+
+
 def mean_pool(x: Tensor, prefix: int, mask: Tensor | None = None) -> Tensor:
     """The mean of the tokens after the prefix, skipping padding: (B, N, D) -> (B, D).
 

@@ -73,11 +73,11 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
 
 @dataclass(frozen=True)
 class PoolParams(Params):
-    """Pool the tokens to one vector: the class token (``cls``), the mean of the rest (``mean``) or the
-    end-of-text token (``eos``, CLIP's text tower).
+    """Pool the tokens to one vector: the class token (``cls``), the mean of the rest (``mean``), the
+    end-of-text token (``eos``, CLIP's text tower) or the last token that is not padding (``last``).
 
     Args:
-        kind: ``cls``, ``mean`` or ``eos``.
+        kind: ``cls``, ``mean``, ``eos`` or ``last``.
         prefix: the leading class and register tokens a mean leaves out.
         eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
     """
@@ -96,6 +96,7 @@ class Pool(Op):
     helpers = (
         "specvit.nn.functional:cls_pool",
         "specvit.nn.functional:eos_pool",
+        "specvit.nn.functional:last_pool",
         "specvit.nn.functional:mean_pool",
     )
 
@@ -109,6 +110,8 @@ class Pool(Op):
         if p.kind == "eos":
             return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r})"
         mask = f", {args['mask']}" if "mask" in args else ""
+        if p.kind == "last":
+            return f"last_pool({args['x']}{mask})"
         return f"mean_pool({args['x']}, {p.prefix}{mask})"
 
     def label(self, p: PoolParams) -> tuple[str, ...]:
@@ -117,6 +120,8 @@ class Pool(Op):
         if p.kind == "eos":
             which = "the highest id" if p.eos_id is None else f"id {p.eos_id}"
             return (f"the end-of-text token ({which})",)
+        if p.kind == "last":
+            return ("the last token that is not padding",)
         skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
         return (f"mean of the tokens{skip}",)
 
@@ -132,10 +137,11 @@ class ClassifierHead(HeadFragment):
         description="Number of classes; null = no classifier, the pooled features out (timm's num_classes=0, "
         "a SigLIP tower's pooler_output).",
     )
-    pool: Literal["cls", "mean", "eos", "attention"] = Field(
+    pool: Literal["cls", "mean", "eos", "last", "attention"] = Field(
         "cls",
         description="cls: the class token; mean: average of the other tokens; eos: the end-of-text token "
-        "(CLIP's text tower; with bias: false the head is CLIP's text projection); attention: a learned "
+        "(CLIP's text tower; with bias: false the head is CLIP's text projection); last: the last token that "
+        "is not padding (a decoder's sequence classifier, HF's *ForSequenceClassification); attention: a learned "
         "probe attends over the tokens, then a pre-norm MLP (SigLIP's head, timm's global_pool='map').",
     )
     probe: Probe | None = Field(
@@ -176,7 +182,7 @@ class ClassifierHead(HeadFragment):
         if self.pool == "attention":
             x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
         else:
-            srcs = {"x": x} | ({"mask": mask} if mask and self.pool == "mean" else {})
+            srcs = {"x": x} | ({"mask": mask} if mask and self.pool in ("mean", "last") else {})
             if self.pool == "eos":
                 srcs["ids"] = f"{ctx.spec.output_stack}.input"
             p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
