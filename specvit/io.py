@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import stat
 import tempfile
@@ -100,7 +101,7 @@ def read_regular(
 
 def open_regular(
     path: str | os.PathLike[str], what: str, *, shown: str | None = None, limit: int | None = None
-) -> BinaryIO:
+) -> io.BufferedReader:
     """The regular file ``path`` opened for binary reading; anything else is refused before it is read.
 
     A FIFO, a device (``/dev/zero``, ``/dev/stdin``), a socket or a directory is refused by its ``stat``
