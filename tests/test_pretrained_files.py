@@ -245,3 +245,34 @@ def test_a_name_timm_does_not_know_is_named(tmp_path: Path) -> None:
     pytest.importorskip("timm")
     with pytest.raises(SpecError, match="timm cannot build 'vit_no_such_model': Unknown model"):
         specvit.from_pretrained("vit_no_such_model", weights=tmp_path / "w.safetensors")
+
+
+def test_shards_linked_into_a_cache_load(sharded: Path, tmp_path: Path) -> None:
+    """huggingface_hub's cache keeps a snapshot's files as links to ../../blobs/<hash>: a link to a regular
+    file outside the directory is fine; only the names an index gives must be files of the directory."""
+    snapshot, blobs = tmp_path / "snapshots" / "abc", tmp_path / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, file in enumerate(sorted(sharded.iterdir())):
+        shutil.copy(file, blobs / f"blob{i}")
+        (snapshot / file.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    tokens = torch.randint(0, 97, (1, 6))
+    with torch.no_grad():
+        assert torch.equal(
+            specvit.from_pretrained(snapshot)(tokens), specvit.from_pretrained(sharded)(tokens)
+        )
+
+
+def test_weights_larger_than_the_memory_are_refused_before_reading(
+    single: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specvit.pretrained
+
+    read: list[str] = []
+    monkeypatch.setattr(specvit.pretrained, "memory_budget", lambda: (100_000, "the memory available"))
+    monkeypatch.setattr(Weights, "_read", lambda self, entry: read.append(entry.file))
+    message = _refusal(single)
+    assert (
+        f"{single}: its weights take 139,584 bytes, more than the memory available (100,000 bytes)" in message
+    )
+    assert read == []
