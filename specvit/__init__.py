@@ -31,6 +31,7 @@ __all__ = [
     "export_onnx",
     "export_program",
     "from_hf",
+    "from_pretrained",
     "from_timm",
     "load_pretrained",
     "load_spec",
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from specvit.interop.timm import from_timm
     from specvit.interop.to_hf import to_hf
     from specvit.model import SpecModel
+    from specvit.pretrained import from_pretrained
     from specvit.spec import Spec, load_spec, parse_spec
 
 _LAZY = {
@@ -73,6 +75,7 @@ _LAZY = {
     "from_hf": "specvit.interop.hf",
     "from_timm": "specvit.interop.timm",
     "to_hf": "specvit.interop.to_hf",
+    "from_pretrained": "specvit.pretrained",  # model directories, Hub ids, timm names with weights
     "SpecModel": "specvit.model",
     "render": "specvit.diagram",  # the function; the package is specvit.diagram
     "to_dot": "specvit.diagram",

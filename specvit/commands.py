@@ -15,19 +15,24 @@ EXIT_IO_ERROR = 1
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """Write the spec of the config ``args.config`` to ``args.output``; nothing is written if it is refused."""
+    """Write the spec of the config ``args.config`` (a config.json, or a model directory holding one) to
+    ``args.output``; nothing is written if it is refused."""
     from specvit.interop.hf import spec_dict
     from specvit.io import atomic_write
     from specvit.spec.loader import parse_spec
     from specvit.spec.yamlread import dump_yaml
 
-    if os.path.exists(args.output) and os.path.samefile(args.output, args.config):
+    config, shown = args.config, os.path.basename(args.config)
+    if os.path.isdir(config):  # a model directory (save_pretrained's, a Hub snapshot): its config.json
+        config = os.path.join(config, "config.json")
+        shown = os.path.join(os.path.basename(os.path.normpath(args.config)), "config.json")
+    if os.path.exists(args.output) and os.path.exists(config) and os.path.samefile(args.output, config):
         print(f"specvit import: -o {args.output} is the config itself; name another file", file=sys.stderr)
         return EXIT_IO_ERROR
-    data = spec_dict(args.config)
+    data = spec_dict(config)
     if args.name:
         data["name"] = args.name
-    data["description"] += f" Source: {os.path.basename(args.config)}."
+    data["description"] += f" Source: {shown}."
     parse_spec(data, source=args.output)  # what is written is a valid spec
     atomic_write(args.output, dump_yaml(data))
     print(f"wrote {args.output} ({data['name']}: {data['model']})")
@@ -39,12 +44,13 @@ def add_import(sub: Any) -> None:
     p = sub.add_parser(
         "import",
         help="write the spec of a model from another library's config (HF transformers)",
-        description="Read a transformers config.json and write the spec of exactly that architecture as a "
-        "readable YAML file (defaults left out). Architectures specvit cannot state exactly are refused, "
-        "naming the config field. Weights convert with specvit.convert_state_dict(sd, 'hf', spec).",
+        description="Read a transformers config.json (or the model directory holding it) and write the spec "
+        "of exactly that architecture as a readable YAML file (defaults left out). Architectures specvit "
+        "cannot state exactly are refused, naming the config field. specvit.from_pretrained(DIR) loads the "
+        "model with its weights.",
     )
     p.add_argument("source", choices=["hf"], help="the library the config comes from")
-    p.add_argument("config", metavar="CONFIG", help="the config.json")
+    p.add_argument("config", metavar="CONFIG", help="the config.json, or a model directory holding it")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .yaml spec to write")
     p.add_argument("--name", help="the spec's name (default: <model_type>_from_hf)")
     p.set_defaults(func=cmd_import)

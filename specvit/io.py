@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import stat
 import tempfile
@@ -24,6 +25,7 @@ __all__ = [
     "atomic_save",
     "atomic_write",
     "file_mode",
+    "open_regular",
     "read_regular",
     "refuse_inputs",
     "refuse_special",
@@ -67,10 +69,9 @@ def read_regular(
     """The bytes of the regular file ``path``, at most ``limit`` of them; anything else is refused.
 
     The one way specvit reads a file a user named (specs, ``extends`` bases, config.json, every file of
-    a checkpoint). A FIFO, a device (``/dev/zero``, ``/dev/stdin``), a socket or a directory is refused
-    by its ``stat`` before it is opened, and again by ``fstat`` after an open that cannot block (the path
-    may change in between); a file over ``limit`` is refused by its size before a byte is read, and the
-    read stops at ``limit + 1`` bytes should the file grow meanwhile.
+    a checkpoint), through :func:`open_regular`: a FIFO, a device (``/dev/zero``, ``/dev/stdin``), a
+    socket or a directory is refused before a byte is read; a file over ``limit`` is refused by its size,
+    and the read stops at ``limit + 1`` bytes should the file grow meanwhile.
 
     Args:
         path: the file.
@@ -83,17 +84,57 @@ def read_regular(
         Unreadable: naming the file, what is wrong and the fix.
     """
     name = shown if shown is not None else os.fspath(path)
+    with open_regular(path, what, shown=shown, limit=None if head else limit) as f:
+        try:
+            data = f.read(limit if head else limit + 1)
+        except OSError as exc:
+            raise Unreadable(f"{what} '{name}' cannot be read: {exc.strerror or exc}", "", "os") from None
+    if len(data) > limit:
+        raise Unreadable(
+            f"{what} '{name}' holds more than {limit:,} bytes, over the limit",
+            "is this the right file?",
+            "too_big",
+            len(data),
+        )
+    return data
+
+
+def open_regular(
+    path: str | os.PathLike[str], what: str, *, shown: str | None = None, limit: int | None = None
+) -> io.BufferedReader:
+    """The regular file ``path`` opened for binary reading; anything else is refused before it is read.
+
+    A FIFO, a device (``/dev/zero``, ``/dev/stdin``), a socket or a directory is refused by its ``stat``
+    before it is opened, and again by ``fstat`` after an open that cannot block (the path may change in
+    between): what the caller reads from the returned file is the regular file that was checked, even
+    if the path is replaced afterwards.
+
+    Args:
+        path: the file.
+        what: what the file is, for messages (``HF weights shard``).
+        shown: the file's name in messages (default: ``path`` as given).
+        limit: refuse a file of more bytes than this (default: any size).
+
+    Returns:
+        The open file (buffered); the caller closes it.
+
+    Raises:
+        Unreadable: naming the file, what is wrong and the fix.
+    """
+    name = shown if shown is not None else os.fspath(path)
     if "\0" in os.fspath(path):
         raise Unreadable(
             f"{what} {name!r} cannot be read: the path holds a NUL character", "check the path", "os"
         )
     try:
-        info = os.stat(path)
-        _check(info, name, what, None if head else limit)
+        _check(os.stat(path), name, what, limit)
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0))
-        with open(fd, "rb") as f:
-            _check(os.fstat(fd), name, what, None if head else limit)
-            data = f.read(limit if head else limit + 1)
+        try:
+            _check(os.fstat(fd), name, what, limit)
+        except BaseException:
+            os.close(fd)
+            raise
+        return open(fd, "rb")
     except FileNotFoundError:
         if not os.path.isabs(path) and not _cwd_exists():
             raise Unreadable(
@@ -110,14 +151,6 @@ def read_regular(
         ) from None
     except OSError as exc:
         raise Unreadable(f"{what} '{name}' cannot be read: {exc.strerror or exc}", "", "os") from None
-    if len(data) > limit:
-        raise Unreadable(
-            f"{what} '{name}' holds more than {limit:,} bytes, over the limit",
-            "is this the right file?",
-            "too_big",
-            len(data),
-        )
-    return data
 
 
 def _cwd_exists() -> bool:
