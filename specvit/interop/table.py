@@ -191,14 +191,16 @@ def _labels(c: Config, spec: Mapping[str, Any]) -> int:
     return len(labels) if labels else 2
 
 
+def _write_labels(n: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"id2label": {str(i): f"LABEL_{i}" for i in range(n)}} if isinstance(n, int) else {}
+
+
 SEQUENCE = Head(
     {
         "head.kind": "classifier",
         "head.pool": "last",
         "head.bias": False,
-        "head.classes": D(
-            _labels, ("id2label",), lambda n, get: {"id2label": {str(i): f"LABEL_{i}" for i in range(n)}}
-        ),
+        "head.classes": D(_labels, ("id2label",), _write_labels),
     },
     {"head.fc": "score"},
 )
