@@ -1,4 +1,4 @@
-"""ViT, BERT and GPT-2 (``ViTModel`` / ``ViTForImageClassification``, ``BertModel``, ``GPT2LMHeadModel``)."""
+"""BERT and GPT-2 (``BertModel``, ``GPT2LMHeadModel``); ViT is a table in ``hf_vit.py``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from specvit.interop.layout import (
     check_blocks,
     conv1d,
     one,
-    patches,
     prefix,
-    same,
 )
 from specvit.interop.registry import Config, Family, activation, family
-from specvit.spec.schema import ImageInput, LMHead, Spec
+from specvit.spec.schema import LMHead, Spec
 
 __all__: list[str] = []
 
@@ -97,74 +95,6 @@ def _bert(c: Config) -> dict[str, Any]:
     }
 
 
-def _vit(c: Config) -> dict[str, Any]:
-    labels = c.get("id2label", kind=dict) or {}
-    head: Any = "none"
-    if "ViTForImageClassification" in (c.get("architectures", kind=list) or []):
-        head = {"kind": "classifier", "classes": len(labels), "pool": "cls"}
-    return {
-        "specvit": 1,
-        "name": "vit_from_hf",
-        "description": "ViT (ViTModel; Dosovitskiy et al. 2021), imported from its transformers config.",
-        "model": "encoder",
-        "encoder": {
-            "input": {
-                "kind": "image",
-                "size": c.get("image_size", 224),
-                "patch": c.get("patch_size", 16),
-                "channels": c.get("num_channels", 3),
-            },
-            "prefix": {"cls": True},
-            "position": "learned",
-            "width": c.get("hidden_size", 768),
-            "depth": c.get("num_hidden_layers", 12),
-            "block": {
-                "heads": c.get("num_attention_heads", 12),
-                "norm": {"eps": c.get("layer_norm_eps", 1e-12)},
-                "mlp": {
-                    "hidden": c.get("intermediate_size", 3072),
-                    "activation": activation(c, default="gelu"),
-                },
-                "qkv_bias": bool(c.get("qkv_bias", True)),
-            },
-        },
-        "head": head,
-    }
-
-
-def _hf_vit(spec: Spec, keys: Sequence[str]) -> Layout:
-    name = "HF ViTModel / ViTForImageClassification"
-    stack = check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "pre")
-    pre = prefix(keys, "vit.")
-    legacy = any(k.startswith(pre + "encoder.layer.") for k in keys)  # transformers 4 / Hub checkpoint names
-    layer = pre + ("encoder.layer.{i}." if legacy else "layers.{i}.")
-    if legacy:
-        qkv = tuple(layer + f"attention.attention.{n}" + ".{p}" for n in ("query", "key", "value"))
-        proj, fc1, fc2 = "attention.output.dense", "intermediate.dense", "output.dense"
-    else:
-        qkv = tuple(layer + f"attention.{n}_proj" + ".{p}" for n in "qkv")
-        proj, fc1, fc2 = "attention.o_proj", "mlp.fc1", "mlp.fc2"
-    assert isinstance(stack.input, ImageInput)
-    patch = patches if stack.input.projection == "linear" else same
-    block = "encoder.blocks.{i}."
-    return Layout(
-        name,
-        {
-            "encoder.patch_embed.proj.{p}": one(pre + "embeddings.patch_embeddings.projection.{p}", patch),
-            "encoder.prefix.cls_token": one(pre + "embeddings.cls_token"),
-            "encoder.pos_embed.weight": one(pre + "embeddings.position_embeddings"),
-            block + "norm1.{p}": one(layer + "layernorm_before.{p}"),
-            block + "attn.qkv.{p}": (qkv, cat),
-            block + "attn.proj.{p}": one(layer + proj + ".{p}"),
-            block + "norm2.{p}": one(layer + "layernorm_after.{p}"),
-            block + "mlp.fc1.{p}": one(layer + fc1 + ".{p}"),
-            block + "mlp.fc2.{p}": one(layer + fc2 + ".{p}"),
-            "encoder.norm.{p}": one(pre + "layernorm.{p}"),
-            "head.fc.{p}": one("classifier.{p}"),
-        },
-    )
-
-
 def _hf_bert(spec: Spec, keys: Sequence[str]) -> Layout:
     check_blocks(spec, "encoder", "HF BertModel", [("self_attention", "mlp")], "post")
     pre = prefix(keys, "bert.")
@@ -216,14 +146,5 @@ def _hf_gpt2(spec: Spec, keys: Sequence[str]) -> Layout:
     )
 
 
-family(
-    Family(
-        "ViTModel",
-        ("vit",),
-        r"(?:vit\.)?(?:embeddings\.patch_embeddings|encoder\.layer\.\d+\.layernorm_before|layers\.\d+\.layernorm_before)",
-        _vit,
-        _hf_vit,
-    )
-)
 family(Family("BertModel", ("bert",), r"(?:bert\.)?embeddings\.token_type_embeddings\.", _bert, _hf_bert))
 family(Family("GPT2LMHeadModel", ("gpt2",), r"(?:transformer\.)?h\.\d+\.attn\.c_attn\.", _gpt2, _hf_gpt2))

@@ -257,6 +257,7 @@ class Table:
         names: Mapping[str, Name] | None = None,
         classes: Mapping[str, Head] | None = None,
         keys: str | None = None,
+        **fields: Any,
     ) -> Table:
         """This table with entries changed: a family of the same layout.
 
@@ -270,6 +271,7 @@ class Table:
             names: module names added or replaced.
             classes: task classes added or replaced.
             keys: the family's own key pattern, where its weights' names differ from the layout's.
+            fields: other fields replaced whole (``backbone``, ``ignore``, ``default``).
         """
         merged = {k: v for k, v in self.spec.items() if k not in drop} | dict(spec or {})
         checks = {o.name: o for o in self.only if o.name not in drop} | {o.name: o for o in only}
@@ -283,6 +285,7 @@ class Table:
             names={**self.names, **(names or {})},
             classes={**self.classes, **(classes or {})},
             keys=keys or self.keys,
+            **fields,
         )
 
     def known(self) -> set[str]:
