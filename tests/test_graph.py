@@ -228,6 +228,7 @@ def test_summary_cli_json_and_table() -> None:
         "shape": ["B", "S"],
         "params": 0,
         "flops": 0,
+        "useful_flops": 0,
         "count": 1,
     }
     run = subprocess.run(
