@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from specvit import __version__
+from specvit.arguments import add_json, add_macs, add_quiet, add_set, add_sizes, add_view, at_least_2
 from specvit.commands import add_import, cmd_presets
 from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
 from specvit.process import describe, named_stdout
 from specvit.text import escape
+from specvit.units import flop_unit
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
@@ -29,53 +31,9 @@ EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
-def _key_value(text: str) -> str:
-    """``KEY=VALUE`` as given to ``--set``; anything else is a usage error with an example."""
-    _, sep, _ = text.partition("=")
-    if not sep:  # an empty key (`=1`) is reported like every other --set problem, at <--set =1>
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE; write e.g. --set encoder.depth=6")
-    return text
-
-
 def _say(text: object, *, err: bool = False) -> None:
     """Print ``text`` with every control character but the line breaks escaped (``\\x1b``)."""
     print("\n".join(escape(line) for line in str(text).split("\n")), file=sys.stderr if err else sys.stdout)
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{escape(text)!s} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _add_set(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--set",
-        metavar="KEY=VALUE",
-        type=_key_value,
-        action="append",
-        default=[],
-        help="override a key after loading, e.g. --set encoder.depth=6 (repeatable; VALUE is YAML)",
-    )
-
-
-def _add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-
-
-def _add_view(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument(
-        "--view",
-        choices=["collapsed", "expanded"],
-        default="collapsed",
-        help=f"collapsed (default): each run of identical blocks {what} once with its count; "
-        "expanded: every block",
-    )
 
 
 def _load(path: str, sets: list[str]) -> Spec:
@@ -138,13 +96,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.output:  # never over A or B (or a base they extend), as render, eject and export refuse
         refuse_inputs(args.output, {**spec_inputs(spec_b), **spec_inputs(spec_a)})
     a, b = build_graph(spec_a, **_sizes(args)), build_graph(spec_b, **_sizes(args))
-    rows = diff_graphs(a, b)
+    rows, unit = diff_graphs(a, b), flop_unit(args.macs)
     if args.json:
-        print(json.dumps(diff_json(a, b, rows), indent=2))
+        print(json.dumps(diff_json(a, b, rows, unit), indent=2))
     else:
-        print(format_diff(a, b, rows))
+        print(format_diff(a, b, rows, unit))
     if args.output:
-        dot = highlight(to_dot(b, args.view, "TB"), marked(rows, b, args.view))
+        dot = highlight(to_dot(b, args.view, "TB", unit=unit), marked(rows, b, args.view))
         suffix = args.output.rsplit(".", 1)[-1].lower()
         try:
             if suffix == "dot":
@@ -172,19 +130,20 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from specvit.graph import build_graph
 
     graph = build_graph(_load(args.spec, args.set), **_sizes(args))
-    expand = args.view == "expanded"
+    expand, unit = args.view == "expanded", flop_unit(args.macs)
     if args.json:
-        rows = [r.as_dict() for r in graph.summary(expand=expand)]
         data = {
             "name": graph.name,
             "dims": graph.dims,
+            "unit": unit.meaning,
             "total_params": graph.total_params,
-            "total_flops": graph.total_flops,
-            "rows": rows,
+            f"total_{unit.key}": unit.of(graph.total_flops),
+            f"total_useful_{unit.key}": unit.of(graph.total_useful_flops),
+            "rows": [r.as_dict(unit) for r in graph.summary(expand=expand)],
         }
         print(json.dumps(data, indent=2))
     else:
-        _say(format_table(graph, expand=expand))
+        _say(format_table(graph, expand=expand, unit=unit))
     return 0
 
 
@@ -194,7 +153,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         spec = _load(args.spec, args.set)
         written = render(
-            spec, args.output, view=args.view, direction=args.direction, dpi=args.dpi, flops=args.flops
+            spec,
+            args.output,
+            view=args.view,
+            direction=args.direction,
+            dpi=args.dpi,
+            flops=args.flops,
+            macs=args.macs,
         )
     except RenderError as exc:
         _say(f"specvit render: {exc}", err=True)
@@ -253,25 +218,6 @@ def cmd_eject(args: argparse.Namespace) -> int:
     return 0
 
 
-def _at_least_2(text: str) -> int:
-    """An int >= 2: an export specialises a dimension whose example size is 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(
-            f"must be 2 or more (a size of 1 would be fixed in the export), got {value}"
-        )
-    return value
-
-
-def _add_quiet(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-q", "--quiet", action="store_true", help="no progress display (none is shown off a terminal)"
-    )
-
-
 def _usage(args: argparse.Namespace, message: str) -> NoReturn:
     """Exit with a usage error of the subcommand (its usage line, then ``specvit CMD: error: ...``; status 2).
 
@@ -281,23 +227,6 @@ def _usage(args: argparse.Namespace, message: str) -> NoReturn:
     """
     parser: argparse.ArgumentParser = args.parser
     parser.error(message)
-
-
-def _add_sizes(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sizes FLOPs are counted at (image inputs fix their own token counts)")
-    g.add_argument("--batch", type=_positive, default=1, metavar="N", help="batch size B (default 1)")
-    g.add_argument(
-        "--seq-len",
-        type=_positive,
-        metavar="N",
-        help="sequence length S of token/feature inputs (default 128)",
-    )
-    g.add_argument(
-        "--src-len", type=_positive, metavar="N", help="encoder length S_src of an encoder_decoder"
-    )
-    g.add_argument(
-        "--tgt-len", type=_positive, metavar="N", help="decoder length S_tgt of an encoder_decoder"
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,24 +255,28 @@ def _add_reading(sub: Any) -> None:
         "every problem as file:line:col: key: message (hint) and exits 2.",
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (.yaml) or preset names")
-    _add_json(p)
-    _add_set(p)
+    add_json(p)
+    add_set(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser(
         "summary",
         help="table of modules: path, op, output shape, params, FLOPs",
         description="Print every module of the model with its output shape, parameter count and FLOPs "
-        "(a multiply-add counts 2), with totals. Identical blocks fold into one row with a count.",
+        "(a multiply-add counts 2, as torch's FlopCounterMode counts; --macs prints multiply-adds), with "
+        "totals at the sizes they were counted at. Attention under a causal mask or a sliding window is "
+        "counted as a dense kernel computes it (all S x S query-key pairs) and, in a column of its own, as "
+        "the useful part (the pairs the mask keeps). Identical blocks fold into one row with a count.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
-    _add_sizes(p)
-    _add_view(p, "folded into one row")
+    add_sizes(p)
+    add_macs(p)
+    add_view(p, "folded into one row")
     p.add_argument(  # the spelling before --view, kept working for scripts; not shown in --help
         "--expand", dest="view", action="store_const", const="expanded", help=argparse.SUPPRESS
     )
-    _add_json(p)
-    _add_set(p)
+    add_json(p)
+    add_set(p)
     p.set_defaults(func=cmd_summary)
 
     p = sub.add_parser(
@@ -367,21 +300,14 @@ def _add_reading(sub: Any) -> None:
         metavar="FILE",
         help="also draw B with the nodes that differ by their own settings outlined (.svg .png .pdf .dot)",
     )
-    _add_view(p, "drawn")
-    _add_json(p)
-    _add_sizes(p)
-    _add_set(p)
+    add_view(p, "drawn")
+    add_json(p)
+    add_sizes(p)
+    add_macs(p)
+    add_set(p)
     p.set_defaults(func=cmd_diff)
 
-    p = sub.add_parser(
-        "presets",
-        help="list the bundled presets with their parameter counts",
-        description="List the bundled presets: name, model kind, parameters and description. Every command "
-        "and specvit.load_spec take a preset's name where they take a spec file, and a spec may write "
-        "extends: NAME.yaml to start from one.",
-    )
-    _add_json(p)
-    p.set_defaults(func=cmd_presets)
+    _add_presets(sub)
 
     p = sub.add_parser(
         "schema",
@@ -390,6 +316,22 @@ def _add_reading(sub: Any) -> None:
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
     p.set_defaults(func=cmd_schema)
+
+
+def _add_presets(sub: Any) -> None:
+    """The ``presets`` subcommand: the bundled presets with their sizes."""
+    p = sub.add_parser(
+        "presets",
+        help="list the bundled presets with their parameter counts and FLOPs",
+        description="List the bundled presets: name, model kind, parameters, FLOPs (useful FLOPs beside: "
+        "without the attention pairs a causal mask or a sliding window hides) at the sizes given under 'at' "
+        "(summary's defaults) and description. Every command "
+        "and specvit.load_spec take a preset's name where they take a spec file, and a spec may write "
+        "extends: NAME.yaml to start from one.",
+    )
+    add_json(p)
+    add_macs(p)
+    p.set_defaults(func=cmd_presets)
 
 
 def _add_writing(sub: Any) -> None:
@@ -403,13 +345,18 @@ def _add_writing(sub: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")
-    _add_view(p, "drawn")
+    add_view(p, "drawn")
     p.add_argument(
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
     p.add_argument("--dpi", type=int, metavar="N", help="resolution of a .png (default 96)")
-    p.add_argument("--flops", action="store_true", help="write each node's FLOPs beside its parameters")
-    _add_set(p)
+    p.add_argument(
+        "--flops",
+        action="store_true",
+        help="write each node's FLOPs beside its parameters (and the useful part of a masked attention's)",
+    )
+    add_macs(p)
+    add_set(p)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser(
@@ -428,17 +375,17 @@ def _add_writing(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
     p.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained directory whose weights to export")
     p.add_argument(
-        "--batch", type=_at_least_2, default=2, metavar="N", help="batch of the example input (default 2)"
+        "--batch", type=at_least_2, default=2, metavar="N", help="batch of the example input (default 2)"
     )
     p.add_argument(
         "--seq-len",
-        type=_at_least_2,
+        type=at_least_2,
         metavar="N",
         help="sequence length of the example input for token/feature inputs (default 128, or the spec's "
         "max_len if shorter); the exported model takes any length up to the spec's limit",
     )
-    _add_quiet(p)
-    _add_set(p)
+    add_quiet(p)
+    add_set(p)
     p.set_defaults(func=cmd_export)
 
     add_import(sub)
@@ -452,7 +399,7 @@ def _add_writing(sub: Any) -> None:
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .py file to write")
-    _add_set(p)
+    add_set(p)
     p.set_defaults(func=cmd_eject)
 
 

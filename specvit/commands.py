@@ -57,27 +57,37 @@ def add_import(sub: Any) -> None:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    """List the bundled presets: name, model kind, parameters and description (or JSON)."""
-    from specvit.diagram.text import format_count
+    """List the bundled presets: name, model kind, parameters, FLOPs (or MACs with ``--macs``) and the useful
+    part, the sizes they were counted at (``specvit summary``'s defaults) and description (or JSON)."""
     from specvit.graph import build_graph
     from specvit.spec import load_spec
     from specvit.spec.presets import preset_dir, preset_names
+    from specvit.units import flop_unit, format_count, format_params, format_sizes
 
+    unit = flop_unit(args.macs)
     rows: list[dict[str, Any]] = []
     names = preset_names()
     for name in names:
         spec = load_spec(name)
+        graph = build_graph(spec)
         rows.append(
             {
                 "name": name,
                 "model": spec.model,
-                "params": build_graph(spec).total_params,
+                "params": graph.total_params,
+                unit.key: unit.of(graph.total_flops),
+                f"useful_{unit.key}": unit.of(graph.total_useful_flops),
+                "dims": graph.dims,
                 "description": spec.description,
             }
         )
     folder = preset_dir()
     if args.json:
-        print(json.dumps({"folder": str(folder) if folder else None, "presets": rows}, indent=2))
+        print(
+            json.dumps(
+                {"folder": str(folder) if folder else None, "unit": unit.meaning, "presets": rows}, indent=2
+            )
+        )
         return 0
     if not rows:
         print(
@@ -85,10 +95,31 @@ def cmd_presets(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_IO_ERROR
-    width = max((len(r["name"]) for r in rows), default=4)
-    print(f"{'name':<{width}}  {'model':<15}  {'params':>7}  description")
+    useful = f"useful {unit.name}"
+    table = [("name", "model", "params", unit.name, useful, "at", "description")]
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['model']:<15}  {format_count(r['params']):>7}  {r['description']}")
+        counts = (format_count(r[unit.key]), format_count(r[f"useful_{unit.key}"]))
+        table.append(
+            (
+                r["name"],
+                r["model"],
+                format_params(r["params"]),
+                *counts,
+                format_sizes(r["dims"]),
+                r["description"],
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [
+            c.rjust(w) if 2 <= i <= 4 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=False))
+        ]
+        print("  ".join([*cells, row[-1]]))
     example = "vit_base_patch16_224" if "vit_base_patch16_224" in names else rows[0]["name"]
-    print(f"\n{len(rows)} presets in {folder}; give a name where a spec file goes: specvit summary {example}")
+    print(
+        f"\n{unit.meaning} of one forward at the sizes under 'at'; {useful} leave out the query-key pairs a "
+        f"causal mask or a sliding window hides.\n{len(rows)} presets in {folder}; give a name where a spec "
+        f"file goes: specvit summary {example}"
+    )
     return 0

@@ -64,7 +64,7 @@ def build_graph(
 def _check_fits(
     graph: ArchGraph, device: torch.device, dtype: torch.dtype | None, max_bytes: int | None
 ) -> None:
-    from specvit.diagram.text import format_count
+    from specvit.units import format_count
 
     if device.type == "meta":
         return

@@ -19,23 +19,25 @@ REAL_LIMIT = 130_000_000  # parameters: larger models are built on the meta devi
 
 
 def models() -> int:
-    """Validate, render, build and run every bundled spec; print one table row each."""
+    """Validate, render, build and run every bundled spec; print one table row each, its FLOPs counted at
+    the sizes ``specvit summary`` counts them at (printed beside them) and run at those sizes."""
     import torch
 
     from specvit import SpecError, build_graph, build_model, load_spec
     from specvit.diagram import RenderError, render
-    from specvit.diagram.text import format_count
     from specvit.export import example_inputs
+    from specvit.units import FLOPS, format_count, format_sizes
 
     OUT.mkdir(parents=True, exist_ok=True)
     print(
-        f"{'spec':30} {'params':>12} {'FLOPs':>8}  {'input':22} {'output':32} {'built on':8} {'forward':>8}"
+        f"{'spec':30} {'params':>12} {FLOPS.name:>7} {'useful':>7}  {'at':26} {'input':22} {'output':32} "
+        f"{'built on':8} {'forward':>8}"
     )
     status = 0
     for path in sorted(SPECS.glob("*.yaml")):
         try:
             spec = load_spec(path)
-            graph = build_graph(spec, seq_len=16, src_len=16, tgt_len=16)
+            graph = build_graph(spec)  # the sizes summary counts at: B=1, S=128 (or max_len if shorter)
         except SpecError as exc:
             print(exc, file=sys.stderr)
             status = 2
@@ -56,11 +58,16 @@ def models() -> int:
         shape_in = "x".join(str(d) for d in inputs[0].shape) + (" +tgt" if len(inputs) > 1 else "")
         outs = out.items() if isinstance(out, dict) else [("", out)]  # DETR returns {"logits", "boxes"}
         shape_out = " + ".join(f"{k} {'x'.join(str(d) for d in v.shape)}".strip() for k, v in outs)
+        flops, useful = format_count(graph.total_flops), format_count(graph.total_useful_flops)
         print(
-            f"{spec.name:30} {graph.total_params:>12,} {format_count(graph.total_flops):>8}  {shape_in:22} "
-            f"{shape_out:32} {device:8} {took:>8}"
+            f"{spec.name:30} {graph.total_params:>12,} {flops:>7} {useful:>7}  {format_sizes(graph.dims):26} "
+            f"{shape_in:22} {shape_out:32} {device:8} {took:>8}"
         )
-    print(f"\ndiagrams: {OUT.relative_to(ROOT)}/*.svg  (FLOPs at batch 1, 16 tokens for token inputs)")
+    print(
+        f"\n{FLOPS.meaning} of one forward at the sizes under 'at' (specvit summary's); useful {FLOPS.name} "
+        f"leave out the attention pairs a causal mask or a sliding window hides"
+    )
+    print(f"diagrams: {OUT.relative_to(ROOT)}/*.svg")
     return status
 
 

@@ -148,8 +148,8 @@ def _check_size(
 ) -> None:
     """Refuse example inputs larger than ``max_bytes`` (default: MAX_EXAMPLE_BYTES, or less if the memory
     available is less) before anything is allocated."""
-    from specvit.diagram.text import format_count
     from specvit.resources import memory_budget
+    from specvit.units import format_count
 
     need = sum(math.prod(shape) * (8 if p.dtype == "long" else item) for p, shape in specs)
     limit, what = (

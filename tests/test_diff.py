@@ -50,9 +50,14 @@ def test_cli_diff_text_json_and_diagram(capsys: pytest.CaptureFixture[str], tmp_
     argv = ["diff", "gpt2_small", "gpt2_small", "--set", "decoder.block.kv_heads=4"]
     assert main(argv) == 0
     text = capsys.readouterr().out.splitlines()
-    assert text[2] == "B - A: -9.4M params, -2.4G FLOPs; 1 difference"
+    assert text[:3] == [
+        "A: gpt2_small  124.4M params  32.2G FLOPs (2 x MACs; useful 31.9G) at B=1, S=128",
+        "B: gpt2_small  115.0M params  29.8G FLOPs (2 x MACs; useful 29.5G) at B=1, S=128",
+        "B - A: -9.4M params, -2.4G FLOPs (useful -2.4G); 1 difference",
+    ]
+    assert text[4].split() == ["path", "op", "what", "changed", "params", "FLOPs", "useful", "FLOPs"]
     assert re.fullmatch(
-        r"changed\s+decoder\.blocks\.0-11\.attn\s+self_attention\s.*-9\.4M\s+-2\.4G", text[-1]
+        r"changed\s+decoder\.blocks\.0-11\.attn\s+self_attention\s.*-9\.4M\s+-2\.4G\s+-2\.4G", text[-1]
     )
     assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -256,6 +261,7 @@ def test_json_rows_give_each_field_before_and_after(capsys: pytest.CaptureFixtur
         "shape": ["B", 197, 192],
         "params": row["after"]["params"],
         "flops": row["after"]["flops"],
+        "useful_flops": row["after"]["flops"],  # no mask: all of a ViT's attention is used
     }
     assert (
         main(
@@ -276,6 +282,7 @@ def test_json_rows_give_each_field_before_and_after(capsys: pytest.CaptureFixtur
     assert rate["after"][-1] == 0.2
     assert main(["diff", TINY, TINY, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) | {"a": None, "b": None} == {
+        "unit": "FLOPs (2 x MACs)",
         "a": None,
         "b": None,
         "same": True,

@@ -228,6 +228,7 @@ def test_summary_cli_json_and_table() -> None:
         "shape": ["B", "S"],
         "params": 0,
         "flops": 0,
+        "useful_flops": 0,
         "count": 1,
     }
     run = subprocess.run(
@@ -256,14 +257,15 @@ def test_summary_cli_json_and_table() -> None:
     )
     assert table[-4:] == [
         "xN rows: a run of N identical blocks shown once; their numbers are per block, totals count all",
-        "total params: 86,567,656 (86.6M; trainable 86,567,656, non-trainable 0)",
-        "total FLOPs:  35,127,656,448 (35.1G) at B=1",
+        "total params:           86,567,656 (86.6M; trainable 86,567,656, non-trainable 0)",
+        "total FLOPs (2 x MACs): 35,127,656,448 (35.1G) at B=1",
         "memory (float32): params 346.3MB, outputs of every node 46.6MB at B=1",
     ]
 
 
 def test_summary_param_shares_add_up_and_counts_have_one_format() -> None:
-    from specvit.diagram.text import format_count, format_table
+    from specvit.diagram.text import format_table
+    from specvit.units import format_count
 
     graph = _graph("vit_tiny_patch16_224")
     rows = format_table(graph, expand=True).splitlines()[2:-4]

@@ -64,12 +64,26 @@ def test_specvit_presets_lists_every_preset_with_its_params(capsys: pytest.Captu
     assert main(["presets", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [p["name"] for p in listed["presets"]] == [p.stem for p in PRESETS] == preset_names()
+    assert listed["unit"] == "FLOPs (2 x MACs)"
     for row in listed["presets"]:
-        assert row["params"] == specvit.build_graph(specvit.load_spec(row["name"])).total_params
+        graph = specvit.build_graph(specvit.load_spec(row["name"]))
+        totals = (graph.total_params, graph.total_flops, graph.total_useful_flops, graph.dims)
+        assert (row["params"], row["flops"], row["useful_flops"], row["dims"]) == totals
     assert main(["presets"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["name", "model", "params", "description"]
-    assert any(line.split()[:3] == ["vit_base_patch16_224", "encoder", "86.6M"] for line in table)
+    assert table[0].split() == ["name", "model", "params", "FLOPs", "useful", "FLOPs", "at", "description"]
+    rows = {line.split()[0]: line.split() for line in table[1:] if line}
+    assert rows["vit_base_patch16_224"][:6] == [
+        "vit_base_patch16_224",
+        "encoder",
+        "86.6M",
+        "35.1G",
+        "35.1G",
+        "B=1",
+    ]
+    assert rows["gpt2_small"][:7] == ["gpt2_small", "decoder", "124.4M", "32.2G", "31.9G", "B=1,", "S=128"]
+    assert rows["mistral_7b"][:3] == ["mistral_7b", "decoder", "7.2B"]  # billions of parameters: B, not G
+    assert table[-2].startswith("FLOPs (2 x MACs) of one forward at the sizes under 'at'")
     assert table[-1].startswith(f"{len(PRESETS)} presets in {preset_dir()}")
 
 

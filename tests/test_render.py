@@ -14,8 +14,8 @@ import specvit
 from specvit.cli import main as main_cli
 from specvit.diagram import RenderError, gallery, render, to_dot, to_mermaid
 from specvit.diagram.graphviz import View
-from specvit.diagram.text import format_count
 from specvit.graph import build_graph
+from specvit.units import format_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_dot_of_mnist_vit_labels_every_node() -> None:
     assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5.1K params" in nodes["head.fc"]
     assert "shape=circle" in nodes["encoder.blocks.0.add1"]
     # title: name, total params and FLOPs
-    assert "<b>mnist_vit</b>" in dot and "2.1M params · 72.7M FLOPs at B=1" in dot
+    assert "<b>mnist_vit</b>" in dot and "2.1M params · 72.7M FLOPs (2 x MACs) at B=1" in dot
     # one colour per op kind, and a legend naming them
     kinds = ("blocks.0.attn", "blocks.0.mlp", "blocks.0.norm1", "patch_embed", "input")
     fills = {re.findall(r'fillcolor="(#\w+)"', nodes[f"encoder.{n}"])[0] for n in kinds}
@@ -159,7 +159,8 @@ def test_mermaid_flowchart() -> None:
     lines = text.splitlines()
     assert lines[:4] == [
         "---",
-        'title: "transformer_base · 63.1M params · 16.7G FLOPs at B=1, S_src=128, S_tgt=128"',
+        'title: "transformer_base · 63.1M params · 16.7G FLOPs (2 x MACs; useful 16.6G) at B=1, S_src=128, '
+        'S_tgt=128"',
         "---",
         "flowchart TB",
     ]

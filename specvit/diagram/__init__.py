@@ -14,6 +14,7 @@ from specvit.graph.lower import build_graph
 from specvit.io import atomic_write, refuse_inputs, spec_inputs
 from specvit.spec.loader import load_spec
 from specvit.spec.schema import Spec
+from specvit.units import flop_unit
 
 __all__ = ["FORMATS", "MAX_BOXES", "Diagram", "RenderError", "render", "to_dot", "to_mermaid", "with_dpi"]
 
@@ -46,6 +47,7 @@ def render(
     view: View = "collapsed",
     direction: Direction = "TB",
     flops: bool = False,
+    macs: bool = False,
 ) -> Diagram: ...
 
 
@@ -58,6 +60,7 @@ def render(
     direction: Direction = "TB",
     dpi: int | None = None,
     flops: bool = False,
+    macs: bool = False,
 ) -> Path: ...
 
 
@@ -69,6 +72,7 @@ def render(
     direction: Direction = "TB",
     dpi: int | None = None,
     flops: bool = False,
+    macs: bool = False,
 ) -> Path | Diagram:
     """Draw a model into a file whose extension picks the format, or, without a path, into a
     :class:`Diagram` that notebooks display inline.
@@ -84,7 +88,9 @@ def render(
             ``expanded`` draws every block.
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
         dpi: resolution of a ``.png`` (Graphviz's default is 96); only for PNG files.
-        flops: write each node's FLOPs beside its parameters (Graphviz formats).
+        flops: write each node's FLOPs beside its parameters (Graphviz formats), and the useful part of
+            an attention whose causal mask or sliding window hides pairs.
+        macs: print FLOPs as multiply-adds (MACs, half as many): in the title, and on the nodes with ``flops``.
 
     Returns:
         The path written, or the Diagram.
@@ -116,14 +122,15 @@ def render(
     boxes = len(plan(graph, view).boxes)
     if boxes > MAX_BOXES:
         raise RenderError(_too_many(shown, boxes, view))
+    unit = flop_unit(macs)
     if path is None:
-        return Diagram(graph, to_dot(graph, view, direction, flops=flops), view, direction)
+        return Diagram(graph, to_dot(graph, view, direction, flops=flops, unit=unit), view, direction, unit)
     if suffix == ".mmd":
-        atomic_write(target, to_mermaid(graph, view, direction))
+        atomic_write(target, to_mermaid(graph, view, direction, unit))
     elif suffix == ".dot":
-        atomic_write(target, to_dot(graph, view, direction, flops=flops))
+        atomic_write(target, to_dot(graph, view, direction, flops=flops, unit=unit))
     else:
-        draw_dot(with_dpi(to_dot(graph, view, direction, flops=flops), dpi), target)
+        draw_dot(with_dpi(to_dot(graph, view, direction, flops=flops, unit=unit), dpi), target)
     return target
 
 

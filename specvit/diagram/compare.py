@@ -18,7 +18,7 @@ from specvit.graph.ir import ArchGraph
 __all__ = ["MODEL", "Change", "DiffRow", "diff_graphs", "settings"]
 
 Status = Literal["changed", "reshaped", "rewired", "added", "removed"]
-Side = tuple[Any, int, int]
+Side = tuple[Any, int, int, int]
 MODEL = "model"
 """The path of the row of the graph's own settings (init convention, model kind, sizes)."""
 
@@ -53,8 +53,8 @@ class DiffRow:
         status: changed, reshaped, rewired, added or removed (see the module's docstring).
         path: the node's or block's path; a folded run reads ``encoder.blocks.0-11.attn``.
         op: the op kind (``block`` for a whole block, ``model`` for the graph's own settings).
-        before: (shape, params, FLOPs) in A, or None.
-        after: (shape, params, FLOPs) in B, or None.
+        before: (shape, params, FLOPs, useful FLOPs) in A, or None.
+        after: (shape, params, FLOPs, useful FLOPs) in B, or None.
         changes: the fields that differ, settings in their dataclass's order.
         count: how many nodes or blocks the row stands for.
         paths: the node paths it stands for (in B where present, else in A).
@@ -100,12 +100,13 @@ def _setting_changes(pa: Any, pb: Any) -> list[Change]:
 
 def _side(g: ArchGraph, n: str) -> Side:
     a = g[n]
-    return (tuple(a["shape"]), int(a["params"]), int(a["flops"]))
+    return (tuple(a["shape"]), int(a["params"]), int(a["flops"]), int(a["useful_flops"]))
 
 
 def _block_totals(g: ArchGraph, block: str) -> Side:
     nodes = [n for n in g if g[n]["block"] == block]
-    return (g[nodes[-1]]["shape"], sum(g[n]["params"] for n in nodes), sum(g[n]["flops"] for n in nodes))
+    params, flops, useful = (sum(int(g[n][k]) for n in nodes) for k in ("params", "flops", "useful_flops"))
+    return (g[nodes[-1]]["shape"], params, flops, useful)
 
 
 def _reads(g: ArchGraph, n: str) -> tuple[str, ...]:

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any
 
 from specvit.diagram.compare import MODEL, Change, DiffRow, diff_graphs
 from specvit.diagram.scene import View, plan
-from specvit.diagram.text import format_count
 from specvit.graph.ir import ArchGraph
+from specvit.units import FLOPS, FlopUnit, format_count, format_flops, format_params, format_sizes
 
 __all__ = [
     "Change",
@@ -89,10 +90,10 @@ def change_text(c: Change) -> str:
     return f"{c.field} {before} -> {after}"
 
 
-def _side(v: tuple[Any, int, int] | None) -> str:
+def _side(v: tuple[Any, int, int, int] | None) -> str:
     if v is None:
         return "-"
-    return f"{show(v[0])}, {format_count(v[1])} params"
+    return f"{show(v[0])}, {format_params(v[1])} params"
 
 
 def row_text(r: DiffRow) -> str:
@@ -105,34 +106,53 @@ def row_text(r: DiffRow) -> str:
     return text
 
 
-def _delta(n: int) -> str:
-    return ("+" if n > 0 else "-" if n < 0 else "±") + format_count(abs(n))
+def _delta(n: int, fmt: Callable[[int], str] = format_count) -> str:
+    return ("+" if n > 0 else "-" if n < 0 else "±") + fmt(abs(n))
 
 
-def format_diff(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None) -> str:
+def _totals(g: ArchGraph, unit: FlopUnit) -> str:
+    """``86.6M params  35.1G FLOPs (2 x MACs) at B=1``: a model's totals, the sizes they were counted at."""
+    flops = format_flops(g.total_flops, unit, useful=g.total_useful_flops, define=True)
+    return f"{format_params(g.total_params)} params  {flops} at {format_sizes(g.dims)}"
+
+
+def format_diff(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None, unit: FlopUnit = FLOPS) -> str:
     """The diff as text: totals with deltas, then one line per (folded) difference.
 
     Args:
         a: the graph before.
         b: the graph after.
         rows: the differences; default :func:`diff_graphs`.
+        unit: what FLOPs are printed in; with a model whose attention masks hide pairs, the useful FLOPs'
+            deltas are printed too.
     """
     rows = diff_graphs(a, b) if rows is None else rows
-    dp, df = b.total_params - a.total_params, b.total_flops - a.total_flops
+    useful = a.masked or b.masked
+    dp, df = b.total_params - a.total_params, unit.of(b.total_flops - a.total_flops)
+    du = f" (useful {_delta(unit.of(b.total_useful_flops - a.total_useful_flops))})" * useful
     lines = [
-        f"A: {a.name}  {format_count(a.total_params)} params  {format_count(a.total_flops)} FLOPs",
-        f"B: {b.name}  {format_count(b.total_params)} params  {format_count(b.total_flops)} FLOPs",
-        f"B - A: {_delta(dp)} params, {_delta(df)} FLOPs; {len(rows)} difference{'s' * (len(rows) != 1)}",
+        f"A: {a.name}  {_totals(a, unit)}",
+        f"B: {b.name}  {_totals(b, unit)}",
+        f"B - A: {_delta(dp, format_params)} params, {_delta(df)} {unit.name}{du}; "
+        f"{len(rows)} difference{'s' * (len(rows) != 1)}",
     ]
     if not rows:
         return "\n".join([*lines, "the two models are the same, node for node"])
-    table = [("", "path", "op", "what changed", "params", "FLOPs")]
+    table: list[tuple[str, ...]] = [("", "path", "op", "what changed", "params", unit.name)]
+    table[0] += (f"useful {unit.name}",) * useful
     for r in rows:
-        before = r.before or (None, 0, 0)
-        after = r.after or (None, 0, 0)
-        table.append((r.status, r.path, r.op, row_text(r),
-                      _delta((after[1] - before[1]) * r.count),
-                      _delta((after[2] - before[2]) * r.count)))  # fmt: skip
+        (_, pa, fa, ua), (_, pb, fb, ub) = r.before or (None, 0, 0, 0), r.after or (None, 0, 0, 0)
+        deltas = [_delta(unit.of(d) * r.count) for d in (fb - fa, ub - ua)[: 1 + useful]]
+        table.append(
+            (
+                r.status,
+                r.path,
+                r.op,
+                row_text(r),
+                _delta((pb - pa) * r.count, format_params),
+                *deltas,
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     body = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table]
     return "\n".join([*lines, "", *body])
@@ -151,12 +171,24 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def row_json(r: DiffRow) -> dict[str, Any]:
+def row_json(r: DiffRow, unit: FlopUnit = FLOPS) -> dict[str, Any]:
     """A row as JSON data: status, path, op, the nodes it stands for, its two sides and, per field, the
-    value before and after (per block, aligned with ``paths``, for a setting that varies)."""
+    value before and after (per block, aligned with ``paths``, for a setting that varies).
 
-    def side(v: tuple[Any, int, int] | None) -> dict[str, Any] | None:
-        return None if v is None else {"shape": _jsonable(v[0]), "params": v[1], "flops": v[2]}
+    Args:
+        r: the row.
+        unit: what the sides' FLOPs are given in, under keys named for it (``flops``, ``useful_flops``).
+    """
+
+    def side(v: tuple[Any, int, int, int] | None) -> dict[str, Any] | None:
+        if v is None:
+            return None
+        return {
+            "shape": _jsonable(v[0]),
+            "params": v[1],
+            unit.key: unit.of(v[2]),
+            f"useful_{unit.key}": unit.of(v[3]),
+        }
 
     changes = {
         c.field: {"before": _jsonable(c.before), "after": _jsonable(c.after), "per_block": c.per_block,
@@ -168,19 +200,25 @@ def row_json(r: DiffRow) -> dict[str, Any]:
             "text": row_text(r)}  # fmt: skip
 
 
-def diff_json(a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None) -> dict[str, Any]:
-    """The diff as JSON data: each model's name and totals, ``same``, and the rows (:func:`row_json`).
+def diff_json(
+    a: ArchGraph, b: ArchGraph, rows: list[DiffRow] | None = None, unit: FlopUnit = FLOPS
+) -> dict[str, Any]:
+    """The diff as JSON data: what FLOPs count (``unit``), each model's name, totals and the sizes they were
+    counted at (``dims``), ``same``, and the rows (:func:`row_json`).
 
     Args:
         a: the graph before.
         b: the graph after.
         rows: the differences; default :func:`diff_graphs`.
+        unit: what FLOPs are given in, under keys named for it (``flops``, ``useful_flops``; ``macs`` ...).
     """
     rows = diff_graphs(a, b) if rows is None else rows
     side = {
-        g: {"name": x.name, "params": x.total_params, "flops": x.total_flops} for g, x in (("a", a), ("b", b))
-    }
-    return {**side, "same": not rows, "rows": [row_json(r) for r in rows]}
+        g: {"name": x.name, "params": x.total_params, unit.key: unit.of(x.total_flops),
+            f"useful_{unit.key}": unit.of(x.total_useful_flops), "dims": x.dims}
+        for g, x in (("a", a), ("b", b))
+    }  # fmt: skip
+    return {"unit": unit.meaning, **side, "same": not rows, "rows": [row_json(r, unit) for r in rows]}
 
 
 def marked(rows: list[DiffRow], b: ArchGraph, view: View = "collapsed") -> set[str]:

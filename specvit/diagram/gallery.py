@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from specvit.diagram import RenderError, render
-from specvit.diagram.text import format_count
 from specvit.graph.lower import build_graph
 from specvit.io import atomic_write
 from specvit.spec.loader import load_spec
+from specvit.units import format_params
 
 __all__ = ["PRESETS", "ROOT", "build", "diagrams", "page"]
 
@@ -60,7 +60,7 @@ def page(docs: Path) -> str:
         spec = load_spec(ROOT / "specs" / f"{name}.yaml")
         graph = build_graph(spec)
         out.append(f"## {name}\n")
-        out.append(f"{spec.description} {format_count(graph.total_params)} parameters.\n")
+        out.append(f"{spec.description} {format_params(graph.total_params)} parameters.\n")
         out.append(f"![{name}]({svg.relative_to(docs).as_posix()})\n")
     return "\n".join(out)
 

@@ -13,14 +13,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import graphviz
 
 from specvit.diagram.scene import CATEGORIES, Box, Cluster, Link, Scene, View, format_shape, plan
-from specvit.diagram.text import format_count
 from specvit.graph.ir import ArchGraph
 from specvit.io import atomic_create, atomic_open
+from specvit.units import FLOPS, FlopUnit, format_flops
 
 __all__ = [
     "CATEGORIES",
@@ -216,7 +216,12 @@ def scene_to_dot(scene: Scene, direction: Direction = "TB") -> str:
 
 
 def to_dot(
-    graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB", *, flops: bool = False
+    graph: ArchGraph,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+    *,
+    flops: bool = False,
+    unit: FlopUnit = FLOPS,
 ) -> str:
     """The diagram of ``graph`` as Graphviz DOT text.
 
@@ -224,18 +229,21 @@ def to_dot(
         graph: the lowered spec.
         view: ``collapsed`` (each run of identical blocks drawn once) or ``expanded`` (every block).
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
-        flops: also write each node's FLOPs beside its parameters (per block in a folded run).
+        flops: also write each node's FLOPs beside its parameters (per block in a folded run), with the
+            useful part of an attention whose mask hides pairs (``654.3M FLOPs (useful 629.3M)``).
+        unit: what FLOPs are printed in, in the title and on the nodes.
     """
-    scene = plan(graph, view)
+    scene = plan(graph, view, unit)
     if flops:
-        boxes = {k: replace(b, params=" · ".join(p for p in (b.params, _flops(graph[k]["flops"])) if p))
+        boxes = {k: replace(b, params=" · ".join(p for p in (b.params, _flops(graph[k], unit)) if p))
                  for k, b in scene.boxes.items()}  # fmt: skip
         scene = replace(scene, boxes=boxes)
     return scene_to_dot(scene, direction)
 
 
-def _flops(n: int) -> str:
-    return f"{format_count(n)} FLOPs" if n else ""
+def _flops(node: dict[str, Any], unit: FlopUnit) -> str:
+    """A node's FLOPs with their unit (and useful part), or empty for none."""
+    return format_flops(node["flops"], unit, useful=node["useful_flops"]) if node["flops"] else ""
 
 
 # -- engines ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, Vie
 from specvit.diagram.mermaid import to_mermaid
 from specvit.graph.ir import ArchGraph
 from specvit.io import atomic_write
+from specvit.units import FLOPS, FlopUnit
 
 __all__ = ["Diagram"]
 
@@ -21,13 +22,15 @@ class Diagram:
         dot: the Graphviz source of the diagram.
         view: the view it was drawn in (``collapsed`` or ``expanded``), for :meth:`save`.
         direction: ``TB`` or ``LR``, for :meth:`save`.
+        unit: what FLOPs are printed in, for :attr:`mermaid`.
     """
 
-    def __init__(self, graph: ArchGraph, dot: str, view: View, direction: Direction):
+    def __init__(self, graph: ArchGraph, dot: str, view: View, direction: Direction, unit: FlopUnit = FLOPS):
         self.graph = graph
         self.dot = dot
         self.view = view
         self.direction = direction
+        self.unit = unit
         self._svg: str | None = None
 
     @property
@@ -50,7 +53,7 @@ class Diagram:
     @property
     def mermaid(self) -> str:
         """The diagram as a Mermaid flowchart (for Markdown pages)."""
-        return to_mermaid(self.graph, self.view, self.direction)
+        return to_mermaid(self.graph, self.view, self.direction, self.unit)
 
     def _repr_svg_(self) -> str | None:
         """What Jupyter displays; None (so the text repr is shown) where Graphviz is missing."""

@@ -10,6 +10,7 @@ import re
 
 from specvit.diagram.graphviz import CATEGORIES, LINK_COLORS, Box, Cluster, Direction, Scene, View, plan
 from specvit.graph.ir import ArchGraph
+from specvit.units import FLOPS, FlopUnit
 
 __all__ = ["scene_to_mermaid", "to_mermaid"]
 
@@ -90,12 +91,15 @@ def scene_to_mermaid(scene: Scene, direction: Direction = "TB") -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_mermaid(graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB") -> str:
+def to_mermaid(
+    graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB", unit: FlopUnit = FLOPS
+) -> str:
     """The diagram of ``graph`` as a Mermaid flowchart.
 
     Args:
         graph: the lowered spec.
         view: ``collapsed`` (each run of identical blocks drawn once) or ``expanded`` (every block).
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
+        unit: what the title's FLOPs are printed in.
     """
-    return scene_to_mermaid(plan(graph, view), direction)
+    return scene_to_mermaid(plan(graph, view, unit), direction)

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specvit.diagram.text import format_count
 from specvit.graph.ir import ArchGraph, Fold, Shape
+from specvit.units import FLOPS, FlopUnit, format_flops, format_params, format_sizes
 
-__all__ = ["CATEGORIES", "Box", "Cluster", "Link", "Scene", "View", "format_shape", "plan"]
+__all__ = ["CATEGORIES", "Box", "Cluster", "Link", "Scene", "View", "format_shape", "plan", "subtitle"]
 
 View = Literal["collapsed", "expanded"]
 LinkKind = Literal["flow", "residual", "memory"]
@@ -92,7 +92,8 @@ class Scene:
 
     Args:
         title: the spec name.
-        subtitle: total parameters and FLOPs, and the sizes the FLOPs were counted at.
+        subtitle: total parameters and FLOPs (their unit defined, and the useful part where a mask hides some
+            attention pairs), and the sizes the FLOPs were counted at.
         boxes: the drawn nodes by id, in execution order.
         members: the top-level clusters (stacks and head) and any box outside them, in execution order.
         links: the drawn edges, each once, in execution order.
@@ -131,16 +132,28 @@ def _category(op_category: str, stack: str) -> str:
 
 def _params(n: int) -> str:
     """``"2.4M params"``, or empty for none."""
-    return f"{format_count(n)} params" if n else ""
+    return f"{format_params(n)} params" if n else ""
 
 
-def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
+def subtitle(graph: ArchGraph, unit: FlopUnit = FLOPS) -> str:
+    """``124.4M params · 32.2G FLOPs (2 x MACs; useful 31.9G) at B=1, S=128``: a diagram's totals.
+
+    Args:
+        graph: the lowered spec.
+        unit: what its FLOPs are printed in.
+    """
+    flops = format_flops(graph.total_flops, unit, useful=graph.total_useful_flops, define=True)
+    return f"{format_params(graph.total_params)} params · {flops} at {format_sizes(graph.dims)}"
+
+
+def plan(graph: ArchGraph, view: View = "collapsed", unit: FlopUnit = FLOPS) -> Scene:
     """What a diagram of ``graph`` shows.
 
     Args:
         graph: the lowered spec.
         view: ``collapsed`` draws each run of identical blocks once, as one cluster with its repeat
             count; ``expanded`` draws every block.
+        unit: what the subtitle's FLOPs are printed in.
 
     Returns:
         The scene: boxes, nested clusters and edges.
@@ -205,9 +218,7 @@ def plan(graph: ArchGraph, view: View = "collapsed") -> Scene:
         members.append(path)
 
     links = _links(graph, fold, set(again), drawn)
-    sizes = ", ".join(f"{k}={v}" for k, v in graph.dims.items() if "+" not in k)  # S+1 follows from S
-    total = f"{format_count(graph.total_params)} params · {format_count(graph.total_flops)} FLOPs at {sizes}"
-    return Scene(graph.name, total, boxes, top, links)
+    return Scene(graph.name, subtitle(graph, unit), boxes, top, links)
 
 
 def _reruns(graph: ArchGraph, shared: dict[str, list[str]]) -> dict[str, str]:

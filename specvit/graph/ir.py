@@ -10,7 +10,10 @@ steps that own no module (inputs, residual adds, pooling, outputs), by a path be
 - ``shape``: output shape, symbolic dims as strings (``("B", "S_src", 512)``) and ints where known
 - ``inputs``: the shape arriving on each input port (``{"x": (...), "memory": (...)}``)
 - ``params``: parameter count of this module (0 for tied weights and structural nodes)
-- ``flops``: FLOPs of one forward at the graph's ``dims`` (a multiply-add counts 2)
+- ``flops``: FLOPs of one forward at the graph's ``dims`` (a multiply-add counts 2), as a dense kernel
+  computes them (what ``FlopCounterMode`` measures)
+- ``useful_flops``: the part of ``flops`` whose results are used: an attention under a causal mask or a
+  sliding window less the query-key pairs the mask hides; ``flops`` for every other node
 - ``source``: the spec file:line:col the node came from
 - ``block``: the block path for nodes inside a repeated block (``encoder.blocks.3``), else None
 - ``stack``: ``encoder``, ``decoder`` or ``head``: the part of the diagram it is drawn in
@@ -31,6 +34,7 @@ import networkx as nx
 from specvit.ops import OPS
 from specvit.ops.base import Dim, Shape
 from specvit.ops.facts import StackFacts
+from specvit.units import FLOPS, FlopUnit
 
 if TYPE_CHECKING:
     from specvit.spec.schema import Spec
@@ -57,22 +61,40 @@ class Fold:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """One row of :meth:`ArchGraph.summary`: a node, or a node of block 0 standing for all its repeats."""
+    """One row of :meth:`ArchGraph.summary`: a node, or a node of block 0 standing for all its repeats.
+
+    Args:
+        path: the node's path (a folded run's: ``encoder.blocks.0-11.attn``).
+        op: the op kind.
+        shape: the output shape.
+        params: the node's parameters (per block in a folded run).
+        flops: its FLOPs as a dense kernel computes them (per block).
+        useful_flops: the part of ``flops`` whose results are used (per block).
+        count: how many blocks the row stands for.
+    """
 
     path: str
     op: str
     shape: Shape
     params: int
     flops: int
+    useful_flops: int
     count: int = 1
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, unit: FlopUnit = FLOPS) -> dict[str, Any]:
+        """The row as JSON data, its FLOPs in ``unit`` under keys named for it (``flops``, ``useful_flops``;
+        ``macs``, ``useful_macs``).
+
+        Args:
+            unit: :data:`~specvit.units.FLOPS` or :data:`~specvit.units.MACS`.
+        """
         return {
             "path": self.path,
             "op": self.op,
             "shape": list(self.shape),
             "params": self.params,
-            "flops": self.flops,
+            unit.key: unit.of(self.flops),
+            f"useful_{unit.key}": unit.of(self.useful_flops),
             "count": self.count,
         }
 
@@ -143,7 +165,18 @@ class ArchGraph:
 
     @property
     def total_flops(self) -> int:
+        """FLOPs of one forward at :attr:`dims`, as dense kernels compute them (a multiply-add counts 2)."""
         return sum(int(a["flops"]) for _, a in self.nx.nodes(data=True))
+
+    @property
+    def total_useful_flops(self) -> int:
+        """The part of :attr:`total_flops` whose results are used (attention pairs a static mask keeps)."""
+        return sum(int(a["useful_flops"]) for _, a in self.nx.nodes(data=True))
+
+    @property
+    def masked(self) -> bool:
+        """Some node computes work a static mask hides: its useful FLOPs are fewer than its FLOPs."""
+        return any(a["useful_flops"] != a["flops"] for _, a in self.nx.nodes(data=True))
 
     @property
     def output(self) -> str:
@@ -169,7 +202,7 @@ class ArchGraph:
     # -- summary --------------------------------------------------------------------------------
 
     def summary(self, expand: bool = False) -> list[SummaryRow]:
-        """Rows of (path, op, output shape, params, FLOPs), in execution order.
+        """Rows of (path, op, output shape, params, FLOPs, useful FLOPs), in execution order.
 
         Args:
             expand: one row per node; by default each folded run of repeated blocks (see :meth:`fold`)
@@ -179,13 +212,11 @@ class ArchGraph:
         folded = {} if expand else self.fold()
         for path, a in self.nx.nodes(data=True):
             fold = folded.get(a["block"]) if a["block"] is not None else None
-            if fold is not None:
-                if fold.rep != a["block"]:
-                    continue
-                shown = path.replace(fold.rep, fold.label, 1)
-                rows.append(SummaryRow(shown, a["op"], a["shape"], a["params"], a["flops"], fold.count))
-            else:
-                rows.append(SummaryRow(path, a["op"], a["shape"], a["params"], a["flops"]))
+            if fold is not None and fold.rep != a["block"]:
+                continue
+            shown, count = (path.replace(fold.rep, fold.label, 1), fold.count) if fold else (path, 1)
+            numbers = (a["params"], a["flops"], a["useful_flops"])
+            rows.append(SummaryRow(shown, a["op"], a["shape"], *numbers, count))
         return rows
 
     def fold(self) -> dict[str, Fold]:

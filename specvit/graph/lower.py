@@ -4,7 +4,8 @@ The driver knows stacks, stages and blocks, never a kind: each input, position a
 lowers itself (``lower``), each sublayer is a registered :class:`~specvit.ops.base.Sublayer`, each node
 kind an :class:`~specvit.ops.base.Op` that computes the node's shape, parameters and FLOPs. FLOPs
 follow ``torch.utils.flop_counter.FlopCounterMode``: matmuls and convolutions count 2 x multiply-adds;
-element-wise work (norms, activations, adds, softmax) counts nothing.
+element-wise work (norms, activations, adds, softmax) counts nothing. A node's useful FLOPs leave out what
+a dense kernel computes and a static mask hides (an attention's causal mask or sliding window).
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ class _Lowering:
         names = _ARGS[(self.spec.model, self.role)]
         return {"input": names[0], "mask": names[1], "types": names[2], "global": names[3]}[what]
 
-    def total_flops(self, scope: str) -> int:
-        return sum(int(a["flops"]) for _, a in self.g.nodes(data=True) if a["stack"] == scope)
+    def total_flops(self, scope: str, useful: bool = False) -> int:
+        key = "useful_flops" if useful else "flops"
+        return sum(int(a[key]) for _, a in self.g.nodes(data=True) if a["stack"] == scope)
 
     def add(
         self,
@@ -118,6 +120,7 @@ class _Lowering:
             inputs=inputs,
             params=op.params(p),
             flops=op.flops(p, concrete),
+            useful_flops=op.useful_flops(p, concrete),
             source=str(location) if location else "",
             spec_key=source,
             block=block,
@@ -304,8 +307,8 @@ class _Lowering:
             srcs["cache"] = self.add(
                 f"{role}.cache_{index}", "sub_cache", p_cache, {"x": srcs["cache"]}, source=source
             )
-        flops = sum(int(self.g.nodes[n]["flops"]) for n in inside)
-        p = CallParams(block, self.shape(self.x), flops, role, tuple(k for k in srcs if k != "x"))
+        flops, useful = (sum(int(self.g.nodes[n][k]) for n in inside) for k in ("flops", "useful_flops"))
+        p = CallParams(block, self.shape(self.x), flops, role, tuple(k for k in srcs if k != "x"), useful)
         return self.add(f"{role}.shared.{index}", "call", p, srcs, source=source)
 
     def model(self) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "linear_flops",
     "numel",
     "op",
+    "visible_pairs",
 ]
 
 Dim = int | str
@@ -151,6 +152,24 @@ def linear_flops(tokens: int, d_in: int, d_out: int) -> int:
     return 2 * tokens * d_in * d_out
 
 
+def visible_pairs(n: int, causal: bool, window: int | None) -> int:
+    """The query-key pairs of an ``n``-token sequence that a causal mask and a sliding window keep: query i
+    sees key j when ``j <= i`` (causal) and ``|i - j| < window`` (as :func:`specvit.nn.attend.visible_keys`).
+
+    The pairs at offset d are ``n - d``; offsets 1 to ``reach`` (the window's, at most ``n - 1``) make
+    ``reach * n - reach * (reach + 1) / 2`` pairs on each side of the diagonal's ``n``: causal alone keeps
+    ``n (n + 1) / 2``, a causal window w < n keeps ``w n - w (w - 1) / 2``, neither keeps ``n * n``.
+
+    Args:
+        n: the sequence length (queries and keys).
+        causal: only keys at or before the query's position.
+        window: only keys less than ``window`` positions away, or None.
+    """
+    reach = n - 1 if window is None else min(window - 1, n - 1)
+    side = reach * n - reach * (reach + 1) // 2
+    return n + side * (1 if causal else 2)
+
+
 # ----------------------------------------------------------------------------------------------- ops
 
 
@@ -242,6 +261,11 @@ class Op:
     def flops(self, p: Any, inputs: Mapping[str, tuple[int, ...]]) -> int:
         """FLOPs of one forward at concrete input shapes, as ``FlopCounterMode`` counts them."""
         return 0
+
+    def useful_flops(self, p: Any, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        """The part of :meth:`flops` whose results are used: less where a dense kernel computes scores a
+        static mask then hides (an attention's causal mask or sliding window); by default all of it."""
+        return self.flops(p, inputs)
 
     def module_for(self, p: Any) -> str | None:
         """The module class built for a node with these hyper-parameters, or None for an expression op."""
@@ -357,4 +381,6 @@ class StackCtx(ModelCtx, Protocol):
 
     def arg(self, what: str) -> str: ...
 
-    def total_flops(self, scope: str) -> int: ...
+    def total_flops(self, scope: str, useful: bool = False) -> int:
+        """The FLOPs of the nodes drawn in ``scope`` (a stack); with ``useful``, their useful FLOPs."""
+        ...

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from specvit.ops.base import Dims, Filler, Op, Params, Shape, linear_flops, op
+from specvit.ops.base import Dims, Filler, Op, Params, Shape, linear_flops, op, visible_pairs
 from specvit.ops.norm import norm_params
 
 if TYPE_CHECKING:
@@ -255,6 +255,13 @@ def configuration(p: AttentionParams) -> str:
     return "grid_attention" if p.grid is not None else "self_attention"
 
 
+def _masked(p: AttentionParams) -> bool:
+    """A self-attention over a sequence whose static mask (causal, a sliding window) hides pairs a dense
+    kernel computes; with global tokens, which pairs are used is data, and all are counted."""
+    plain = p.memory_dim is None and p.grid is None and p.queries is None and p.projection != "conv"
+    return plain and p.global_tokens is None and (p.causal or p.window is not None)
+
+
 def _flags(p: AttentionParams) -> list[str]:
     flags = []
     if p.qk_norm:
@@ -377,6 +384,22 @@ class Attention(Op):
             offsets = (2 * (p.window or 0) - 1) ** 2
             out += linear_flops(offsets, 2, p.cpb_hidden) + linear_flops(offsets, p.cpb_hidden, p.heads)
         return out
+
+    def useful_flops(self, p: AttentionParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        """:meth:`flops` less the q·k and attention·v products of the pairs a causal mask or a sliding window
+        hides (:func:`~specvit.ops.base.visible_pairs`); a partition's windows compute only their own pairs."""
+        dense = self.flops(p, inputs)
+        if not _masked(p):
+            return dense
+        b, n = inputs["x"][0], inputs["x"][1]
+        return dense - 2 * b * (n * n - visible_pairs(n, p.causal, p.window)) * (p.inner + p.v_inner)
+
+    def note(self, p: AttentionParams) -> str | None:
+        if not _masked(p):
+            return None
+        mask = f"{'causal ' * p.causal}attention" + f" in a sliding window of {p.window}" * bool(p.window)
+        kept = "query-key pairs in the window" if p.window else "S(S+1)/2 query-key pairs the mask keeps"
+        return f"{mask}: useful counts only the {kept}; the total all S x S, as a dense kernel does"
 
     def ctor(self, p: AttentionParams) -> dict[str, Any]:
         qk: dict[str, Any] = {}

@@ -366,7 +366,8 @@ class SiameseInput(InputFragment):
             local="images",
             stack=role,
         )
-        again = CallParams("encoder", (b, n, dm), ctx.total_flops("encoder"))
+        flops, useful = ctx.total_flops("encoder"), ctx.total_flops("encoder", useful=True)
+        again = CallParams("encoder", (b, n, dm), flops, useful_flops=useful)
         x = ctx.add(f"{role}.encoder", "call", again, {"x": x}, source=f"{role}.input", scope="")
         embed = LinearParams(dm, ctx.stack.width)
         ctx.x = ctx.add(f"{role}.embed", "linear", embed, {"x": x}, source=f"{role}.input")

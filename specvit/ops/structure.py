@@ -243,6 +243,8 @@ class CallParams(Params):
         flops: the FLOPs of the scope's modules, run again.
         caller: the scope the call is made from (``""``: the model; ``encoder`` for its blocks).
         kwargs: the scope's keyword arguments, in order: ports of the node of the same names.
+        useful_flops: the useful FLOPs of the scope's modules (:meth:`~specvit.ops.base.Op.useful_flops`),
+            or None for ``flops``.
     """
 
     scope: str
@@ -250,6 +252,7 @@ class CallParams(Params):
     flops: int = 0
     caller: str = ""
     kwargs: tuple[str, ...] = ()
+    useful_flops: int | None = None
 
 
 @op
@@ -263,6 +266,9 @@ class Call(Op):
 
     def flops(self, p: CallParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         return p.flops
+
+    def useful_flops(self, p: CallParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
+        return p.flops if p.useful_flops is None else p.useful_flops
 
     def code(self, p: CallParams, args: Mapping[str, str]) -> str:
         target = attr_path(p.scope[len(p.caller) + 1 :] if p.caller else p.scope)
