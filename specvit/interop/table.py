@@ -368,5 +368,5 @@ TABLES: dict[str, Table] = {}
 def register(table: Table) -> Table:
     """Register a table as a family ``from_hf`` and the converter find by model type and by keys."""
     TABLES.update(dict.fromkeys(table.model_types, table))
-    family(Family(f"{table.name}ForCausalLM", table.model_types, table.keys, table.read, table.layout))
+    family(Family(f"{table.name}{table.default}", table.model_types, table.keys, table.read, table.layout))
     return table
