@@ -148,7 +148,7 @@ BERT = register(
         name="Bert",
         model_types=("bert",),
         role="encoder",
-        keys=r"(?:bert\.)?embeddings\.token_type_embeddings\.",
+        keys=r"(?:bert\.)?encoder\.layer\.\d+\.attention\.self\.query\.",  # not ALBERT's, nor DistilBERT's
         spec={
             "encoder.input.kind": "tokens",
             "encoder.input.vocab": F("vocab_size", 30522),
