@@ -36,37 +36,50 @@ SIZES = dict(
 )
 LABELS = {i: f"L{i}" for i in range(5)}
 THREE = {i: f"L{i}" for i in range(3)}
-ROBERTA = SIZES | dict(
-    type_vocab_size=1, max_position_embeddings=42
-)  # roberta-base's: one type, 512 + 2 rows
+# roberta-base's: one token type, the table's rows the positions + 2
+ROBERTA = SIZES | dict(type_vocab_size=1, max_position_embeddings=42)
 ROBERTA_SWITCHES = [("pad_token_id", 2), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
                     ("type_vocab_size", 2), ("id2label", THREE)]  # fmt: skip
 
-# family -> (HF class prefix, config fields, [(field, another value)])
-CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, Any]]]] = {
+TASKS = ("Model", "ForTokenClassification", "ForQuestionAnswering")
+IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)  # within VOCAB
+MODERNBERT = SIZES | IDS | dict(num_hidden_layers=4, local_attention=6)  # windows of 3 either side, 12 tokens
+GLOBAL_FIRST = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
+THETAS = {"full_attention": {"rope_type": "default", "rope_theta": 50.0},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}  # fmt: skip
+
+# family -> (HF class prefix, config fields, [(field, another value)], the task classes a table maps)
+CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, Any]], tuple[str, ...]]] = {
     "bert": ("Bert", SIZES, [("type_vocab_size", 3), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
-                             ("id2label", THREE)]),
-    "roberta": ("Roberta", ROBERTA, ROBERTA_SWITCHES),
-    "xlm-roberta": ("XLMRoberta", ROBERTA, ROBERTA_SWITCHES),
-    "camembert": ("Camembert", ROBERTA, ROBERTA_SWITCHES),
-    "data2vec-text": ("Data2VecText", ROBERTA, ROBERTA_SWITCHES),
+                             ("id2label", THREE)], TASKS),
+    "roberta": ("Roberta", ROBERTA, ROBERTA_SWITCHES, TASKS),
+    "xlm-roberta": ("XLMRoberta", ROBERTA, ROBERTA_SWITCHES, TASKS),
+    "camembert": ("Camembert", ROBERTA, ROBERTA_SWITCHES, TASKS),
+    "data2vec-text": ("Data2VecText", ROBERTA, ROBERTA_SWITCHES, TASKS),
     "electra": ("Electra", SIZES | dict(embedding_size=16),
                 [("embedding_size", 48), ("embedding_size", 24), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
-                 ("type_vocab_size", 3), ("id2label", THREE)]),
+                 ("type_vocab_size", 3), ("id2label", THREE)], TASKS),
     "albert": ("Albert", SIZES | dict(num_hidden_layers=4, embedding_size=16, num_hidden_groups=2),
                [("num_hidden_groups", 1), ("num_hidden_groups", 4), ("embedding_size", 24),
-                ("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("type_vocab_size", 3), ("id2label", THREE)]),
+                ("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("type_vocab_size", 3), ("id2label", THREE)],
+               TASKS),
     "distilbert": ("DistilBert", dict(vocab_size=VOCAB, n_layers=2, dim=48, n_heads=4, hidden_dim=40,
                                       max_position_embeddings=40),
-                   [("activation", "relu"), ("id2label", THREE)]),
+                   [("activation", "relu"), ("id2label", THREE)], TASKS),
+    "modernbert": ("ModernBert", MODERNBERT,
+                   [("local_attention", 4), ("layer_types", GLOBAL_FIRST), ("rope_parameters", THETAS),
+                    ("norm_eps", 0.3), ("norm_bias", True), ("hidden_activation", "silu"), ("mlp_bias", True),
+                    ("attention_bias", True)], ("Model",)),
 }  # fmt: skip
-CLASSES = ("Model", "ForTokenClassification", "ForQuestionAnswering")
 
 SHAPES_ONLY = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                "max_position_embeddings", "dim", "n_layers", "n_heads", "hidden_dim"}  # fmt: skip
 """Read by every table and switched by the sizes of the cases themselves (against the defaults)."""
-TRAINING_ONLY = {"hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout"}
+TRAINING_ONLY = {"hidden_dropout_prob", "attention_probs_dropout_prob", "dropout", "attention_dropout",
+                 "embedding_dropout", "mlp_dropout"}  # fmt: skip
 """Change nothing in eval; test_training_fields_reach_the_spec checks they are read."""
+LEGACY = {"global_attn_every_n_layers", "global_rope_theta", "local_rope_theta"}
+"""ModernBERT's fields of older config.json files; test_older_modernbert_configs_are_read switches them."""
 
 
 def _table(family: str) -> Table:
@@ -75,11 +88,13 @@ def _table(family: str) -> Table:
     return TABLES[family]
 
 
-def _hf(family: str, suffix: str = "ForTokenClassification", seed: int = 0, **change: Any) -> nn.Module:
-    """HF's ``suffix`` class of the family (a base model without its pooler), its weights and buffers moved."""
+def _hf(family: str, suffix: str | None = None, seed: int = 0, **change: Any) -> nn.Module:
+    """HF's ``suffix`` class of the family (a base model without its pooler), its weights and buffers moved;
+    by default its token classifier (the base model where a table maps none)."""
     import transformers
 
-    prefix, sizes, _ = CASES[family]
+    prefix, sizes, _, classes = CASES[family]
+    suffix = suffix or ("ForTokenClassification" if "ForTokenClassification" in classes else "Model")
     labels = {} if suffix == "ForQuestionAnswering" else {"id2label": LABELS}
     config = getattr(transformers, prefix + "Config")(**(sizes | labels | change))
     model_class = getattr(transformers, prefix + suffix)
@@ -132,7 +147,7 @@ def _outputs(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return ours[keep], theirs[keep]
 
 
-@pytest.mark.parametrize(("family", "suffix"), [(f, s) for f in CASES for s in CLASSES])
+@pytest.mark.parametrize(("family", "suffix"), [(f, s) for f, case in CASES.items() for s in case[3]])
 def test_each_class_is_transformers(family: str, suffix: str) -> None:
     ref = _hf(family, suffix)
     ours, theirs = _outputs(ref)
@@ -164,7 +179,7 @@ def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     switched = {k for k, _ in CASES[family][2]}
     entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
     fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
-    untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - COMMON
+    untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - LEGACY - COMMON
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
 
 
@@ -204,6 +219,23 @@ def test_training_fields_reach_the_spec() -> None:
     assert specvit.from_hf(config).encoder.input.padding_idx is None
 
 
+def test_older_modernbert_configs_are_read() -> None:
+    """A config.json of transformers 4 states the layer pattern and the thetas in fields of their own: they
+    build the model transformers 5 builds of them."""
+    legacy = dict(global_attn_every_n_layers=2, global_rope_theta=50.0, local_rope_theta=20.0)
+    ref = _hf("modernbert", **legacy)
+    config = {k: v for k, v in _config(ref).items() if k not in ("layer_types", "rope_parameters")}
+    assert ref.config.layer_types == ["full_attention", "sliding_attention"] * 2
+    spec = specvit.from_hf(config | legacy)
+    assert spec == specvit.from_hf(_config(ref)) != specvit.from_hf(config)  # the control: the fields count
+    model = converted(ref, spec)
+    inputs = _inputs(ref)
+    keep = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        ours = model(inputs["input_ids"], key_padding_mask=~keep)
+        assert (ours[keep] - ref(**inputs).last_hidden_state[keep]).abs().max().item() <= ATOL
+
+
 def _refused(family: str, suffix: str, change: dict[str, Any], message: str) -> None:
     config = _config(_hf(family, suffix))
     specvit.from_hf(config)  # the control
@@ -218,28 +250,39 @@ def _refused(family: str, suffix: str, change: dict[str, Any], message: str) -> 
         ("bert", {"add_cross_attention": True}, "config.add_cross_attention: bert config has add_cross_attention"),
         ("bert", {"position_embedding_type": "relative_key"}, "config.position_embedding_type: bert config has "
          "position_embedding_type='relative_key': relative key/query positions"),
-        ("bert", {"hidden_act": "mish"}, "config.hidden_act: bert config has hidden_act='mish': specvit has no such"),
+        ("bert", {"hidden_act": "mish"}, "config.hidden_act: bert config has hidden_act='mish': specvit has no "
+         "such value"),
         ("roberta", {"pad_token_id": None}, "config.pad_token_id: roberta config has pad_token_id=None: RoBERTa "
          "numbers positions from pad_token_id + 1"),
         ("albert", {"inner_group_num": 2}, "config.inner_group_num: albert config has inner_group_num=2: several "
          "layers within a group"),
-        ("albert", {"num_hidden_groups": 3}, "config.num_hidden_groups: albert config has num_hidden_groups=3: the "
-         "groups do not divide the 4 layers"),
-        ("albert", {"embedding_size": 48}, "config.embedding_size: albert config has embedding_size=48: ALBERT maps "
-         "its embeddings to the blocks by a linear layer even at equal widths"),
+        ("albert", {"num_hidden_groups": 3}, "config.num_hidden_groups: albert config has num_hidden_groups=3: "
+         "the groups do not divide the 4 layers"),
+        ("albert", {"embedding_size": 48}, "config.embedding_size: albert config has embedding_size=48: ALBERT "
+         "maps its embeddings to the blocks by a linear layer even at equal widths"),
         ("distilbert", {"sinusoidal_pos_embds": True}, "config.sinusoidal_pos_embds: distilbert config has "
          "sinusoidal_pos_embds=True: a frozen sinusoidal table"),
+        ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}}},
+         "config.rope_parameters.full_attention.rope_type: modernbert config has "
+         "rope_parameters.full_attention.rope_type='linear': specvit's rope here is plain RoPE"),
+        ("modernbert", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "config.rope_scaling: modernbert "
+         "config has rope_scaling={'factor': 2.0, 'rope_type': 'linear'}: scaled RoPE"),
+        ("modernbert", {"layer_types": ["full_attention"] * 3}, "config.layer_types: modernbert config has "
+         "layer_types=['full_attention', 'full_attention', 'full_attention']: expected full_attention or "
+         "sliding_attention for each of the 4 layers"),
     ],
-    ids=["decoder", "cross", "relative", "act", "no_pad", "inner_groups", "groups_not_dividing", "albert_equal_widths",
-         "sinusoidal"],
+    ids=["decoder", "cross", "relative", "act", "no_pad", "inner_groups", "groups_not_dividing",
+         "albert_equal_widths", "sinusoidal", "scaled_rope", "rope_scaling", "layer_types"],
 )  # fmt: skip
 def test_values_a_table_cannot_state_are_refused(family: str, change: dict[str, Any], message: str) -> None:
     _refused(family, "Model", change, message)
 
 
 def test_question_answering_needs_two_labels() -> None:
-    _refused("bert", "ForQuestionAnswering", {"id2label": THREE},
-             "config.id2label: bert config has id2label={0: 'L0', 1: 'L1', 2: 'L2'}: the head needs exactly 2")  # fmt: skip
+    message = (
+        "config.id2label: bert config has id2label={0: 'L0', 1: 'L1', 2: 'L2'}: the head needs exactly 2"
+    )
+    _refused("bert", "ForQuestionAnswering", {"id2label": THREE}, message)
 
 
 @pytest.mark.parametrize(
@@ -254,13 +297,19 @@ def test_question_answering_needs_two_labels() -> None:
         ("electra", "ForSequenceClassification"),  # dense, GELU, linear on [CLS]
         ("albert", "ForMaskedLM"),
         ("distilbert", "ForSequenceClassification"),  # dense, ReLU, linear on [CLS]
+        (
+            "modernbert",
+            "ForMaskedLM",
+        ),  # every task class: dense, activation, LayerNorm, then its linear layer
+        ("modernbert", "ForTokenClassification"),
     ],
 )
 def test_classes_whose_head_the_language_lacks_are_refused(family: str, suffix: str) -> None:
-    prefix = CASES[family][0]
+    prefix, _, _, classes = CASES[family]
+    named = ", ".join(prefix + c for c in classes)
     _refused(family, "Model", {"architectures": [prefix + suffix]},
              f"config.architectures: {family} config has architectures=['{prefix}{suffix}']: specvit reads the "
-             f"{prefix} classes {prefix}Model, {prefix}ForTokenClassification, {prefix}ForQuestionAnswering")  # fmt: skip
+             f"{prefix} classes {named}")  # fmt: skip
 
 
 @pytest.mark.parametrize(("family", "keys"), [("bert", "pooler.dense.weight"), ("albert", "pooler.weight")])
@@ -269,7 +318,7 @@ def test_a_base_model_with_its_pooler_is_refused_by_the_converter(family: str, k
     kind states it, so its weights are named, not dropped."""
     import transformers
 
-    prefix, sizes, _ = CASES[family]
+    prefix, sizes, _, _ = CASES[family]
     ref = getattr(transformers, prefix + "Model")(getattr(transformers, prefix + "Config")(**sizes))
     spec = specvit.from_hf(_config(ref))
     with pytest.raises(ValueError, match=r"unexpected source keys \(2\): .*" + re.escape(keys)):

@@ -1,8 +1,8 @@
-"""The BERT-like encoder layout: ``embeddings.{word,position,token_type}_embeddings`` and ``embeddings.LayerNorm``,
-then post-norm blocks ``encoder.layer.{i}.attention.self.{query,key,value}``, ``attention.output.{dense,LayerNorm}``,
-``intermediate.dense``, ``output.{dense,LayerNorm}``, under a backbone named per family (``bert.``,
-``roberta.``, ``electra.``). BERT is its first table; the families of ``hf_encoders.py`` change a few entries
-of :data:`BERT`.
+"""The BERT-like encoder layout: ``embeddings.{word,position,token_type}_embeddings`` and
+``embeddings.LayerNorm``, then post-norm blocks ``encoder.layer.{i}.attention.self.{query,key,value}``,
+``attention.output.{dense,LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``, under a backbone
+named per family (``bert.``, ``roberta.``, ``electra.``). BERT is its first table; the families of
+``hf_encoders.py`` change a few entries of :data:`BERT`.
 
 The task classes a table maps are those whose head the spec language states: the base model (without HF's
 pooler, a dense layer and tanh on the first token that no head kind states: a state dict holding it is
