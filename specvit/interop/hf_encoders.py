@@ -37,9 +37,10 @@ _ROBERTA = {
     "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",)),
     "encoder.position.max_len": D(_positions, ("max_position_embeddings",)),
 }
-"""RoBERTa's positions: token i (counted from 0, the padding trailing) reads row ``pad_token_id + 1 + i``, as
-HF's ``create_position_ids_from_input_ids`` numbers the tokens that are not padding; the table's rows are
-``max_position_embeddings``."""
+"""RoBERTa's positions: token i reads row ``pad_token_id + 1 + i``; the table's rows are
+``max_position_embeddings``. HF's ``create_position_ids_from_input_ids`` numbers only the tokens that are not
+the pad id, so the two agree where the padding trails the text and is masked (right padding, as tokenizers
+pad by default); a left-padded batch, or a pad id inside the text, moves HF's positions and not specvit's."""
 
 ROBERTA = register(
     encoder_family(
