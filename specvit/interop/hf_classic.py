@@ -1,4 +1,4 @@
-"""BERT and GPT-2 (``BertModel``, ``GPT2LMHeadModel``); ViT is a table in ``hf_vit.py``."""
+"""GPT-2 (``GPT2LMHeadModel``); BERT and ViT are tables (``hf_bert.py``, ``hf_vit.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 from specvit.interop.layout import (
     Layout,
     batched,
-    cat,
     check_blocks,
     conv1d,
     one,
@@ -19,15 +18,6 @@ from specvit.interop.registry import Config, Family, activation, family
 from specvit.spec.schema import LMHead, Spec
 
 __all__: list[str] = []
-
-
-def _common(c: Config) -> None:
-    c.only(
-        "position_embedding_type",
-        "absolute",
-        ["absolute"],
-        "relative key/query positions are not BERT's default",
-    )
 
 
 def _gpt2(c: Config) -> dict[str, Any]:
@@ -59,65 +49,6 @@ def _gpt2(c: Config) -> dict[str, Any]:
     }
 
 
-def _bert(c: Config) -> dict[str, Any]:
-    c.only(
-        "position_embedding_type",
-        "absolute",
-        ["absolute"],
-        "relative key/query positions are not BERT's default",
-    )
-    return {
-        "specvit": 1,
-        "name": "bert_from_hf",
-        "description": "BERT (BertModel without pooler; Devlin et al. 2019), imported from its transformers config.",
-        "model": "encoder",
-        "encoder": {
-            "input": {
-                "kind": "tokens",
-                "vocab": c.get("vocab_size", 30522),
-                "type_vocab": c.get("type_vocab_size", 2),
-            },
-            "position": {"kind": "learned", "max_len": c.get("max_position_embeddings", 512)},
-            "width": c.get("hidden_size", 768),
-            "depth": c.get("num_hidden_layers", 12),
-            "embed_norm": True,
-            "final_norm": False,
-            "block": {
-                "heads": c.get("num_attention_heads", 12),
-                "norm": {"placement": "post", "eps": c.get("layer_norm_eps", 1e-12)},
-                "mlp": {
-                    "hidden": c.get("intermediate_size", 3072),
-                    "activation": activation(c, default="gelu"),
-                },
-            },
-        },
-        "head": "none",
-    }
-
-
-def _hf_bert(spec: Spec, keys: Sequence[str]) -> Layout:
-    check_blocks(spec, "encoder", "HF BertModel", [("self_attention", "mlp")], "post")
-    pre = prefix(keys, "bert.")
-    layer, block = pre + "encoder.layer.{i}.", "encoder.blocks.{i}."
-    qkv = tuple(layer + f"attention.self.{n}" + ".{p}" for n in ("query", "key", "value"))
-    return Layout(
-        "HF BertModel",
-        {
-            "encoder.tok_embed.{p}": one(pre + "embeddings.word_embeddings.{p}"),
-            "encoder.type_embed.{p}": one(pre + "embeddings.token_type_embeddings.{p}"),
-            "encoder.pos_embed.weight": one(pre + "embeddings.position_embeddings.weight", batched),
-            "encoder.embed_norm.{p}": one(pre + "embeddings.LayerNorm.{p}"),
-            block + "attn.qkv.{p}": (qkv, cat),
-            block + "attn.proj.{p}": one(layer + "attention.output.dense.{p}"),
-            block + "norm1.{p}": one(layer + "attention.output.LayerNorm.{p}"),
-            block + "mlp.fc1.{p}": one(layer + "intermediate.dense.{p}"),
-            block + "mlp.fc2.{p}": one(layer + "output.dense.{p}"),
-            block + "norm2.{p}": one(layer + "output.LayerNorm.{p}"),
-        },
-        ignore=(re.escape(pre) + r"embeddings\.(?:position_ids|token_type_ids)",),
-    )
-
-
 def _hf_gpt2(spec: Spec, keys: Sequence[str]) -> Layout:
     check_blocks(spec, "decoder", "HF GPT2LMHeadModel", [("masked_self_attention", "mlp")], "pre")
     pre = prefix(keys, "transformer.")
@@ -146,5 +77,4 @@ def _hf_gpt2(spec: Spec, keys: Sequence[str]) -> Layout:
     )
 
 
-family(Family("BertModel", ("bert",), r"(?:bert\.)?embeddings\.token_type_embeddings\.", _bert, _hf_bert))
 family(Family("GPT2LMHeadModel", ("gpt2",), r"(?:transformer\.)?h\.\d+\.attn\.c_attn\.", _gpt2, _hf_gpt2))

@@ -372,9 +372,8 @@ class Table:
             for ours, head in heads.items():
                 tied[f"{head}.weight"] = f"{pre}{embedding}.weight"
                 del table[ours + ".{p}"]
-        return Layout(
-            f"HF {self.name}{self.default} / {self.name}Model", table, ignore=self.ignore, tied=tied
-        )
+        shown = " / ".join(dict.fromkeys(f"HF {self.name}{c}" for c in (self.default, "Model")))
+        return Layout(shown, table, ignore=self.ignore, tied=tied)
 
     def _head(self, spec: Any, keys: Sequence[str]) -> Head:
         """The task class whose head weights the keys hold; with none of them, the class of the spec's head
@@ -405,5 +404,5 @@ TABLES: dict[str, Table] = {}
 def register(table: Table) -> Table:
     """Register a table as a family ``from_hf`` and the converter find by model type and by keys."""
     TABLES.update(dict.fromkeys(table.model_types, table))
-    family(Family(f"{table.name}ForCausalLM", table.model_types, table.keys, table.read, table.layout))
+    family(Family(f"{table.name}{table.default}", table.model_types, table.keys, table.read, table.layout))
     return table

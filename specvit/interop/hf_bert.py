@@ -1,0 +1,194 @@
+"""The BERT-like encoder layout: ``embeddings.{word,position,token_type}_embeddings`` and
+``embeddings.LayerNorm``, then post-norm blocks ``encoder.layer.{i}.attention.self.{query,key,value}``,
+``attention.output.{dense,LayerNorm}``, ``intermediate.dense``, ``output.{dense,LayerNorm}``, under a backbone
+named per family (``bert.``, ``roberta.``, ``electra.``). BERT is its first table; the families of
+``hf_encoders.py`` change a few entries of :data:`BERT`.
+
+The task classes a table maps are those whose head the spec language states: the base model (without HF's
+pooler, a dense layer and tanh on the first token that no head kind states: a state dict holding it is
+refused by the converter, its ``pooler.*`` keys named) and the classes with one linear layer on every token
+(token classification, extractive question answering), written as an ``lm`` head of ``len(id2label)`` outputs.
+A masked-LM head (dense, activation, LayerNorm, then the tied decoder) and a sequence-classification head
+(the pooler, or RoBERTa's dense-tanh-linear on ``<s>``) need head kinds the language does not have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from specvit.interop.layout import batched
+from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.table import BARE, D, F, Head, Name, Only, Renamed, Table, count, register
+
+__all__ = ["BERT", "QA", "TOKENS", "dropout", "encoder_family", "labels", "padding", "per_token"]
+
+
+def labels(exactly: int | None = None) -> D:
+    """The number of a task head's outputs: HF's ``num_labels``, the length of ``id2label``.
+
+    Args:
+        exactly: the one count the class computes with (question answering splits its two outputs into
+            start and end logits); another is refused.
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int:
+        names = c.get("id2label", kind=dict)
+        n = 2 if names is None else len(names)  # PreTrainedConfig's default: two labels
+        if n < 1 or (exactly is not None and n != exactly):
+            want = f"exactly {exactly}" if exactly is not None else "at least one"
+            raise c.refuse("id2label", names, f"the head needs {want} label(s)", f"give {want} label(s)")
+        return n
+
+    return D(read, ("id2label",))
+
+
+def per_token(module: str, outputs: D | None = None) -> Head:
+    """A task class whose head is one linear layer (with a bias) on every token, not tied to the embedding:
+    written as an ``lm`` head of ``len(id2label)`` outputs.
+
+    Args:
+        module: the head's HF module, outside the backbone (``classifier``, ``qa_outputs``).
+        outputs: the number of outputs (default :func:`labels`).
+    """
+    entries = {"head.kind": "lm", "head.vocab": outputs or labels(), "head.bias": True, "head.tied": False}
+    return Head(entries, {"head.fc": module})
+
+
+TOKENS = per_token("classifier")
+"""``*ForTokenClassification``: dropout (nothing in eval) and a linear classifier on every token."""
+QA = per_token("qa_outputs", labels(2))
+"""``*ForQuestionAnswering``: a linear layer to (start, end) logits on every token; specvit returns the two
+as the last axis of one (B, N, 2) tensor."""
+
+
+def padding(default: int | None) -> D:
+    """The token embedding's ``padding_idx``: the config's ``pad_token_id`` (no row when it is null).
+
+    Args:
+        default: the HF class's default ``pad_token_id``.
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int | None:
+        if "pad_token_id" in c.values and c.values["pad_token_id"] is None:
+            return None
+        return c.get("pad_token_id", default, int)
+
+    return D(read, ("pad_token_id",))
+
+
+def dropout(hidden: str, attention: str, default: float, *, projection: bool = True) -> dict[str, F | float]:
+    """The stack's dropout rates (training only) from the config's two fields.
+
+    Args:
+        hidden: the field of the dropout after the embeddings, the attention's output projection and the MLP.
+        attention: the field of the dropout on the attention weights.
+        default: both fields' default in the HF class.
+        projection: whether the family drops out after the attention's output projection (DistilBERT does not).
+    """
+    rate = F(hidden, default)
+    return {
+        "encoder.dropout.embedding": rate,
+        "encoder.dropout.attention": F(attention, default),
+        "encoder.dropout.projection": rate if projection else 0.0,
+        "encoder.dropout.mlp": rate,
+    }
+
+
+def encoder_family(
+    base: Table,
+    name: str,
+    model_types: tuple[str, ...],
+    backbone: str,
+    spec: Mapping[str, Any] | None = None,
+    *,
+    keys: str | None = None,
+    **changes: Any,
+) -> Table:
+    """A family of an encoder layout: ``base.but(...)`` under the family's own backbone prefix.
+
+    Args:
+        base: the table it changes.
+        name: the family's HF class prefix (``Roberta``).
+        model_types: its config model types.
+        backbone: the backbone's attribute in a task model, with the dot (``roberta.``).
+        spec: spec entries added or replaced.
+        keys: its key pattern; by default the base's with the backbone's prefix.
+        changes: the other arguments of :meth:`Table.but` (``drop``, ``only``, ``inert``, ``names``, ``classes``).
+    """
+    pattern = keys or base.keys.replace(_escaped(base.backbone), _escaped(backbone), 1)
+    table = base.but(name, model_types, spec, keys=pattern, **changes)
+    return replace(table, backbone=backbone)
+
+
+def _escaped(backbone: str) -> str:
+    return backbone.replace(".", r"\.")
+
+
+_LAYER = "encoder.layer.{i}."
+_BLOCK = "encoder.blocks.{i}."
+
+NAMES: dict[str, Name] = {
+    "encoder.tok_embed": "embeddings.word_embeddings",
+    "encoder.type_embed": "embeddings.token_type_embeddings",
+    "encoder.pos_embed.weight": Renamed("embeddings.position_embeddings.weight", batched),
+    "encoder.embed_norm": "embeddings.LayerNorm",
+    _BLOCK + "attn.qkv": tuple(_LAYER + f"attention.self.{n}" for n in ("query", "key", "value")),
+    _BLOCK + "attn.proj": _LAYER + "attention.output.dense",
+    _BLOCK + "norm1": _LAYER + "attention.output.LayerNorm",
+    _BLOCK + "mlp.fc1": _LAYER + "intermediate.dense",
+    _BLOCK + "mlp.fc2": _LAYER + "output.dense",
+    _BLOCK + "norm2": _LAYER + "output.LayerNorm",
+}
+"""specvit's modules in the BERT layout -> HF's, relative to the backbone."""
+
+BERT = register(
+    Table(
+        name="Bert",
+        model_types=("bert",),
+        role="encoder",
+        keys=r"(?:bert\.)?encoder\.layer\.\d+\.attention\.self\.query\.",  # not ALBERT's, nor DistilBERT's
+        spec={
+            "encoder.input.kind": "tokens",
+            "encoder.input.vocab": F("vocab_size", 30522),
+            "encoder.input.padding_idx": padding(0),
+            "encoder.input.type_vocab": F("type_vocab_size", 2),
+            "encoder.position.kind": "learned",
+            "encoder.position.max_len": F("max_position_embeddings", 512),
+            "encoder.width": F("hidden_size", 768),
+            "encoder.depth": F("num_hidden_layers", 12),
+            "encoder.embed_norm": True,
+            "encoder.final_norm": False,
+            "encoder.block.heads": count("num_attention_heads", 12),
+            "encoder.block.norm.kind": "layernorm",
+            "encoder.block.norm.placement": "post",
+            "encoder.block.norm.eps": F("layer_norm_eps", 1e-12),
+            "encoder.block.mlp.hidden": F("intermediate_size", 3072),
+            "encoder.block.mlp.activation": F("hidden_act", "gelu", map=ACTIVATIONS),
+            **dropout("hidden_dropout_prob", "attention_probs_dropout_prob", 0.1),
+        },
+        only=(
+            Only("is_decoder", False, (False,), "a decoder's causal self-attention is not an encoder's"),
+            Only(
+                "add_cross_attention", False, (False,), "cross-attention layers have no place in an encoder"
+            ),
+            Only(
+                "position_embedding_type",
+                "absolute",
+                ("absolute",),
+                "relative key/query positions have no specvit position kind here",
+            ),
+        ),
+        inert=(
+            "tie_word_embeddings",  # ties a masked-LM head's decoder: that class is refused
+            "classifier_dropout",  # dropout before a task head: training only
+            "gradient_checkpointing",  # older config.json files: a memory switch of training
+        ),
+        names=NAMES,
+        classes={"Model": BARE, "ForTokenClassification": TOKENS, "ForQuestionAnswering": QA},
+        default="Model",
+        ignore=(r"(?:\w+\.)?embeddings\.(?:position_ids|token_type_ids)",),  # index buffers, not weights
+        backbone="bert.",
+    )
+)

@@ -1,0 +1,196 @@
+"""Families of the BERT-like encoder layout (:data:`~specvit.interop.hf_bert.BERT`), each a table of what it
+changes: RoBERTa, XLM-RoBERTa, CamemBERT, Data2VecText, ELECTRA, ALBERT and DistilBERT."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specvit.interop.hf_bert import BERT, dropout, encoder_family, padding
+from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.table import D, F, Name, Only, count, register
+
+__all__: list[str] = []
+
+
+def _first_row(c: Config) -> int:
+    """RoBERTa's first position is row ``pad_token_id + 1``: the rows before it are the spec's offset."""
+    pad = padding(1).read(c, {})
+    if pad is None:
+        raise c.refuse(
+            "pad_token_id",
+            None,
+            "RoBERTa numbers positions from pad_token_id + 1, so it needs a pad token",
+            "give the pad token's id",
+        )
+    return int(pad) + 1
+
+
+def _positions(c: Config, spec: Mapping[str, Any]) -> int:
+    """The positions a RoBERTa table holds after its offset rows."""
+    return int(c.get("max_position_embeddings", 512)) - _first_row(c)
+
+
+_ROBERTA = {
+    "encoder.input.vocab": F("vocab_size", 30522),
+    "encoder.input.padding_idx": padding(1),
+    "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",)),
+    "encoder.position.max_len": D(_positions, ("max_position_embeddings",)),
+}
+"""RoBERTa's positions: token i reads row ``pad_token_id + 1 + i``; the table's rows are
+``max_position_embeddings``. HF's ``create_position_ids_from_input_ids`` numbers only the tokens that are not
+the pad id, so the two agree where the padding trails the text and is masked (right padding, as tokenizers
+pad by default); a left-padded batch, or a pad id inside the text, moves HF's positions and not specvit's."""
+
+ROBERTA = register(
+    encoder_family(
+        BERT, "Roberta", ("roberta",), "roberta.", _ROBERTA | {"encoder.input.vocab": F("vocab_size", 50265)}
+    )
+)
+XLM_ROBERTA = register(encoder_family(BERT, "XLMRoberta", ("xlm-roberta",), "roberta.", _ROBERTA))
+CAMEMBERT = register(encoder_family(BERT, "Camembert", ("camembert",), "roberta.", _ROBERTA))
+DATA2VEC_TEXT = register(encoder_family(BERT, "Data2VecText", ("data2vec-text",), "data2vec_text.", _ROBERTA))
+
+
+def _embed_width(c: Config, spec: Mapping[str, Any]) -> int | None:
+    """The embeddings' width where it is not the blocks' (a linear layer then maps it to them)."""
+    width = c.get("embedding_size", 128)
+    return None if width == spec["encoder.width"] else width
+
+
+ELECTRA = register(
+    encoder_family(
+        BERT,
+        "Electra",
+        ("electra",),
+        "electra.",
+        {
+            "encoder.width": F("hidden_size", 256),
+            "encoder.embed_width": D(_embed_width, ("embedding_size",)),
+            "encoder.block.heads": count("num_attention_heads", 4),
+            "encoder.block.mlp.hidden": F("intermediate_size", 1024),
+        },
+        inert=(
+            "summary_type",
+            "summary_use_proj",
+            "summary_activation",
+            "summary_last_dropout",
+        ),  # MultipleChoice
+        names={"encoder.embed_proj": "embeddings_project"},
+    )
+)
+
+_ALBERT = "encoder.albert_layer_groups.{i}.albert_layers.0."
+_BLOCK = "encoder.blocks.{i}."
+
+
+def _albert_width(c: Config, spec: Mapping[str, Any]) -> int:
+    """ALBERT's embeddings' width: its linear layer to the blocks is there even at the blocks' width, and
+    specvit's ``embed_proj`` only where the widths differ."""
+    width = c.get("embedding_size", 128)
+    if width == spec["encoder.width"]:
+        raise c.refuse(
+            "embedding_size",
+            width,
+            "ALBERT maps its embeddings to the blocks by a linear layer even at equal widths, and specvit's "
+            "embed_proj exists only where embed_width differs from the width",
+            "give an embedding_size other than hidden_size (ALBERT's checkpoints use 128)",
+        )
+    return width
+
+
+def _groups(c: Config, spec: Mapping[str, Any]) -> int | None:
+    """ALBERT's layer groups: ``num_hidden_groups`` sets of block weights, runs of equally many consecutive
+    layers sharing one; none when every layer has its own."""
+    groups, depth = c.size("num_hidden_groups", 1), spec["encoder.depth"]
+    if depth % groups:
+        raise c.refuse(
+            "num_hidden_groups",
+            groups,
+            f"the groups do not divide the {depth} layers, so HF's runs of layers sharing a group differ in "
+            "length, and specvit's shared weight sets each take depth / blocks layers",
+            f"use a divisor of num_hidden_layers ({depth})",
+        )
+    return None if groups == depth else groups
+
+
+ALBERT_NAMES: dict[str, Name] = {
+    "encoder.embed_proj": "encoder.embedding_hidden_mapping_in",
+    _BLOCK + "attn.qkv": tuple(_ALBERT + f"attention.{n}" for n in ("query", "key", "value")),
+    _BLOCK + "attn.proj": _ALBERT + "attention.dense",
+    _BLOCK + "norm1": _ALBERT + "attention.LayerNorm",
+    _BLOCK + "mlp.fc1": _ALBERT + "ffn",
+    _BLOCK + "mlp.fc2": _ALBERT + "ffn_output",
+    _BLOCK + "norm2": _ALBERT + "full_layer_layer_norm",
+}
+"""ALBERT's blocks: one per layer group (``{i}`` is the group), each of one layer."""
+
+ALBERT = register(
+    encoder_family(
+        BERT,
+        "Albert",
+        ("albert",),
+        "albert.",
+        {
+            "encoder.input.vocab": F("vocab_size", 30000),
+            "encoder.width": F("hidden_size", 4096),
+            "encoder.embed_width": D(_albert_width, ("embedding_size",)),
+            "encoder.share.blocks": D(_groups, ("num_hidden_groups",)),
+            "encoder.block.heads": count("num_attention_heads", 64),
+            "encoder.block.mlp.hidden": F("intermediate_size", 16384),
+            "encoder.block.mlp.activation": F("hidden_act", "gelu_new", map=ACTIVATIONS),
+            **dropout("hidden_dropout_prob", "attention_probs_dropout_prob", 0.0),
+        },
+        drop=("is_decoder", "add_cross_attention"),  # ALBERT has neither
+        only=(
+            Only(
+                "inner_group_num", 1, (1,), "several layers within a group of shared weights have no spec key"
+            ),
+        ),
+        inert=("classifier_dropout_prob",),
+        names=ALBERT_NAMES,
+        keys=r"(?:albert\.)?encoder\.albert_layer_groups\.",
+    )
+)
+
+_DISTIL = "transformer.layer.{i}."
+
+DISTILBERT = register(
+    encoder_family(
+        BERT,
+        "DistilBert",
+        ("distilbert",),
+        "distilbert.",
+        {
+            "encoder.input.type_vocab": 0,  # no token types
+            "encoder.width": F("dim", 768),
+            "encoder.depth": F("n_layers", 6),
+            "encoder.block.heads": count("n_heads", 12),
+            "encoder.block.norm.eps": 1e-12,  # fixed in DistilBERT's LayerNorms
+            "encoder.block.mlp.hidden": F("hidden_dim", 3072),
+            "encoder.block.mlp.activation": F("activation", "gelu", map=ACTIVATIONS),
+            **dropout("dropout", "attention_dropout", 0.1, projection=False),
+        },
+        drop=("is_decoder", "add_cross_attention", "position_embedding_type"),
+        only=(
+            Only(
+                "sinusoidal_pos_embds",
+                False,
+                (False,),
+                "a frozen sinusoidal table would be trained as a learned one",
+            ),
+        ),
+        inert=("qa_dropout", "seq_classif_dropout"),
+        names={
+            "encoder.tok_embed": "embeddings.word_embeddings",
+            "encoder.embed_norm": "embeddings.LayerNorm",
+            _BLOCK + "attn.qkv": tuple(_DISTIL + f"attention.{n}_lin" for n in "qkv"),
+            _BLOCK + "attn.proj": _DISTIL + "attention.out_lin",
+            _BLOCK + "norm1": _DISTIL + "sa_layer_norm",
+            _BLOCK + "mlp.fc1": _DISTIL + "ffn.lin1",
+            _BLOCK + "mlp.fc2": _DISTIL + "ffn.lin2",
+            _BLOCK + "norm2": _DISTIL + "output_layer_norm",
+        },
+        keys=r"(?:distilbert\.)?transformer\.layer\.\d+\.attention\.q_lin\.",
+    )
+)
