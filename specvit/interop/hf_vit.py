@@ -59,8 +59,8 @@ VIT = register(
             "encoder.dropout.attention": F("attention_probs_dropout_prob", 0.0),
         },
         only=(_NO_DROPOUT,),
-        # encoder_stride: ViTForMaskedImageModeling's decoder; the pooler (dense + tanh on the class token) is
-        # an output of its own beside the features, not part of them
+        # encoder_stride: ViTForMaskedImageModeling's decoder; the pooler's size and activation: the pooler
+        # (dense + tanh on the class token) has no counterpart in a spec, and a state dict holding it is refused
         inert=("encoder_stride", "pooler_output_size", "pooler_act"),
         names={
             "encoder.patch_embed.proj": "embeddings.patch_embeddings.projection",
@@ -76,7 +76,6 @@ VIT = register(
         },
         classes={"Model": BARE, "ForImageClassification": classifier()},
         default="Model",
-        ignore=(r"(?:vit\.)?pooler\..*",),
         backbone="vit.",
     )
 )
@@ -118,7 +117,6 @@ DEIT = register(
         },
         keys=r"(?:deit\.)?embeddings\.distillation_token",
         backbone="deit.",
-        ignore=(r"(?:deit\.)?pooler\..*",),
     )
 )
 
