@@ -163,19 +163,19 @@ BIGCODE = register(
 
 
 def _rotary_dims(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """GPT-J's RoPE: its first ``rotary_dim`` channels of each head in interleaved pairs, theta 10000.
-    A ``rotary_dim`` of null rotates a table as wide as the model, which only a single head's width fits."""
-    position = {"kind": "rope", "layout": "interleaved"}
+    """GPT-J's RoPE: the first ``rotary_dim`` channels of each head in interleaved pairs, theta 10000.
+
+    A ``rotary_dim`` of null (transformers 4 then rotated a table n_embd wide; 5 refuses it) is refused, not
+    read as the class's 64."""
     if "rotary_dim" in c.values and c.values["rotary_dim"] is None:
-        if spec["decoder.block.heads"] != 1:
-            raise c.refuse(
-                "rotary_dim",
-                None,
-                "HF's GPT-J then rotates n_embd channels of each head, more than a head has",
-                "give rotary_dim, the channels of each head rotated",
-            )
-        return position
-    return position | {"dims": c.get("rotary_dim", 64)}
+        raise c.refuse(
+            "rotary_dim",
+            None,
+            "transformers 4 then rotates a table n_embd wide, which only a single head's width fits, and "
+            "transformers 5 refuses it",
+            "give rotary_dim, the channels of each head rotated",
+        )
+    return {"kind": "rope", "dims": c.get("rotary_dim", 64), "layout": "interleaved"}
 
 
 GPTJ = register(
