@@ -1,5 +1,6 @@
-"""StableLM, Cohere and Phi (tables over the Llama-like layout, specvit/interop/hf_decoders2.py) and GPT-2,
-GPT-BigCode, GPT-J and OPT (tables of the GPT-2-like stack, specvit/interop/hf_gpt2.py): from the config a
+"""StableLM, Cohere and Phi (tables over the Llama-like layout, specvit/interop/hf_decoders2.py), GPT-2,
+GPT-BigCode, GPT-J and OPT (tables of the GPT-2-like stack, specvit/interop/hf_gpt2.py), Falcon and MPT
+(specvit/interop/hf_falcon.py, hf_mpt.py): from the config a
 spec, from the state dict specvit's weights, and the same logits (fp32, <= 1e-4) and greedy tokens as
 transformers. Every weight and persistent buffer is moved off its init by N(0, 0.08) noise.
 
@@ -23,14 +24,15 @@ from specvit.interop.table import COMMON, TABLES, F, Table
 
 VOCAB, N, ATOL, NOISE = 97, 16, 1e-4, 0.08
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)  # no end token: HF would hold it back
-LLAMA_NAMED = dict(
-    vocab_size=VOCAB, num_hidden_layers=2, hidden_size=48, num_attention_heads=4, intermediate_size=40
-)
+SIZES = dict(vocab_size=VOCAB, num_hidden_layers=2, hidden_size=48, num_attention_heads=4)
+LLAMA_NAMED = SIZES | dict(intermediate_size=40)
 GPT2_NAMED = dict(vocab_size=VOCAB, n_layer=2, n_embd=48, n_head=4, n_positions=64)
 THETA = {"rope_type": "default", "rope_theta": 50.0}
+FALCON_40B = dict(new_decoder_architecture=True, num_kv_heads=2)  # two kv groups, ln_attn and ln_mlp
 
-# family -> (config class, model class, config fields, [(field, another value)])
-CASES: dict[str, tuple[str, str, dict[str, Any], list[tuple[str, Any]]]] = {
+# family -> (config class, model class, config fields, [(field, another value[, the base's other fields])])
+
+CASES: dict[str, tuple[str, str, dict[str, Any], list[tuple[Any, ...]]]] = {
     "stablelm": (
         "StableLmConfig",
         "StableLmForCausalLM",
@@ -78,14 +80,30 @@ CASES: dict[str, tuple[str, str, dict[str, Any], list[tuple[str, Any]]]] = {
     "opt": (
         "OPTConfig",
         "OPTForCausalLM",
-        {k: v for k, v in LLAMA_NAMED.items() if k != "intermediate_size"} | dict(ffn_dim=40, max_position_embeddings=64, tie_word_embeddings=False),
+        SIZES | dict(ffn_dim=40, max_position_embeddings=64, tie_word_embeddings=False),
         [("do_layer_norm_before", False), ("_remove_final_layer_norm", True), ("layer_norm_elementwise_affine", False),
          ("enable_bias", False), ("activation_function", "gelu"), ("tie_word_embeddings", True)],
+    ),
+    "falcon": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        SIZES | dict(ffn_hidden_size=40),  # multi-query, one norm, in parallel
+        [("multi_query", False), ("bias", True), ("parallel_attn", False), ("new_decoder_architecture", True),
+         ("num_kv_heads", 1, FALCON_40B), ("num_ln_in_parallel_attn", 1, FALCON_40B), ("ffn_hidden_size", 24),
+         ("activation", "relu"), ("layer_norm_epsilon", 0.3), ("rope_parameters", THETA),
+         ("tie_word_embeddings", False)],
+    ),
+    "mpt": (
+        "MptConfig",
+        "MptForCausalLM",
+        dict(vocab_size=VOCAB, n_layers=2, d_model=48, n_heads=6, max_seq_len=64),  # 6 heads: 8 slopes interleaved
+        [("n_heads", 4), ("attn_config", {"softmax_scale": 0.5}), ("layer_norm_epsilon", 0.3),
+         ("tie_word_embeddings", False)],
     ),
 }  # fmt: skip
 
 SHAPES_ONLY = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-               "n_embd", "n_layer", "n_head", "n_positions", "ffn_dim"}  # fmt: skip
+               "n_embd", "n_layer", "n_head", "n_positions", "ffn_dim", "d_model", "n_layers"}  # fmt: skip
 """Read by the tables and switched by the sizes of the cases themselves (against the class defaults)."""
 TRAINING_ONLY = {"attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"}
 """Change nothing in eval; test_dropout_fields_reach_the_spec checks they are read."""
@@ -148,13 +166,14 @@ def test_logits_and_greedy_tokens_are_transformers(family: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("family", "field", "value"), [(f, k, v) for f, case in CASES.items() for k, v in case[3]]
+    ("family", "field", "value", "others"),
+    [(f, k, v, (rest or [{}])[0]) for f, case in CASES.items() for k, v, *rest in case[3]],
 )
 def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
-    family: str, field: str, value: Any
+    family: str, field: str, value: Any, others: dict[str, Any]
 ) -> None:
-    base = _hf(family)
-    ref = _hf(family, **{field: value})
+    base = _hf(family, **others)
+    ref = _hf(family, **(others | {field: value}))
     ours, theirs = _logits(ref)
     assert (ours - theirs).abs().max().item() <= ATOL
     with torch.no_grad():
@@ -166,7 +185,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     table = _table(family)
-    switched = {k for k, _ in CASES[family][3]}
+    switched = {switch[0] for switch in CASES[family][3]}
     entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
     fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
     untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - ROPE - CHECKED - COMMON
@@ -221,12 +240,14 @@ def test_a_field_no_table_reads_is_refused(family: str) -> None:
         ("gptj", {"embd_pdrop": 0.1, "resid_pdrop": 0.2, "attn_pdrop": 0.3},
          {"embedding": 0.1, "projection": 0.2, "mlp": 0.2, "attention": 0.3}),
         ("opt", {"dropout": 0.2, "attention_dropout": 0.3}, {"projection": 0.2, "mlp": 0.2, "attention": 0.3}),
+        ("mpt", {"attn_config": {"attn_pdrop": 0.2}}, {"projection": 0.2, "mlp": 0.2, "attention": 0.2}),
     ],
 )  # fmt: skip
 def test_dropout_fields_reach_the_spec(
     family: str, fields: dict[str, Any], expected: dict[str, float]
 ) -> None:
-    none = specvit.from_hf(_hf(family).config.to_dict() | dict.fromkeys(fields, 0.0)).decoder.dropout
+    zero = {k: dict.fromkeys(v, 0.0) if isinstance(v, dict) else 0.0 for k, v in fields.items()}
+    none = specvit.from_hf(_hf(family).config.to_dict() | zero).decoder.dropout
     spec = specvit.from_hf(_hf(family).config.to_dict() | fields).decoder.dropout
     assert {k: getattr(spec, k) for k in expected} == expected
     assert {k: getattr(none, k) for k in expected} == dict.fromkeys(expected, 0.0)  # the control
@@ -255,6 +276,22 @@ def test_dropout_fields_reach_the_spec(
          "config.word_embed_proj_dim: opt config has word_embed_proj_dim=32: token embeddings of another width "
          "than hidden_size 48"),
         ("opt", {"layerdrop": 0.1}, "config.layerdrop: opt config has layerdrop=0.1: dropping whole layers"),
+        ("falcon", {"alibi": True}, "config.alibi: falcon config has alibi=True: Falcon's ALiBi is scaled by"),
+        ("falcon", {"new_decoder_architecture": True, "parallel_attn": False},
+         "config.parallel_attn: falcon config has parallel_attn=False: the new decoder architecture reads ln_attn"),
+        ("falcon", {"num_ln_in_parallel_attn": 2},
+         "config.num_ln_in_parallel_attn: falcon config has num_ln_in_parallel_attn=2: the old decoder"),
+        ("falcon", {"hidden_dropout": 0.1}, "config.hidden_dropout: falcon config has hidden_dropout=0.1: a dropout"),
+        ("falcon", {"apply_residual_connection_post_layernorm": True},
+         "config.apply_residual_connection_post_layernorm: falcon config has"),
+        ("mpt", {"attn_config": {"clip_qkv": 8.0}},
+         "config.attn_config.clip_qkv: mpt config has attn_config.clip_qkv=8.0: clipping q, k and v has no spec key"),
+        ("mpt", {"attn_config": {"alibi_bias_max": 16}},
+         "config.attn_config.alibi_bias_max: mpt config has attn_config.alibi_bias_max=16: HF's MPT always uses"),
+        ("mpt", {"attn_config": {"window": 4}}, "config.attn_config.window: mpt config has attn_config.window=4: "
+         "specvit's Mpt table does not read this field"),
+        ("mpt", {"no_bias": False}, "config.no_bias: mpt config has no_bias=False: HF's MPT has no biases"),
+        ("mpt", {"expansion_ratio": 2}, "config.expansion_ratio: mpt config has expansion_ratio=2: HF's MPT's MLP"),
     ],
 )  # fmt: skip
 def test_values_a_table_cannot_state_are_refused(family: str, change: dict[str, Any], message: str) -> None:

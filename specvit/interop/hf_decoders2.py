@@ -12,7 +12,7 @@ once (``all``). Phi's ``qk_layernorm`` is one LayerNorm over each head's channel
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specvit.interop.hf_llama import LLAMA, rope
@@ -20,7 +20,7 @@ from specvit.interop.registry import ACTIVATIONS, Config
 from specvit.interop.table import D, F, Name, Only, count, lm, register
 from specvit.interop.variants import variant
 
-__all__: list[str] = []
+__all__ = ["full_rope"]
 
 _LAYER = "layers.{i}."
 _LAYERS = r"(?:model\.)?layers\.\d+\."
@@ -29,7 +29,7 @@ _ONE_NORM = {"decoder.blocks.{i}.norm2": _LAYER + "input_layernorm"}
 _LLAMA_ONLY = ("pretraining_tp", "decoder.block.head_dim")
 
 
-def _one_norm_if_parallel(spec: Any) -> Mapping[str, Name]:
+def _one_norm_if_parallel(spec: Any, keys: Sequence[str]) -> Mapping[str, Name]:
     """StableLM's blocks: sequential with two norms, or parallel with ``input_layernorm`` alone."""
     return _ONE_NORM if spec.decoder.block.parallel else {}
 
@@ -70,12 +70,22 @@ STABLELM = register(
 )
 
 
-def _full_rotary(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Cohere's RoPE: every channel of each head in interleaved pairs, at the config's theta; HF's Cohere
-    computes its frequencies over the whole head whatever ``partial_rotary_factor`` says."""
-    position = rope(500000.0, layout="interleaved").read(c, spec)
-    position.pop("fraction", None)
-    return position
+def full_rope(default_theta: float, layout: str | None = None) -> D:
+    """RoPE over every channel of each head at the config's theta: Cohere's and Falcon's HF classes compute
+    their frequencies over the whole head whatever ``partial_rotary_factor`` says.
+
+    Args:
+        default_theta: the family's default theta.
+        layout: the pairs' layout when not rotate-half (``interleaved``: Cohere).
+    """
+    inner = rope(default_theta, layout=layout)
+
+    def read(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
+        position = inner.read(c, spec)
+        position.pop("fraction", None)
+        return position
+
+    return D(read, inner.fields)
 
 
 COHERE = register(
@@ -84,7 +94,7 @@ COHERE = register(
         ("cohere",),
         {
             "decoder.input.vocab": F("vocab_size", 256000),
-            "decoder.position": D(_full_rotary, rope().fields),
+            "decoder.position": full_rope(500000.0, "interleaved"),
             "decoder.width": F("hidden_size", 8192),
             "decoder.depth": F("num_hidden_layers", 40),
             "decoder.block.heads": count("num_attention_heads", 64),

@@ -1,6 +1,6 @@
-"""Tables whose weights' names depend on the spec they read: the norm that feeds the MLP of a block whose
-parallel residual a config switches (StableLM), or the order of the heads in a fused projection whose
-head layout a config switches (GPT-BigCode without multi-query).
+"""Tables whose weights' names depend on the spec they read (and the keys they name): the norm that feeds
+the MLP of a block whose parallel residual a config switches (StableLM, Falcon), or the order of the heads
+in a fused projection whose head layout a config switches (GPT-BigCode without multi-query, Falcon).
 
 A :class:`~specvit.interop.table.Table` names its weights once, for every config; a :class:`Variant` adds
 the names that follow from the spec made of one config, so the family stays one table and one
@@ -24,10 +24,11 @@ class Variant(Table):
     """A :class:`Table` with names chosen by the spec.
 
     Args:
-        chosen: the spec -> the names it adds or replaces (``{}`` where the table's own names hold).
+        chosen: (the spec, the state dict's keys) -> the names it adds or replaces (``{}`` where the table's
+            own names hold).
     """
 
-    chosen: Callable[[Any], Mapping[str, Name]] | None = None
+    chosen: Callable[[Any, Sequence[str]], Mapping[str, Name]] | None = None
 
     def layout(self, spec: Any, keys: Sequence[str]) -> Layout:
         """The table's layout with the names the spec chooses (see :meth:`Table.layout`).
@@ -38,22 +39,22 @@ class Variant(Table):
         """
         if self.chosen is None:
             return super().layout(spec, keys)
-        names = {**self.names, **self.chosen(spec)}
+        names = {**self.names, **self.chosen(spec, keys)}
         return Table.layout(replace(self, names=names, chosen=None), spec, keys)
 
 
-def variant(table: Table, chosen: Callable[[Any], Mapping[str, Name]]) -> Variant:
+def variant(table: Table, chosen: Callable[[Any, Sequence[str]], Mapping[str, Name]]) -> Variant:
     """``table`` as a :class:`Variant`: a base for families whose names follow their spec.
 
     Args:
         table: the layout's table.
-        chosen: the spec -> the names it adds or replaces.
+        chosen: (the spec, the state dict's keys) -> the names it adds or replaces.
     """
     values = {f.name: getattr(table, f.name) for f in fields(Table)}
     return Variant(**values, chosen=chosen)
 
 
-def per_head_qkv(source: str, role: str = "decoder") -> Callable[[Any], Mapping[str, Name]]:
+def per_head_qkv(source: str, role: str = "decoder") -> Callable[[Any, Sequence[str]], Mapping[str, Name]]:
     """The fused projection ``source`` read per head ([q_h, k_h, v_h] for each head h) where the spec has as
     many key/value heads as heads, and as [q; k; v] (specvit's order) where it has fewer (multi-query).
 
@@ -62,7 +63,7 @@ def per_head_qkv(source: str, role: str = "decoder") -> Callable[[Any], Mapping[
         role: the stack.
     """
 
-    def chosen(spec: Any) -> Mapping[str, Name]:
+    def chosen(spec: Any, keys: Sequence[str]) -> Mapping[str, Name]:
         block = spec.stacks[role].block
         if block.kv_heads is not None and block.kv_heads != block.heads:
             return {}
