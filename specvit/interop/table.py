@@ -369,9 +369,8 @@ class Table:
         if getattr(spec.head, "tied", False):
             embedding = self.names[f"{self.role}.tok_embed"]
             assert isinstance(embedding, str)
-            for ours, head in heads.items():
+            for head in heads.values():  # the weight is the embedding's; a bias stays the head's own
                 tied[f"{head}.weight"] = f"{pre}{embedding}.weight"
-                del table[ours + ".{p}"]
         shown = " / ".join(dict.fromkeys(f"HF {self.name}{c}" for c in (self.default, "Model")))
         return Layout(shown, table, ignore=self.ignore, tied=tied)
 
@@ -404,5 +403,5 @@ TABLES: dict[str, Table] = {}
 def register(table: Table) -> Table:
     """Register a table as a family ``from_hf`` and the converter find by model type and by keys."""
     TABLES.update(dict.fromkeys(table.model_types, table))
-    family(Family(f"{table.name}{table.default}", table.model_types, table.keys, table.read, table.layout))
+    family(Family(table.name + table.default, table.model_types, table.keys, table.read, table.layout))
     return table
