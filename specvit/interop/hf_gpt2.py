@@ -20,16 +20,7 @@ from specvit.interop.registry import ACTIVATIONS, Config
 from specvit.interop.table import BARE, D, F, Only, Renamed, Table, count, lm, register
 from specvit.interop.variants import per_head_qkv, variant
 
-__all__ = ["GPT2", "HUB"]
-
-HUB = (
-    "n_ctx",  # GPT-2's early name of n_positions, read by no transformers class
-    "task_specific_params",  # generation settings of pipelines
-    "tokenizer_class",
-    "gradient_checkpointing",  # a training switch of transformers 4
-    "prefix",  # a tokenizer's prefix (OPT's "</s>")
-)
-"""Fields published config.json files hold that change nothing a forward computes."""
+__all__ = ["GPT2"]
 
 _SUMMARY = (
     "summary_type",
@@ -110,7 +101,7 @@ GPT2 = register(
             Only("reorder_and_upcast_attn", False, (False,), "it changes the attention's arithmetic"),
             _CROSS,
         ),
-        inert=(*_SUMMARY, *HUB),
+        inert=_SUMMARY,
         names={
             "decoder.tok_embed": "wte",
             "decoder.pos_embed.weight": Renamed("wpe.weight", batched),
@@ -157,7 +148,7 @@ BIGCODE = register(
         default="ForCausalLM",
         # the softmax's precision in half precision (fp32 computes the same); num_key_value_heads is
         # multi_query's, which HF recomputes from it. No multiple-choice head.
-        inert=(*HUB, "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "num_key_value_heads"),
+        inert=("attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "num_key_value_heads"),
     )
 )
 
@@ -202,7 +193,7 @@ GPTJ = register(
         },
         # GPT-J checkpoints say "rotary": true and scale_attn_weights, both read by no transformers class;
         # n_positions is the length of HF's rotary table (max_position_embeddings of a RoPE model)
-        inert=(*_SUMMARY, *HUB, "rotary", "scale_attn_weights", "n_positions"),
+        inert=(*_SUMMARY, "rotary", "scale_attn_weights", "n_positions"),
         names={
             "decoder.tok_embed": "wte",
             "decoder.blocks.{i}.norm1": _H + "ln_1",
@@ -286,7 +277,7 @@ OPT = register(
         },
         only=(Only("layerdrop", 0.0, (0.0,), "dropping whole layers in training has no spec key"),),
         # activation_dropout: in configs of transformers 4, read by no class since
-        inert=(*HUB, "init_std", "activation_dropout"),
+        inert=("init_std", "activation_dropout"),
         names={
             "decoder.tok_embed": "decoder.embed_tokens",
             "decoder.pos_embed.weight": Renamed("decoder.embed_positions.weight", batched),

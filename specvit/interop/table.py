@@ -56,10 +56,16 @@ COMMON = frozenset(
         "eos_token_id",
         "pad_token_id",
         "max_position_embeddings",
+        "n_ctx",  # GPT-2's early name of n_positions, read by no transformers class
+        "task_specific_params",  # generation settings of pipelines
+        "tokenizer_class",
+        "gradient_checkpointing",  # a training switch of transformers 4
+        "prefix",  # a tokenizer's prefix (OPT's "</s>")
     }
 )
 """Fields every transformers config may hold that change nothing a forward computes: names, token ids, the
-initialiser's range, whether to return a cache. (``max_position_embeddings`` bounds a RoPE model's length
+initialiser's range, whether to return a cache, what published config.json files carry for tokenizers and
+pipelines. (``max_position_embeddings`` bounds a RoPE model's length
 only in HF's own checks; a learned table's size is read where a table has it.)"""
 
 
