@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from specvit.errors import Location, Problem, SpecError
 from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve, shown_path
-from specvit.spec.messages import problem, show
+from specvit.spec.messages import problems, show
 from specvit.spec.presets import preset_path
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
@@ -51,13 +51,12 @@ def _validate(data: Any, source: SourceMap) -> Spec:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        problems = [problem(err, data, source) for err in exc.errors()]
-        raise SpecError(_sorted(problems)) from None
+        raise SpecError(_sorted(problems(exc.errors(), data, source))) from None
     except RecursionError:
         raise SpecError.at("the spec is nested too deeply", location=source.locate(())) from None
-    problems = check(spec)
-    if problems:
-        raise SpecError(_sorted([p if p.location else _at(p, source) for p in problems]))
+    found = check(spec)
+    if found:
+        raise SpecError(_sorted([p if p.location else _at(p, source) for p in found]))
     spec._source = source
     return spec
 
