@@ -269,3 +269,43 @@ def test_independent_problems_beside_the_heads_are_still_all_reported() -> None:
         "t.yaml:11:12: encoder.block.heads: width 64 is not divisible by 5 heads (use a divisor of 64 such as "
         "4 or 8, or set block.head_dim)",
     ]
+
+
+# ------------------------------------------------------------------------------- --set into a shorthand
+
+
+def test_set_into_a_shorthand_kind_expands_it() -> None:
+    text = VIT.replace("position: learned", "position: rope2d")
+    spec = specvit.parse_spec(text, overrides={"encoder.position.base": 100})
+    assert spec.encoder is not None
+    assert spec.encoder.position.model_dump() == {
+        "kind": "rope2d",
+        "base": 100.0,
+        "layout": "sections",
+        "ref_grid": None,
+    }
+    listed = VIT.replace("position: learned", "position: [learned, rope2d]")
+    spec = specvit.parse_spec(listed, overrides={"encoder.position.1.base": 100})
+    assert [p.model_dump().get("base") for p in spec.encoder.positions] == [None, 100.0]  # type: ignore[union-attr]
+    head = VIT.replace("head: {kind: classifier, pool: cls, classes: 10}", "head: classifier")
+    spec = specvit.parse_spec(head, overrides={"head.classes": 3, "head.pool": "mean"})
+    assert (spec.head.kind, spec.head.classes) == ("classifier", 3)  # type: ignore[union-attr]
+
+
+def test_set_into_a_shorthand_is_checked_like_the_file() -> None:
+    text = VIT.replace("position: learned", "position: rope2d")
+    assert _problems(text, {"encoder.position.bse": 100}) == [
+        "<override encoder.position.bse>: encoder.position.bse: unknown key 'bse' (did you mean 'base'?)"
+    ]
+
+
+def test_set_past_a_plain_value_says_it_has_no_keys() -> None:
+    assert _problems(VIT, {"name.x": 1}) == [
+        "<override name.x>: name: the override path 'name.x' does not lead to a key of the spec: name is the "
+        "value 'tiny', not a section (it has no keys to set; set name itself)"
+    ]
+    listed = VIT.replace("position: learned", "position: [learned, rope2d]")
+    assert _problems(listed, {"encoder.position.2.base": 1}) == [
+        "<override encoder.position.2.base>: encoder.position: the override path 'encoder.position.2.base' does "
+        "not lead to a key of the spec: encoder.position is a list of 2 (index it from 0 to 1)"
+    ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numbers
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from specvit.errors import Location, Problem, SpecError
 from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve, shown_path
 from specvit.spec.messages import problems, show
+from specvit.spec.navigate import kinds_at
 from specvit.spec.presets import preset_path
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
@@ -108,7 +109,12 @@ def parse_spec(
             hint="use specvit.load_spec(path) for specs that extend others",
             location=src.locate(("extends",)),
         )
-    return _validate(apply_overrides(data, src, _plain(overrides)), src)
+    return _validate(apply_overrides(data, src, _plain(overrides), _shorthand(data)), src)
+
+
+def _shorthand(data: Any) -> Callable[[KeyPath, str], bool]:
+    """Whether a string at a key path of ``data`` is a shorthand kind there (``position: rope2d``)."""
+    return lambda path, value: value in kinds_at(path, data)
 
 
 def _plain(overrides: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -147,7 +153,7 @@ def load_spec(
         shown = shown_path(preset)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
-    return _validate(apply_overrides(data, source, _plain(overrides)), source)
+    return _validate(apply_overrides(data, source, _plain(overrides), _shorthand(data)), source)
 
 
 def _copy(value: Any, label: str) -> Any:
