@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specvit.interop.compat import torchvision_ops
+
 __all__ = [
     "MALLOC_KEEP",
     "NOTES",
@@ -23,14 +25,9 @@ __all__ = [
     "timeit_pair",
 ]
 
-# transformers and timm import torchvision, whose C++ ops do not load with the CPU-only torch wheel: define
-# the two op schemas it registers fake kernels for first (as tests/conftest.py does).
-try:
-    torch.ops.torchvision.nms  # noqa: B018  (defined already: by tests/conftest.py, or a working torchvision)
-except (AttributeError, RuntimeError):
-    _TORCHVISION = torch.library.Library("torchvision", "DEF")
-    _TORCHVISION.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _TORCHVISION.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+# transformers and timm import torchvision, whose C++ ops do not load with the CPU-only torch wheel: specvit's
+# hook defines the two op schemas its import needs (as in tests/conftest.py; `import specvit` installs it too).
+torchvision_ops()
 
 # Timed runs keep freed memory in the process (glibc's malloc otherwise returns every large block to the
 # kernel, and the next step page-faults it back in zeroed): page faults took 10-25% of a training step on

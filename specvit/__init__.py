@@ -5,6 +5,11 @@ YAML spec -> validated :class:`Spec` -> :class:`ArchGraph` -> diagram, summary a
 ``build_model``, ``optimize``, ``export_onnx``, ``SpecModel``, ``render``...) load on first use, so
 validation stays fast. Every public name is a function or class here, never a submodule of the same name
 (``tests/test_api.py``).
+
+``import specvit`` also installs :func:`specvit.interop.compat.torchvision_ops`, so that timm and
+transformers, imported after it, import on a CPU-only torch whose torchvision C++ ops do not load. It is
+safe to do on import: the hook imports nothing until torchvision is imported, and then only defines two
+operator schemas torchvision needs and failed to load (a working torchvision is never touched).
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from specvit.errors import Location, Problem, SpecError
+from specvit.interop.compat import torchvision_ops
+
+torchvision_ops()
 
 __all__ = [
     "ArchGraph",

@@ -6,12 +6,11 @@ import os
 
 import torch
 
-# timm imports torchvision, whose C++ ops do not load on the CPU-only torch wheel: define the two op
-# schemas its Python side registers fake kernels for, so that `import timm` works and builds every model.
-# timm is a reference only; nothing in specvit imports it.
-_TORCHVISION = torch.library.Library("torchvision", "DEF")
-_TORCHVISION.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-_TORCHVISION.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+from specvit.interop.compat import torchvision_ops
+
+# timm (and many transformers classes) import torchvision, whose C++ ops do not load on the CPU-only torch
+# wheel: specvit's hook defines the two op schemas its import needs (`import specvit` installs it too).
+torchvision_ops()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `pytest -n 2` runs two workers on this project's two cores: one thread each, not two threads each

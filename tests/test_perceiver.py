@@ -252,17 +252,10 @@ def test_latents_are_a_decoder_input() -> None:
 
 # ------------------------------------------------------------------------------- HF transformers' model
 
-_LIBS: list[Any] = []
-
 
 def _hf_perceiver() -> Any:
     """transformers' PerceiverModel class (its import reaches torchvision, whose op schemas a CPU-only
-    machine may lack: they are declared here if missing)."""
-    if not hasattr(torch.ops.torchvision, "nms"):
-        lib = torch.library.Library("torchvision", "DEF")
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _LIBS.append(lib)
+    machine lacks: specvit's hook, installed by conftest.py, defines them)."""
     from transformers import PerceiverConfig, PerceiverModel
 
     return PerceiverConfig, PerceiverModel

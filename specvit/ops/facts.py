@@ -12,14 +12,46 @@ importing it (the spec language imports the ops to assemble its unions).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from specvit.errors import Location
 
-__all__ = ["SpecView", "StackFacts", "StackView", "StageFacts", "resolve"]
+__all__ = [
+    "SpecView",
+    "StackFacts",
+    "StackView",
+    "StageFacts",
+    "Undetermined",
+    "resolve",
+    "unless_undetermined",
+]
+
+T = TypeVar("T")
+
+
+class Undetermined(Exception):
+    """A derived value the spec leaves undetermined, read by a rule: heads that do not divide the width
+    leave no head dim. The rule that finds the cause reports it; a rule reading the value is skipped, so
+    that one mistake gives one message (``rope2d needs a head dim divisible by 4, got 38`` is not said).
+
+    Args:
+        name: the value (``head_dim``).
+    """
+
+
+def unless_undetermined(rule: Callable[[], list[T]]) -> list[T]:
+    """The problems ``rule`` finds, or none when it reads a value the spec leaves :class:`Undetermined`.
+
+    Args:
+        rule: a rule, called with no arguments.
+    """
+    try:
+        return rule()
+    except Undetermined:
+        return []
 
 
 @dataclass(frozen=True)
@@ -141,7 +173,7 @@ class StackView(Protocol):
     @property
     def kv_heads(self) -> int: ...
     @property
-    def head_dim(self) -> int: ...
+    def head_dim(self) -> int: ...  # raises Undetermined when the heads do not divide the width
     @property
     def stage_heads(self) -> list[int]: ...
     @property

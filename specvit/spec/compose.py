@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -288,16 +288,24 @@ def parse_overrides(items: list[str]) -> Overrides:
     return out
 
 
-def apply_overrides(data: Any, source: SourceMap, overrides: Mapping[str, Any]) -> Any:
+def apply_overrides(
+    data: Any,
+    source: SourceMap,
+    overrides: Mapping[str, Any],
+    shorthand: Callable[[KeyPath, str], bool] | None = None,
+) -> Any:
     """Set each dotted key of ``overrides`` in ``data`` (in place), pointing the source map at its origin.
 
     Every key an override creates, at every level, is located at the override, so that an unknown key
-    from ``--set`` is reported as coming from ``--set``, not from a line of the file.
+    from ``--set`` is reported as coming from ``--set``, not from a line of the file. A path that goes
+    into a shorthand kind (``position: rope2d`` and ``encoder.position.base``) expands it first into the
+    mapping it stands for, ``{kind: rope2d}``.
 
     Args:
         data: the parsed spec.
         source: its source map, updated.
         overrides: dotted key -> value; a :class:`Overrides` also names each key's origin.
+        shorthand: whether a string at a key path is a shorthand kind there (none is, without it).
 
     Raises:
         SpecError: for a key that does not lead to a place in the spec.
@@ -312,30 +320,58 @@ def apply_overrides(data: Any, source: SourceMap, overrides: Mapping[str, Any]) 
         parts = _check_key(key, label)
         node: Any = data
         for i, part in enumerate(parts):
-            last = i == len(parts) - 1
+            here = tuple(parts[: i + 1])
             if isinstance(node, list) and isinstance(part, int) and part < len(node):
-                if last:
-                    node[part] = value
-                else:
-                    node = node[part]
+                if i < len(parts) - 1:
+                    node[part] = _expanded(node[part], here, source, shorthand)
             elif isinstance(node, dict) and isinstance(part, str):
-                if last:
-                    node[part] = value
-                else:
-                    if part not in node:
-                        source.keys[tuple(parts[: i + 1])] = label
-                        source.values[tuple(parts[: i + 1])] = label
-                    node = node.setdefault(part, {})
+                if part not in node and i < len(parts) - 1:
+                    source.keys[here] = label
+                    source.values[here] = label
+                    node[part] = {}
+                elif i < len(parts) - 1:
+                    node[part] = _expanded(node[part], here, source, shorthand)
             else:
-                raise SpecError.at(
-                    f"the override path {quote(key)} does not lead to a key of the spec",
-                    path=dotted(tuple(parts[:i])),
-                    hint="use dotted keys such as encoder.depth",
-                    location=label,
-                )
+                raise _no_key(key, parts[:i], node, label)
+            if i == len(parts) - 1:
+                node[part] = value
+            else:
+                node = node[part]
         path = tuple(parts)
         for p in [p for p in source.values if p[: len(path)] == path]:
             del source.values[p]
         source.values[path] = label
         source.keys[path] = label
     return data
+
+
+def _expanded(
+    node: Any, path: KeyPath, source: SourceMap, shorthand: Callable[[KeyPath, str], bool] | None
+) -> Any:
+    """A shorthand kind (``rope2d`` at ``encoder.position``) as the mapping it stands for, its ``kind``
+    located where the shorthand was; anything else as it is."""
+    if not (isinstance(node, str) and shorthand is not None and shorthand(path, node)):
+        return node
+    at = source.values.get(path)
+    if at is not None:
+        source.keys[(*path, "kind")] = source.values[(*path, "kind")] = at
+    return {"kind": node}
+
+
+def _no_key(key: Any, before: list[str | int], node: Any, label: Location) -> SpecError:
+    """The error for an override path that goes on past a value, or into a list at no item of it."""
+    where = dotted(tuple(before))
+    if isinstance(node, list):
+        why, hint = f"{where} is a list of {len(node)}", f"index it from 0 to {len(node) - 1}"
+    elif isinstance(node, dict):
+        why, hint = f"{where or 'the top level'} is a mapping", "write its keys by name"
+    else:
+        shown = quote(node) if isinstance(node, str) else repr(node)
+        why = f"{where} is the value {shown}, not a section"
+        hint = f"it has no keys to set; set {where} itself"
+    return SpecError.at(
+        f"the override path {quote(str(key))} does not lead to a key of the spec: {why}",
+        path=where,
+        hint=hint,
+        location=label,
+    )

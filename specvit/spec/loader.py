@@ -7,7 +7,7 @@ from __future__ import annotations
 import numbers
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from specvit.errors import Location, Problem, SpecError
 from specvit.spec.compose import Overrides, apply_overrides, load_tree, parse_overrides, resolve, shown_path
-from specvit.spec.messages import problem, show
+from specvit.spec.messages import problems, show
+from specvit.spec.navigate import kinds_at
 from specvit.spec.presets import preset_path
 from specvit.spec.rules import check
 from specvit.spec.schema import Spec
@@ -51,13 +52,12 @@ def _validate(data: Any, source: SourceMap) -> Spec:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        problems = [problem(err, data, source) for err in exc.errors()]
-        raise SpecError(_sorted(problems)) from None
+        raise SpecError(_sorted(problems(exc.errors(), data, source))) from None
     except RecursionError:
         raise SpecError.at("the spec is nested too deeply", location=source.locate(())) from None
-    problems = check(spec)
-    if problems:
-        raise SpecError(_sorted([p if p.location else _at(p, source) for p in problems]))
+    found = check(spec)
+    if found:
+        raise SpecError(_sorted([p if p.location else _at(p, source) for p in found]))
     spec._source = source
     return spec
 
@@ -109,7 +109,12 @@ def parse_spec(
             hint="use specvit.load_spec(path) for specs that extend others",
             location=src.locate(("extends",)),
         )
-    return _validate(apply_overrides(data, src, _plain(overrides)), src)
+    return _validate(apply_overrides(data, src, _plain(overrides), _shorthand(data)), src)
+
+
+def _shorthand(data: Any) -> Callable[[KeyPath, str], bool]:
+    """Whether a string at a key path of ``data`` is a shorthand kind there (``position: rope2d``)."""
+    return lambda path, value: value in kinds_at(path, data)
 
 
 def _plain(overrides: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -148,7 +153,7 @@ def load_spec(
         shown = shown_path(preset)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
-    return _validate(apply_overrides(data, source, _plain(overrides)), source)
+    return _validate(apply_overrides(data, source, _plain(overrides), _shorthand(data)), source)
 
 
 def _copy(value: Any, label: str) -> Any:

@@ -8,11 +8,12 @@ import re
 from typing import Any
 
 from specvit.errors import Problem
-from specvit.spec.schema import Spec
+from specvit.spec.foreign import foreign_key_hint, foreign_value_hint
+from specvit.spec.navigate import fields_at, kinds_at, sections_below
 from specvit.spec.yamlread import KeyPath, SourceMap, dotted
 from specvit.text import quote, with_oddities
 
-__all__ = ["problem", "show"]
+__all__ = ["problem", "problems", "show", "unknown_key"]
 
 
 def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, Any]:
@@ -42,71 +43,6 @@ def _walk(data: Any, loc: tuple[Any, ...]) -> tuple[KeyPath, Any]:
             path.append(part)
             node = None
     return tuple(path), node
-
-
-def _fields_of(loc: tuple[Any, ...], data: Any, model: bool = False) -> Any:
-    """Allowed keys of the model at ``loc`` (for did-you-mean), found by following the schema."""
-    from pydantic import BaseModel
-
-    cls: Any = Spec
-    node = data
-    for part in loc:
-        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-            return []
-        field = cls.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            continue
-        node = node.get(part) if isinstance(node, dict) else None
-        cls = _model_in(field.annotation, node)
-    is_model = isinstance(cls, type) and issubclass(cls, BaseModel)
-    if model:
-        return cls if is_model else None
-    return list(cls.model_fields) if is_model else []
-
-
-def _kinds_at(loc: tuple[Any, ...], data: Any) -> list[str]:
-    """The ``kind`` values a discriminated union at ``loc`` accepts."""
-    from typing import get_args
-
-    parent = _fields_of(loc[:-1], data, model=True)
-    field = parent.model_fields.get(loc[-1]) if parent is not None and loc else None
-    if field is None:
-        return []
-    kinds: list[str] = []
-    stack = [field.annotation]
-    while stack:
-        a = stack.pop(0)
-        tag = getattr(a, "model_fields", {}).get("kind")
-        if tag is not None:
-            kinds += list(get_args(tag.annotation))
-        else:
-            stack.extend(get_args(a))
-    return kinds
-
-
-def _model_in(annotation: Any, node: Any) -> Any:
-    from typing import get_args
-
-    from pydantic import BaseModel
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    models = []
-    stack = [annotation]
-    while stack:
-        a = stack.pop()
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            models.append(a)
-        else:
-            stack.extend(get_args(a))
-    if len(models) == 1:
-        return models[0]
-    kind = node.get("kind") if isinstance(node, dict) else node
-    for m in models:
-        tag = m.model_fields.get("kind")
-        if tag is not None and kind in get_args(tag.annotation):
-            return m
-    return None
 
 
 # Names other libraries and papers use for what specvit writes differently: value -> the hint.
@@ -151,40 +87,19 @@ def _number_hint(value: str, kind: str) -> str:
     return "write it in digits, e.g. 6" if kind == "int_type" else "write it in digits, e.g. 0.1"
 
 
-def _home(key: Any, parent: KeyPath, data: Any) -> str:
+def _home(key: Any, parent: KeyPath, data: Any) -> tuple[str, list[KeyPath]]:
     """``heads belongs under encoder.block``: where an unknown key is a real key, one or two levels down
-    (every such place, nearest first: ``ratio`` is MAE's masking ratio and the MLP's)."""
-    from typing import get_origin
-
-    from pydantic import BaseModel
-
-    cls = _fields_of(parent, data, model=True)
-    if cls is None:
-        return ""
-    homes: list[str] = []
-    frontier: list[tuple[str, Any]] = [(dotted(parent), cls)]
-    for _ in range(2):
-        below: list[tuple[str, Any]] = []
-        for prefix, model in frontier:
-            for name, field in model.model_fields.items():
-                if get_origin(field.annotation) in (dict, list):  # named or listed blocks: not one home
-                    continue
-                sub = _model_in(field.annotation, None)
-                if isinstance(sub, type) and issubclass(sub, BaseModel):
-                    where = f"{prefix}.{name}" if prefix else name
-                    if key in sub.model_fields:
-                        homes.append(where)
-                    below.append((where, sub))
-        frontier = below
+    (every such place, nearest first: ``ratio`` is MAE's masking ratio and the MLP's), or in an enclosing
+    section; with those places."""
+    homes = [path for path, cls in sections_below(parent, data, 2) if key in cls.model_fields]
     if homes:
-        return f"{key} belongs under {' or '.join(homes)}"
+        return f"{key} belongs under {' or '.join(map(dotted, homes))}", homes
     for depth in range(len(parent) - 1, 0, -1):  # a key of an enclosing section (a stack's position)
-        outer = _fields_of(parent[:depth], data, model=True)
-        if outer is not None and key in outer.model_fields:
+        if key in fields_at(parent[:depth], data):
             home = f"{key} belongs under {dotted(parent[:depth])}, not {dotted(parent)}"
             in_block = {"block", "blocks"} & set(parent)
-            return home + (_PER_BLOCK.get(key, "") if in_block else "")
-    return ""
+            return home + (_PER_BLOCK.get(key, "") if in_block else ""), [parent[:depth]]
+    return "", []
 
 
 _PER_BLOCK = {
@@ -194,15 +109,76 @@ _PER_BLOCK = {
 """What a block may vary of a stack key written in it, said after where the key belongs."""
 
 
+def _closest(word: Any, options: list[str]) -> str | None:
+    """The option ``word`` is most likely a slip for: the same but for case and dashes, or a close spelling."""
+    folded = {o.lower().replace("-", "_"): o for o in options}
+    text = str(word).lower().replace("-", "_")
+    if text in folded:  # RMSNorm -> rmsnorm, SwiGLU -> swiglu
+        return folded[text]
+    close = difflib.get_close_matches(str(word).lower(), list(folded), n=1, cutoff=0.6)
+    return folded[close[0]] if close else None
+
+
 def _suggest(word: Any, options: list[str]) -> str:
     text = str(word)
     if text.lower() in _ALIASES and text.lower() not in options:
         return _ALIASES[text.lower()]
-    folded = {o.lower().replace("-", "_"): o for o in options}
-    if text.lower().replace("-", "_") in folded:  # RMSNorm -> rmsnorm, SwiGLU -> swiglu
-        return f"did you mean '{folded[text.lower().replace('-', '_')]}'?"
-    close = difflib.get_close_matches(text.lower(), list(folded), n=1, cutoff=0.6)
-    return f"did you mean '{folded[close[0]]}'?" if close else ""
+    close = _closest(word, options)
+    return f"did you mean '{close}'?" if close else ""
+
+
+def unknown_key(key: Any, value: Any, parent: KeyPath, data: Any) -> tuple[str, KeyPath | None]:
+    """The fix for an unknown key, and the key path it stands for when that is known.
+
+    In order: another library's name for a specvit key (``embed_dim`` is ``width``), a specvit key written
+    in the wrong section (``depth belongs under encoder``), a misspelt key (``postion``), the valid keys.
+
+    Args:
+        key: the unknown key.
+        value: its value.
+        parent: the key path of the section it is in.
+        data: the spec's data.
+
+    Returns:
+        The hint, and the key path the key stands for (a foreign name's or a misspelt key's), or None.
+    """
+    options = fields_at(parent, data)
+    foreign = foreign_key_hint(key, value, parent, data)
+    meant: KeyPath | None = None
+    if foreign is not None:
+        hint, meant = foreign
+    else:
+        hint, homes = _home(key, parent, data)
+        if len(homes) == 1:
+            meant = (*homes[0], key)
+        elif not hint:
+            close = None if str(key).lower() in _ALIASES else _closest(key, options)
+            meant = (*parent, close) if close else None
+            hint = _suggest(key, options) or (f"valid keys: {', '.join(options)}" if options else "remove it")
+    return "; ".join(h for h in (with_oddities(str(key)), hint) if h), meant
+
+
+def problems(errors: list[Any], data: Any, source: SourceMap) -> list[Problem]:
+    """The problems of Pydantic's errors, one per root cause.
+
+    A required key reported missing is left out when an unknown key beside it stands for it (``postion``,
+    or timm's ``embed_dim`` for ``width``): the unknown key's hint says what to write.
+
+    Args:
+        errors: ``ValidationError.errors()``.
+        data: the spec's data.
+        source: where each key path is in the files.
+    """
+    meant = set()
+    for err in errors:
+        path = _walk(data, tuple(err["loc"]))[0]
+        if err["type"] == "extra_forbidden" and path:
+            meant.add(unknown_key(path[-1], err.get("input"), path[:-1], data)[1])
+    return [
+        problem(err, data, source)
+        for err in errors
+        if not (err["type"] == "missing" and _walk(data, tuple(err["loc"]))[0] in meant)
+    ]
 
 
 def _mapping_hint(path: KeyPath, value: Any) -> str:
@@ -230,14 +206,8 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
     location = source.locate(path)
     if kind == "extra_forbidden":
         key = path[-1] if path else "?"
-        options = _fields_of(path[:-1], data)
         message = f"unknown key {quote(str(key))}"
-        hint = (
-            _home(key, path[:-1], data)
-            or _suggest(key, options)
-            or (f"valid keys: {', '.join(options)}" if options else "remove it")
-        )
-        hint = "; ".join(h for h in (with_oddities(str(key)), hint) if h)
+        hint = unknown_key(key, value, path[:-1], data)[0]
         location = source.locate(path, key=True)
     elif kind == "missing":
         key = path[-1] if path else "?"
@@ -251,7 +221,10 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
         options = re.findall(r"'([^']*)'", str(expected)) or re.findall(r"[\w.-]+", str(expected))
         shown = ctx.get("tag", value)
         message = f"{show(shown)} is not one of {', '.join(options)}"
-        hint = _suggest(shown, options) or f"use one of {', '.join(options)}"
+        field = next((p for p in reversed(path) if isinstance(p, str) and p != "kind"), "")
+        hint = (
+            foreign_value_hint(field, shown) or _suggest(shown, options) or f"use one of {', '.join(options)}"
+        )
         if isinstance(shown, str):
             hint = "; ".join(h for h in (with_oddities(shown), hint) if h)
         if kind == "union_tag_invalid":
@@ -260,7 +233,7 @@ def problem(err: Any, data: Any, source: SourceMap) -> Problem:
             key_path = dotted(path)
     elif kind == "union_tag_not_found":
         message = "needs a 'kind' key"
-        hint = f"add kind: one of {', '.join(_kinds_at(path, data))}"
+        hint = f"add kind: one of {', '.join(kinds_at(path, data))}"
     elif kind in ("int_type", "float_type", "bool_type", "string_type"):
         want = {
             "int_type": "an integer",

@@ -6,7 +6,11 @@ each with the key path to edit; the loader adds the file:line:col.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from specvit.errors import Problem
+from specvit.ops.facts import unless_undetermined
 from specvit.ops.inputs import ImageInput, SiameseInput, TokensInput, divisors_near
 from specvit.spec.rules_block import check_layers, check_positions
 from specvit.spec.rules_cait import check_cait
@@ -50,16 +54,21 @@ def _stack(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
                 "use a depth of 1 or more",
             )
         )
-    out += check_layers(role, s, spec)
-    out += check_window(role, s) + check_stages(role, s)
-    if isinstance(s.input, SiameseInput):
-        out += _siamese(role, s, spec)
-    out += s.input.check(f"{role}.input", s, spec)
-    if s.masking is not None:
-        out += s.masking.check(f"{role}.masking", s, spec)
-    out += check_positions(role, s, spec)
-    out += check_cait(role, s, spec)
-    return out + _embed_width(role, s, spec) + _share(role, s)
+    rules: list[Callable[[], list[Problem]]] = [
+        partial(check_layers, role, s, spec),
+        partial(check_window, role, s),
+        partial(check_stages, role, s),
+        partial(_siamese, role, s, spec) if isinstance(s.input, SiameseInput) else list,
+        partial(s.input.check, f"{role}.input", s, spec),
+        partial(s.masking.check, f"{role}.masking", s, spec) if s.masking is not None else list,
+        partial(check_positions, role, s, spec),
+        partial(check_cait, role, s, spec),
+        partial(_embed_width, role, s, spec),
+        partial(_share, role, s),
+    ]
+    for rule in rules:  # a rule reading the head dim of heads that do not divide the width says nothing more
+        out += unless_undetermined(rule)
+    return out
 
 
 def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
@@ -306,7 +315,7 @@ def check(spec: Spec) -> list[Problem]:
         out += _stack(role, stack, spec)
 
     last = spec.stacks[spec.output_stack]
-    out += spec.head.check("head", last, spec)
+    out += unless_undetermined(partial(spec.head.check, "head", last, spec))
     if spec.shared_embeddings:
         enc, dec = spec.encoder, spec.decoder
         if spec.model != "encoder_decoder" or enc is None or dec is None:

@@ -3,7 +3,10 @@ of its position kinds."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from specvit.errors import Problem
+from specvit.ops.facts import unless_undetermined
 from specvit.ops.inputs import divisors_near
 from specvit.ops.vitdet import window_problems
 from specvit.spec.block import BlockSpec, LayerOverride
@@ -394,7 +397,7 @@ def check_positions(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
     writes: dict[str, str] = {}
     for k, p in enumerate(s.positions):
         at = f"{role}.position.{k}" if many else f"{role}.position"
-        out += p.check(at, s, spec)
+        out += unless_undetermined(partial(p.check, at, s, spec))
         what = p.writes()
         if not what:  # none
             if many:

@@ -19,7 +19,7 @@ from specvit.errors import Location
 from specvit.ops import SUBLAYERS, fragments
 from specvit.ops.base import MAX_DEPTH, MAX_LEN, MAX_WIDTH, Fragment
 from specvit.ops.conv import MapOps
-from specvit.ops.facts import StackFacts, resolve
+from specvit.ops.facts import StackFacts, Undetermined, resolve
 from specvit.ops.fields import Probability, per_stage, shortcut_union
 from specvit.ops.heads import ClassifierHead, DetectionHead, HeadFragment, LMHead, NoHead, PatchesHead
 from specvit.ops.inputs import (
@@ -342,6 +342,13 @@ class StackSpec(Node, Stages):
 
     @property
     def head_dim(self) -> int:
+        """Width per head: ``block.head_dim``, else the width over the heads.
+
+        Raises:
+            Undetermined: heads that do not divide the width, without a head_dim (a rule reports it).
+        """
+        if self.block.head_dim is None and self.width % self.heads:
+            raise Undetermined("head_dim")
         return self.block.head_dim or self.width // self.heads
 
     @property
