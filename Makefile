@@ -1,4 +1,5 @@
-# make demo: set up .venv and run the main job.  make test: lint, type-check and test.
+# make demo: set up .venv and run the main job.  make test: lint, type-check and test (the slow tests:
+# make test-all).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PIP_CONSTRAINT := $(CURDIR)/.ci/constraints.txt
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint docs bench fuzz clean
+.PHONY: demo test test-all lint docs bench fuzz clean
 
 $(STAMP): pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +24,9 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
+	$(VENV)/bin/pytest -q -n 2 -m "not slow"
+
+test-all: lint
 	$(VENV)/bin/pytest -q -n 2
 
 docs: $(STAMP)

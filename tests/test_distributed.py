@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dist_worker as worker  # tests/ is not a package: import the worker from beside this file
 from timm_cases import CONVERTED, converted_checkpoint
 
+pytestmark = pytest.mark.slow  # `make test-all` runs it; `make test` leaves it out (see README)
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 TIMEOUT = 300  # seconds for the one torchrun launch; it takes about 15 s on two idle cores

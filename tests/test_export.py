@@ -18,6 +18,8 @@ from timm_cases import CONVERTED
 import specvit
 from specvit.export import example_inputs, export_onnx, export_program
 
+pytestmark = pytest.mark.slow  # `make test-all` runs it; `make test` leaves it out (see README)
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "vit": ("vit_tiny_patch16_224", {"encoder.depth": 2}),

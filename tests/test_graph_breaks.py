@@ -15,6 +15,8 @@ import specvit
 from specvit.export import example_inputs
 from specvit.nn.attention import KVCache
 
+pytestmark = pytest.mark.slow  # `make test-all` runs it; `make test` leaves it out (see README)
+
 
 def _breaks(fn: object, *args: object, **kwargs: object) -> list[str]:
     torch._dynamo.reset()

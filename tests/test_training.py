@@ -22,6 +22,8 @@ from torch import nn
 
 import specvit
 
+pytestmark = pytest.mark.slow  # `make test-all` runs it; `make test` leaves it out (see README)
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["correct", "broken"]
 
