@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from specvit.errors import Problem, SpecError
+from specvit.interop import hf  # noqa: F401  (registers every family's table)
 from specvit.interop.layout import Transform, batched, cat, conv1d, same
 from specvit.interop.registry import Config
 from specvit.interop.table import TABLES, D, F, Table
