@@ -4,21 +4,15 @@ position table; DeiT adds a distillation token, DINOv2 layer scales."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Head, Only, Table, count, register
+from specvit.interop.registry import ACTIVATIONS
+from specvit.interop.table import BARE, LABELS, F, Head, Only, Table, count, register
 
 __all__ = ["VIT"]
 
 _LAYER = "layers.{i}."
 _BLOCK = "encoder.blocks.{i}."
-
-
-def _labels(c: Config, spec: Mapping[str, Any]) -> int:
-    labels = c.get("id2label", kind=dict)
-    return len(labels) if labels else 2
 
 
 def classifier(fc: str = "classifier", **spec: Any) -> Head:
@@ -28,7 +22,7 @@ def classifier(fc: str = "classifier", **spec: Any) -> Head:
         fc: the HF linear's name.
         spec: more head entries, by the key under ``head.``.
     """
-    entries = {"head.kind": "classifier", "head.pool": "cls", "head.classes": D(_labels, ("id2label",))}
+    entries = {"head.kind": "classifier", "head.pool": "cls", "head.classes": LABELS}
     return Head(entries | {f"head.{k}": v for k, v in spec.items()}, {"head.fc": fc})
 
 
@@ -111,7 +105,7 @@ DEIT = register(
             "Model": BARE,
             "ForImageClassification": classifier(),
             "ForImageClassificationWithTeacher": Head(
-                {"head.kind": "distilled", "head.classes": D(_labels, ("id2label",))},
+                {"head.kind": "distilled", "head.classes": LABELS},
                 {"head.fc": "cls_classifier", "head.fc_dist": "distillation_classifier"},
             ),
         },

@@ -20,6 +20,7 @@ from specvit.interop.registry import Config, Family, family
 __all__ = [
     "BARE",
     "COMMON",
+    "LABELS",
     "LM",
     "SEQUENCE",
     "TABLES",
@@ -201,12 +202,15 @@ def _write_labels(n: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
     return {"id2label": {str(i): f"LABEL_{i}" for i in range(n)}} if isinstance(n, int) else {}
 
 
+LABELS = D(_labels, ("id2label",), _write_labels)
+"""A classifier's classes: ``len(id2label)``, transformers' ``num_labels`` (2 when a config names none)."""
+
 SEQUENCE = Head(
     {
         "head.kind": "classifier",
         "head.pool": "last",
         "head.bias": False,
-        "head.classes": D(_labels, ("id2label",), _write_labels),
+        "head.classes": LABELS,
     },
     {"head.fc": "score"},
 )
