@@ -25,6 +25,17 @@ def perturbed(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
+def noised(model: nn.Module, seed: int, std: float = 0.08) -> nn.Module:
+    """``model`` in eval mode with N(0, std) added to every weight and persistent buffer (what a checkpoint
+    holds), as the import issue asks of its references."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=gen) * std)
+    return model.eval()
+
+
 def converted(ref: nn.Module, spec: Spec, source: Source = "hf") -> SpecModel:
     """The model of ``spec`` in eval mode, with ``ref``'s weights loaded strictly through the converter."""
     model = build_model(spec).eval()

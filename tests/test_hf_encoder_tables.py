@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted
+from reference import converted, noised
 from torch import nn
 
 import specvit
@@ -101,12 +101,7 @@ def _hf(family: str, suffix: str | None = None, seed: int = 0, **change: Any) ->
     pooled = "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
     torch.manual_seed(seed)
     ref = model_class(config, add_pooling_layer=False) if pooled else model_class(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # every weight and persistent buffer (what a checkpoint holds)
-        for t in ref.state_dict().values():
-            if t.is_floating_point():
-                t.add_(torch.randn(t.shape, generator=gen) * NOISE)
-    return ref.eval()
+    return noised(ref, seed, NOISE)
 
 
 def _config(ref: nn.Module) -> dict[str, Any]:
@@ -177,8 +172,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     table = _table(family)
     switched = {k for k, _ in CASES[family][2]}
-    entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
-    fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
+    fields = table.fields()
     untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - LEGACY - COMMON
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
 
@@ -190,7 +184,7 @@ def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
 
     defaults = getattr(transformers, CASES[family][0] + "Config")()
     table = _table(family)
-    entries = {**table.spec, **{k: v for head in table.classes.values() for k, v in head.spec.items()}}
+    entries = table.entries()
     for key, value in entries.items():
         if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
             assert value.default == getattr(defaults, value.name), (family, key, value.name)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted
+from reference import converted, noised
 from torch import nn
 
 import specvit
@@ -130,12 +130,7 @@ def _hf(family: str, seed: int = 0, **change: Any) -> nn.Module:
     config = getattr(transformers, config_name)(**(SMALL | IDS | kw | change))
     torch.manual_seed(seed)
     ref = getattr(transformers, model_name)(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # every weight and persistent buffer (what a checkpoint holds)
-        for t in ref.state_dict().values():
-            if t.is_floating_point():
-                t.add_(torch.randn(t.shape, generator=gen) * NOISE)
-    return ref
+    return noised(ref, seed, NOISE)
 
 
 def _tokens(seed: int = 1) -> torch.Tensor:
@@ -190,8 +185,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     table = _table(family)
     switched = {k for k, _ in CASES[family][3]}
-    entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
-    fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
+    fields = table.fields()
     untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - COMMON - {"partial_rotary_factor", "rope_theta",
                                                                          "rope_scaling", "mlp_bias"}  # fmt: skip
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
@@ -203,7 +197,7 @@ def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
 
     defaults = getattr(transformers, CASES[family][0])()
     table = _table(family)
-    entries = {**table.spec, **{k: v for head in table.classes.values() for k, v in head.spec.items()}}
+    entries = table.entries()
     for key, value in entries.items():
         if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
             assert value.default == getattr(defaults, value.name), (family, key, value.name)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted
+from reference import converted, noised
 from test_hf_tables import ATOL, NOISE
 from torch import nn
 
@@ -54,12 +54,7 @@ def _hf(family: str, cls: str, seed: int = 0, **change: Any) -> nn.Module:
         ref = getattr(transformers, cls)(config, add_pooling_layer=False)
     else:
         ref = getattr(transformers, cls)(config)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for t in ref.state_dict().values():
-            if t.is_floating_point():
-                t.add_(torch.randn(t.shape, generator=gen) * NOISE)
-    return ref.eval()
+    return noised(ref, seed, NOISE)
 
 
 def _outputs(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +91,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched(family: str) -> None:
     table = TABLES[family]
-    entries = [*table.spec.values(), *(v for head in table.classes.values() for v in head.spec.values())]
-    fields = {f for v in entries if hasattr(v, "fields") for f in v.fields}
+    fields = table.fields()
     shapes = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "id2label"}
     untested = fields - {k for k, _ in CASES[family][3]} - shapes - COMMON - {"attention_probs_dropout_prob"}
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
@@ -109,7 +103,7 @@ def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
 
     defaults = getattr(transformers, CASES[family][0])()
     table = TABLES[family]
-    entries = {**table.spec, **{k: v for head in table.classes.values() for k, v in head.spec.items()}}
+    entries = table.entries()
     for key, value in entries.items():
         if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
             assert value.default == getattr(defaults, value.name), (family, key, value.name)

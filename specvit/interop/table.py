@@ -298,11 +298,17 @@ class Table:
             **fields,
         )
 
+    def entries(self) -> dict[str, Any]:
+        """The spec entries of the stack and of every class's head, by dotted spec key."""
+        return {**self.spec, **{k: v for head in self.classes.values() for k, v in head.spec.items()}}
+
+    def fields(self) -> set[str]:
+        """The config fields the entries read."""
+        return {f for v in self.entries().values() if isinstance(v, (F, D)) for f in v.fields}
+
     def known(self) -> set[str]:
         """Every config field the table accounts for."""
-        entries = [*self.spec.values(), *(v for h in self.classes.values() for v in h.spec.values())]
-        read = {f for v in entries if isinstance(v, (F, D)) for f in v.fields}
-        return read | {o.name for o in self.only} | set(self.inert) | COMMON
+        return self.fields() | {o.name for o in self.only} | set(self.inert) | COMMON
 
     def read(self, c: Config) -> dict[str, Any]:
         """The spec's fields made of config ``c``; an unaccounted field or a refused value raises SpecError."""
