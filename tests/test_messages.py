@@ -8,28 +8,12 @@ from typing import Any, get_args
 
 import pytest
 from pydantic import BaseModel
+from test_spec import VIT  # the line numbers the messages quote are this spec's
 
 import specvit
 from specvit import SpecError
 from specvit.spec.foreign import FOREIGN_KEYS, FOREIGN_VALUES
 from specvit.spec.schema import ClassifierHead, Spec
-
-VIT = """specvit: 1
-name: tiny
-model: encoder
-encoder:
-  input: {kind: image, size: 32, patch: 8, channels: 3}
-  prefix: {cls: true}
-  position: learned
-  width: 64
-  depth: 2
-  block:
-    heads: 4
-    layers: [self_attention, mlp]
-    norm: {kind: layernorm, placement: pre, eps: 1.0e-6}
-    mlp: {ratio: 4, activation: gelu}
-head: {kind: classifier, pool: cls, classes: 10}
-"""
 
 
 def _problems(text: str, overrides: dict[str, Any] | None = None) -> list[str]:
