@@ -66,9 +66,11 @@ def _check_prompt(tokens: object) -> None:
     if not isinstance(tokens, Tensor):
         raise TypeError(f"the prompt must be a torch.Tensor of token ids, got {type(tokens).__name__}")
     if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        ids = not (tokens.is_floating_point() or tokens.dtype == torch.bool)
         raise ValueError(
             f"the prompt must be a 2-D (batch, length) tensor of integer token ids, got a {tokens.dim()}-D "
             f"{str(tokens.dtype).removeprefix('torch.')} tensor of shape {list(tokens.shape)}"
+            + ("; pass tokens.unsqueeze(0) for one prompt" if tokens.dim() == 1 and ids else "")
         )
     if tokens.shape[0] == 0 or tokens.shape[1] == 0:
         raise ValueError(

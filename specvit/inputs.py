@@ -186,13 +186,16 @@ def _shown(shape: tuple[object, ...]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def check_inputs(graph: ArchGraph, values: dict[str, object], offset: int = 0) -> None:
+def check_inputs(
+    graph: ArchGraph, values: dict[str, object], offset: int = 0, dtype: torch.dtype | None = None
+) -> None:
     """Check a model's forward arguments against its graph before torch sees them.
 
     Args:
         graph: the model's graph.
         values: the forward's arguments by name (tensors, None for absent optional ones).
         offset: the decoding offset (positions already in a KV cache).
+        dtype: the dtype of the model's weights, which floating-point inputs must have; None: any.
 
     Raises:
         InputError: naming the argument, what the spec expects and what was given.
@@ -213,7 +216,7 @@ def check_inputs(graph: ArchGraph, values: dict[str, object], offset: int = 0) -
         if not all(isinstance(d, int) for d in value.shape):  # symbolic sizes: a tracer's, not a user's
             continue
         _check_shape(p, tuple(value.shape), sizes)
-        _check_dtype(p, value)
+        _check_dtype(p, value, dtype)
     for symbol, (size, arg) in sizes.items():
         limit = limits.get(symbol)
         decoding = symbol in ("S", "S_tgt") and offset
@@ -230,11 +233,14 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
     want = p.shape
     arg, what = p.arg, p.what or p.dtype
     expected = _shown(tuple(AXIS_NAMES.get(d, d) if isinstance(d, str) else d for d in want))
-    if len(shape) == len(want) - 1 and all(isinstance(d, int) for d in want[1:]) and shape == tuple(want[1:]):
+    if want[:1] == ("B",) and _fits(want[1:], shape):
         raise InputError(
             f"{arg}: expected {expected} ({what}), got {_shown(shape)}: the batch dimension is missing; "
             f"pass {arg}.unsqueeze(0) for a single example"
         )
+    last = _channels_last(p, shape)
+    if last:
+        raise InputError(f"{arg}: expected {expected} ({what}), got {_shown(shape)}: {last}")
     if len(shape) != len(want):
         raise InputError(f"{arg}: expected {len(want)} dimensions {expected} ({what}), got {_shown(shape)}")
     for i, (d, got) in enumerate(zip(want, shape, strict=True)):
@@ -252,6 +258,29 @@ def _check_shape(p: InputParams, shape: tuple[int, ...], sizes: dict[str, tuple[
                 raise InputError(
                     f"{arg}: {AXIS_NAMES.get(d, d)} is {got} but {seen[1]} has {seen[0]}; they must agree"
                 )
+
+
+def _fits(want: tuple[int | str, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` has the dims ``want`` names: as many, and the fixed ones equal."""
+    return len(shape) == len(want) and all(
+        not isinstance(d, int) or d == g for d, g in zip(want, shape, strict=True)
+    )
+
+
+def _channels_last(p: InputParams, shape: tuple[int, ...]) -> str:
+    """The fix for images (or signals) given channels last, ``(B, H, W, C)`` or one ``(H, W, C)``, else ``""``."""
+    want = p.shape
+    if p.local not in ("images", "signal") or _fits(want, shape):
+        return ""
+    moved = (want[0], *want[2:], want[1])  # (B, H, W, C)
+    n = len(want)
+    order = ", ".join(map(str, (n - 1, *range(1, n - 1))))
+    if _fits(moved, shape):
+        return f"the channels come last; pass {p.arg}.permute(0, {order})"
+    if _fits(moved[1:], shape):
+        order = ", ".join(map(str, (n - 2, *range(n - 2))))
+        return f"one example with the channels last; pass {p.arg}.permute({order}).unsqueeze(0)"
+    return ""
 
 
 def _which(p: InputParams, shape: tuple[int, ...], i: int) -> str:
@@ -273,10 +302,24 @@ def _which(p: InputParams, shape: tuple[int, ...], i: int) -> str:
     return f"dimension {i} must be {d}, not {got}"
 
 
-def _check_dtype(p: InputParams, value: torch.Tensor) -> None:
+_CASTS = {"float32": "float", "float64": "double", "float16": "half", "bfloat16": "bfloat16"}
+"""The Tensor / Module method that casts to a floating-point dtype, by the dtype's name."""
+
+
+def _cast(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return f"{_CASTS[name]}()" if name in _CASTS else f"to({dtype})"
+
+
+def _check_dtype(p: InputParams, value: torch.Tensor, weights: torch.dtype | None = None) -> None:
     import torch
 
     arg, dtype, vocab = p.arg, p.dtype, p.vocab
+    if dtype == "float" and weights is not None and value.is_floating_point() and value.dtype != weights:
+        raise InputError(
+            f"{arg}: got {value.dtype} values, and the model's weights are {weights}; pass "
+            f"{arg}.{_cast(weights)}, or convert the model with model.{_cast(value.dtype)}"
+        )
     if dtype == "long":
         if value.is_floating_point() or value.dtype == torch.bool:
             raise InputError(f"{arg}: expected integer token ids, got {value.dtype}; pass {arg}.long()")

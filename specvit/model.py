@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,9 +95,21 @@ class SpecModel(nn.Module):
             )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs and not all(name in self._arguments() for name in kwargs):
+            from specvit.keywords import foreign_keywords
+
+            kwargs = foreign_keywords(self.graph, self._arguments(), kwargs)  # input_ids= is tokens=
         if self.checks_inputs:
             self._check(args, kwargs)
         return super().__call__(*args, **kwargs)
+
+    def _arguments(self) -> tuple[str, ...]:
+        """The names of the forward's arguments, in order (the generated forward's signature, read once)."""
+        names = self.__dict__.get("_argument_names")
+        if names is None:
+            names = tuple(inspect.signature(self.forward).parameters)
+            object.__setattr__(self, "_argument_names", names)
+        return names
 
     def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         from specvit.inputs import check_inputs
@@ -106,7 +119,28 @@ class SpecModel(nn.Module):
         except TypeError:
             return  # a wrong call: Python's own message names the arguments
         offset = bound.arguments.get("offset", 0)
-        check_inputs(self.graph, dict(bound.arguments), offset=offset if isinstance(offset, int) else 0)
+        check_inputs(
+            self.graph,
+            dict(bound.arguments),
+            offset=offset if isinstance(offset, int) else 0,
+            dtype=self._input_dtype(),
+        )
+
+    def _input_dtype(self) -> torch.dtype | None:
+        """The dtype floating-point inputs must have: the weights'; None where something casts them on the
+        way (autocast, FSDP2's mixed precision) or there are no floating-point weights."""
+        weight = next((p for p in self.parameters() if p.is_floating_point()), None)
+        if weight is None:
+            return None
+        try:
+            if torch.is_autocast_enabled(weight.device.type):
+                return None
+        except RuntimeError:  # a device autocast does not know (meta): nothing computes there anyway
+            return None
+        fsdp = sys.modules.get("torch.distributed.fsdp")  # loaded by whoever sharded the model
+        if fsdp is not None and isinstance(self, getattr(fsdp, "FSDPModule", ())):
+            return None
+        return weight.dtype
 
     @classmethod
     def from_pretrained(

@@ -16,12 +16,13 @@ a user's script works when it imports specvit before timm or transformers.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 __all__ = ["SCHEMAS", "defined_ops", "torchvision_ops"]
 
@@ -62,12 +63,14 @@ def _define_missing() -> list[str]:
     return [schema.partition("(")[0] for schema in missing]
 
 
-class _BeforeMetaRegistrations(importlib.abc.MetaPathFinder):
-    """A finder that finds nothing: asked for :data:`_TRIGGER`, it defines the missing schemas first."""
+class _BeforeMetaRegistrations:
+    """A finder that finds nothing: asked for :data:`_TRIGGER`, it defines the missing schemas first. (A
+    meta path finder needs only ``find_spec``; subclassing ``importlib.abc.MetaPathFinder`` would import
+    ``importlib.resources`` into every ``import specvit``.)"""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    ) -> ModuleSpec | None:
         """Define the schemas when torchvision is about to register kernels for them; find nothing.
 
         Args:
