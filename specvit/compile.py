@@ -19,10 +19,15 @@ from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import graph_of
 from specvit.io import atomic_write
 from specvit.model import MODEL_CLASSES, Block, SpecModel
+from specvit.progress import enabled, stages
 from specvit.resources import available_memory, memory_budget
 from specvit.spec.loader import load_spec
+from specvit.units import format_count
 
 __all__ = ["available_memory", "build_graph", "build_model", "eject", "load_pretrained"]
+
+SHOWN_PARAMS = 50_000_000
+"""Builds of more parameters than this show their stages (ViT-L's, ~300M, takes seconds to initialise)."""
 
 Source = Any  # a Spec, a mapping of spec keys, a spec file's path or a preset's name, or an ArchGraph
 
@@ -64,8 +69,6 @@ def build_graph(
 def _check_fits(
     graph: ArchGraph, device: torch.device, dtype: torch.dtype | None, max_bytes: int | None
 ) -> None:
-    from specvit.units import format_count
-
     if device.type == "meta":
         return
     item = torch.empty((), dtype=dtype or torch.get_default_dtype(), device="meta").element_size()
@@ -90,6 +93,7 @@ def build_model(
     *,
     max_bytes: int | None = None,
     checkpointing: bool = False,
+    progress: bool | None = None,
 ) -> SpecModel:
     """Compile a spec (or its graph, or a spec file) into a PyTorch model.
 
@@ -103,6 +107,8 @@ def build_model(
             available, under the process's cgroup (container) limit too. Building on the meta device is never refused.
         checkpointing: recompute each block's activations in the backward pass instead of storing
             them (``torch.utils.checkpoint``): less memory for one more forward per block in training.
+        progress: show the build's stages on standard error (default: for a model of more than
+            ``SHOWN_PARAMS`` parameters, when standard error is a terminal).
 
     Raises:
         SpecError: for an invalid spec, or weights that would not fit (before anything is allocated).
@@ -114,12 +120,18 @@ def build_model(
     graph = _graph(source, overrides)
     target = torch.device(device or "cpu")
     _check_fits(graph, target, dtype, max_bytes)
-    model = compile_graph(graph, MODEL_CLASSES[graph.kind], Block, dtype)
-    assert isinstance(model, SpecModel)
-    model.set_checkpointing(checkpointing)
-    if target.type != "meta":
-        model.to_empty(device=target)
-        model.init_weights()
+    real = target.type != "meta"
+    show = progress if progress is not None else (enabled() and real and graph.total_params > SHOWN_PARAMS)
+    with stages(f"build {graph.name}", 3 if real else 1, show=show) as step:
+        step("compile the modules")
+        model = compile_graph(graph, MODEL_CLASSES[graph.kind], Block, dtype)
+        assert isinstance(model, SpecModel)
+        model.set_checkpointing(checkpointing)
+        if real:
+            step(f"allocate {format_count(graph.total_params)} parameters on {target}")
+            model.to_empty(device=target)
+            step("initialise the weights")
+            model.init_weights()
     return model
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 OUT = ROOT / "build" / "diagrams"
 REAL_LIMIT = 130_000_000  # parameters: larger models are built on the meta device
+STEPS = 300  # training steps of the reverser
 
 
 def models() -> int:
@@ -26,6 +27,7 @@ def models() -> int:
     from specvit import SpecError, build_graph, build_model, load_spec
     from specvit.diagram import RenderError, render
     from specvit.export import example_inputs
+    from specvit.progress import stages
     from specvit.units import FLOPS, format_count, format_sizes
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -35,25 +37,30 @@ def models() -> int:
     )
     status = 0
     for path in sorted(SPECS.glob("*.yaml")):
-        try:
-            spec = load_spec(path)
-            graph = build_graph(spec)  # the sizes summary counts at: B=1, S=128 (or max_len if shorter)
-        except SpecError as exc:
-            print(exc, file=sys.stderr)
-            status = 2
-            continue
-        try:
-            render(graph, OUT / f"{spec.name}.svg")
-        except RenderError as exc:
-            print(f"  (diagram not rendered: {exc})", file=sys.stderr)
-        device = "cpu" if graph.total_params <= REAL_LIMIT else "meta"
-        torch.manual_seed(0)
-        model = build_model(graph, device=device).eval()
-        inputs = example_inputs(model, batch=1)
-        with torch.no_grad():
-            out = model(*inputs)  # warm-up: the first call pays one-off kernel selection
-            start = time.perf_counter()
-            out = model(*inputs)
+        with stages(path.name, 4) as step:
+            step("validate and lower")
+            try:
+                spec = load_spec(path)
+                graph = build_graph(spec)  # the sizes summary counts at: B=1, S=128 (or max_len if shorter)
+            except SpecError as exc:
+                print(exc, file=sys.stderr)
+                status = 2
+                continue
+            step(f"render {OUT.relative_to(ROOT)}/{spec.name}.svg")
+            try:
+                render(graph, OUT / f"{spec.name}.svg")
+            except RenderError as exc:
+                print(f"  (diagram not rendered: {exc})", file=sys.stderr)
+            device = "cpu" if graph.total_params <= REAL_LIMIT else "meta"
+            step(f"build on {device}")
+            torch.manual_seed(0)
+            model = build_model(graph, device=device, progress=False).eval()
+            step("forward")
+            inputs = example_inputs(model, batch=1)
+            with torch.no_grad():
+                out = model(*inputs)  # warm-up: the first call pays one-off kernel selection
+                start = time.perf_counter()
+                out = model(*inputs)
         took = f"{(time.perf_counter() - start) * 1000:.0f} ms" if device == "cpu" else "-"
         shape_in = "x".join(str(d) for d in inputs[0].shape) + (" +tgt" if len(inputs) > 1 else "")
         outs = out.items() if isinstance(out, dict) else [("", out)]  # DETR returns {"logits", "boxes"}
@@ -78,25 +85,31 @@ def reverse() -> None:
 
     from specvit.compile import build_model
     from specvit.model import EncoderDecoderModel
+    from specvit.progress import stages
 
     torch.manual_seed(0)
     model = build_model(SPECS / "tiny_seq2seq.yaml")
     assert isinstance(model, EncoderDecoderModel)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    print(f"\ntraining a tiny encoder-decoder to reverse 8 digits ({STEPS} steps of 64)", flush=True)
     start = time.perf_counter()
-    for _ in range(300):
-        src = torch.randint(2, 12, (64, 8))
-        tgt = src.flip(1)
-        tgt_in = torch.cat((torch.ones(64, 1, dtype=torch.long), tgt[:, :-1]), dim=1)
-        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt.flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with stages("train", STEPS) as step:
+        for i in range(STEPS):
+            src = torch.randint(2, 12, (64, 8))
+            tgt = src.flip(1)
+            tgt_in = torch.cat((torch.ones(64, 1, dtype=torch.long), tgt[:, :-1]), dim=1)
+            loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if i % 10 == 0:
+                shown = f"loss {loss.item():.4f}"
+            step(shown)
     model.eval()
     src = torch.randint(2, 12, (3, 8))
     out = model.generate(src, 8, bos_id=1)[:, 1:]
     print(
-        f"\nreverser ({sum(p.numel() for p in model.parameters()):,} params) trained 300 steps in "
+        f"reverser ({sum(p.numel() for p in model.parameters()):,} params) trained {STEPS} steps in "
         f"{time.perf_counter() - start:.1f} s, final loss {loss.item():.4f}; greedy decoding (KV cache):"
     )
     for s, o in zip(src.tolist(), out.tolist(), strict=True):

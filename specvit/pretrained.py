@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from specvit.interop.hf import from_hf
 from specvit.interop.timm import from_timm
 from specvit.io import Unreadable, open_regular
 from specvit.model import SpecModel
+from specvit.progress import amount, enabled
 from specvit.resources import memory_budget
 from specvit.spec.schema import Spec
 from specvit.weights import INDEX_FILE, WEIGHTS_FILE, Weights, directory_weights
@@ -39,6 +40,9 @@ CONFIG_FILE = "config.json"
 HUB_FILES = [CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, "model-*-of-*.safetensors"]
 """What is downloaded of a Hub repository: the config and the safetensors weights, never a pickle (a
 ``pytorch_model.bin``) nor other copies of the weights some repositories carry."""
+
+SHOWN_BYTES = 1 << 30
+"""Checkpoints of more bytes than this show a bar while they are read."""
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # ``gpt2``, ``meta-llama/Llama-3.2-1B``
 
@@ -148,10 +152,12 @@ def _load(
     assigned: nothing is allocated but the tensors themselves."""
     model = build_model(spec, device="meta", dtype=dtype)
     expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    size = tensors.nbytes() if isinstance(tensors, Weights) else 0
     if isinstance(tensors, Weights) and tensors.device.type == "cpu":
-        _check_fits(tensors.nbytes(), where)
+        _check_fits(size, where)
     try:
-        state = convert_state_dict(tensors, source, spec)
+        with amount(f"read {Path(where).name}", size, show=enabled() and size > SHOWN_BYTES) as advance:
+            state = convert_state_dict(_Reading(tensors, advance), source, spec)
     except SpecError:  # a weights file refused as it is read
         raise
     except ValueError as exc:  # the converter names every key it cannot place, one kind per line
@@ -169,6 +175,29 @@ def _load(
         raise SpecError([Problem("", p, "", Location(where)) for p in problems])
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
+
+
+class _Reading(Mapping[str, Tensor]):
+    """``tensors``, telling ``advance`` the bytes of each tensor the first time it is read."""
+
+    def __init__(self, tensors: Mapping[str, Tensor], advance: Callable[[int], None]):
+        self.tensors, self.advance, self.seen = tensors, advance, set[str]()
+
+    def __getitem__(self, key: str) -> Tensor:
+        tensor = self.tensors[key]
+        if key not in self.seen:
+            self.seen.add(key)
+            self.advance(tensor.nbytes)
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __contains__(self, key: object) -> bool:  # without reading the tensor, as Mapping's would
+        return key in self.tensors
 
 
 def _check_fits(size: int, where: str) -> None:

@@ -10,7 +10,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 
-__all__ = ["enabled", "stages"]
+__all__ = ["amount", "enabled", "stages"]
 
 
 def enabled(quiet: bool = False) -> bool:
@@ -60,3 +60,39 @@ def stages(title: str, total: int, show: bool | None = None) -> Iterator[Callabl
 
         yield step
         bar.update(task, completed=total)
+
+
+@contextlib.contextmanager
+def amount(title: str, total: int, show: bool | None = None) -> Iterator[Callable[[int], None]]:
+    """A bar of ``total`` bytes with the bytes done, the rate and the time elapsed.
+
+    Yields ``advance(n)``: call it as each ``n`` bytes are done.
+
+    Args:
+        title: what is being done, e.g. ``read llama-3b``.
+        total: the bytes the work reads.
+        show: force it on or off; default :func:`enabled`.
+    """
+    if not (enabled() if show is None else show):
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(title, total=total)
+        yield lambda n: bar.advance(task, n)
