@@ -580,6 +580,44 @@ CASES: list[Case] = [
         "a Cyrillic 'а' (U+0430) that looks like 'a'; did you mean 'layernorm'?)",
         text=_valid_with("kind: layernorm", "kind: l\u0430yernorm"),
     ),
+    Case(
+        "line_separator",
+        "a U+2028 LINE SEPARATOR in a comment, with a real error further down (PyYAML breaks the line there)",
+        "1:15: a line separator (U+2028): a line break to YAML that editors do not show, so every later line "
+        "would be numbered wrong (delete it; inside double quotes, write it as the escape \\u2028)",
+        text=_valid_with("specvit: 1", "specvit: 1 # a\u2028b").replace(b"heads: 12", b"heads: -1"),
+    ),
+    Case(
+        "nel_in_value",
+        "a NEL (U+0085) inside a quoted name",
+        "2:9: a NEL next-line character (U+0085): a line break to YAML",
+        text=_valid_with("name: tiny", 'name: "t\u0085iny"'),
+    ),
+    Case(
+        "nbsp_indent",
+        "a no-break space (U+00A0) in the indentation of a key",
+        "9:1: a no-break space (U+00A0) in the indentation (indent with plain spaces: retype the start of the line)",
+        text=_valid_with("  depth: 2", "\u00a0 depth: 2"),
+    ),
+    Case(
+        "nbsp_after_colon",
+        "a no-break space after a key's colon (`heads:\\u00a012`)",
+        "11:11: a no-break space (U+00A0) after 'heads:' (write a plain space after the colon)",
+        text=_valid_with("heads: 12", "heads:\u00a012"),
+    ),
+    Case(
+        "fullwidth_colon",
+        "a fullwidth colon after a key (`depth：2`)",
+        "9:8: a fullwidth colon (U+FF1A) after 'depth' (write an ASCII colon: 'depth: ')",
+        text=_valid_with("  depth: 2", "  depth\uff1a 2"),
+    ),
+    Case(
+        "fullwidth_digit",
+        "a fullwidth digit where a number goes (`depth: ２`)",
+        "9:10: encoder.depth: expected an integer, got '\\uff12' (write 2: it contains a Fullwidth '２' "
+        "(U+FF12) that looks like '2')",
+        text=_valid_with("depth: 2", "depth: \uff12"),
+    ),
     # --- the spec path itself
     Case(
         "path_missing",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from typing import Any
 
 from specvit.errors import Problem
@@ -80,6 +81,14 @@ _ALIASES = {
 
 def _number_hint(value: str, kind: str) -> str:
     """The fix for a string where a number goes: unquote it if it is one, else say what a number looks like."""
+    odd = with_oddities(value)
+    if odd:  # `２` (fullwidth), `2` + a no-break space: Python's float() reads them, YAML does not
+        folded = unicodedata.normalize("NFKC", value).strip()
+        return (
+            f"write {folded}: {odd}"
+            if folded.isascii() and _numeric(folded)
+            else f"write it in ASCII digits: {odd}"
+        )
     if _numeric(value):
         return f"write the number without quotes: {value.strip()}"
     if any(c.isdigit() for c in value):  # `2024-05-01` is a string (YAML 1.2), not a number to unquote

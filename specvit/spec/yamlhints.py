@@ -1,11 +1,73 @@
 """Plain-words explanations of YAML layout mistakes (a key indented wrong, a `: ` inside a value), with the
-columns to use, for :mod:`specvit.spec.yamlread`."""
+columns to use, and the characters that pass for YAML's own but are not, for :mod:`specvit.spec.yamlread`."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import unicodedata
+from typing import Any, NamedTuple
 
-__all__ = ["layout_problem"]
+__all__ = ["Stray", "layout_problem", "stray_characters"]
+
+_BREAKS = "\u0085\u2028\u2029"
+"""Line breaks to YAML 1.1 (PyYAML) that editors draw as nothing: every later line number would be off."""
+_SPACES = "\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+"""Spaces other than U+0020, which YAML does not read as the space its syntax needs."""
+_INDENT = re.compile(f"^ *[{_SPACES}][ {_SPACES}]*")
+_AFTER_KEY = re.compile(f"^ *(?:- +)*([A-Za-z_][\\w.-]*) *(?:(\uff1a|\ufe55|\ufe13)|:([{_SPACES}]))")
+"""``key：`` with a fullwidth (or small, or vertical) colon, or ``key:`` followed by a no-break space."""
+
+
+_NAMES = {"\u0085": "NEL next-line character"}
+
+
+def _named(ch: str) -> str:
+    name = _NAMES.get(ch) or unicodedata.name(ch, "").lower()
+    return f"a {name} (U+{ord(ch):04X})"
+
+
+class Stray(NamedTuple):
+    """A character that passes for YAML syntax but is not one, where an editor shows it (1-based)."""
+
+    line: int
+    column: int
+    message: str
+    hint: str
+    breaks_lines: bool
+    """A line break to YAML an editor does not show: refused wherever it is, as every later line would be
+    numbered wrong; the others are pointed out when the document does not parse."""
+
+
+def stray_characters(text: str) -> list[Stray]:
+    """Each character that looks like YAML syntax to a reader but is not, in the order of the text.
+
+    Line breaks editors do not show (U+2028, U+2029, NEL) anywhere; spaces other than U+0020 in indentation
+    or after a key's colon; a fullwidth colon after a key. Lines and columns count as editors do (only
+    ``\\n`` breaks a line).
+
+    Args:
+        text: the YAML document.
+    """
+    found: list[Stray] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        for match in re.finditer(f"[{_BREAKS}]", line):
+            found.append(Stray(number, match.start() + 1, f"{_named(match.group())}: a line break to YAML that "
+                               "editors do not show, so every later line would be numbered wrong",
+                               f"delete it; inside double quotes, write it as the escape \\u{ord(match.group()):04x}",
+                               True))  # fmt: skip
+        indent = _INDENT.match(line)
+        if indent:
+            odd = next(c for c in indent.group() if c != " ")
+            found.append(Stray(number, indent.group().index(odd) + 1, f"{_named(odd)} in the indentation",
+                               "indent with plain spaces: retype the start of the line", False))  # fmt: skip
+        key = _AFTER_KEY.match(line)
+        if key and key.group(2):
+            found.append(Stray(number, key.start(2) + 1, f"{_named(key.group(2))} after '{key.group(1)}'",
+                               f"write an ASCII colon: '{key.group(1)}: '", False))  # fmt: skip
+        elif key and key.group(3):
+            found.append(Stray(number, key.start(3) + 1, f"{_named(key.group(3))} after '{key.group(1)}:'",
+                               "write a plain space after the colon", False))  # fmt: skip
+    return found
 
 
 def layout_problem(problem: str, mark: Any, context_mark: Any, text: str) -> tuple[str, str] | None:

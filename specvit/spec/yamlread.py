@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec.yamlhints import layout_problem
+from specvit.spec.yamlhints import Stray, layout_problem, stray_characters
 from specvit.text import quote
 
 __all__ = [
@@ -441,13 +441,16 @@ def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap
             ) from None
     if len(text) > MAX_BYTES:
         raise too_big(len(text), file)
+    strays = [] if text.isascii() else stray_characters(text)
+    if any(s.breaks_lines for s in strays):
+        raise SpecError([_stray(s, file) for s in strays if s.breaks_lines])
     try:
         _check_nesting(text, file)
         node = yaml.compose(text, Loader=_Loader)
     except _TooDeep as exc:
         raise _too_deep(_loc(file, exc.mark)) from None
-    except yaml.YAMLError as exc:
-        raise SpecError(_yaml_problem(exc, file, text)) from None
+    except yaml.YAMLError as exc:  # a look-alike of YAML's syntax is the cause when there is one
+        raise SpecError([_stray(s, file) for s in strays] or _yaml_problem(exc, file, text)) from None
     if node is None:
         raise SpecError.at(
             "the file holds no YAML document",
@@ -459,6 +462,10 @@ def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap
     if converter.problems:
         raise SpecError(converter.problems)
     return data, converter.source
+
+
+def _stray(stray: Stray, file: str) -> Problem:
+    return Problem("", stray.message, stray.hint, Location(file, stray.line, stray.column))
 
 
 def too_big(size: int, file: str) -> SpecError:
