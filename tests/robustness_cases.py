@@ -618,6 +618,16 @@ CASES: list[Case] = [
         "(U+FF12) that looks like '2')",
         text=_valid_with("depth: 2", "depth: \uff12"),
     ),
+    Case(
+        "node_name_keyword",
+        "a block-graph node named after a Python keyword or a module attribute (`name: def`, `training`)",
+        "13:16: encoder.block.graph.0.name: 'def' is a Python keyword (rename it, e.g. def_)",
+        text=_valid_with(
+            "    layers: [self_attention, mlp]\n",
+            "    graph:\n      - {name: def, op: self_attention, inputs: [x]}\n"
+            "      - {name: training, op: add, inputs: [x, def]}\n",
+        ),
+    ),
     # --- the spec path itself
     Case(
         "path_missing",

@@ -3,7 +3,10 @@ of its position kinds."""
 
 from __future__ import annotations
 
+import keyword
 from functools import partial
+
+from torch import nn
 
 from specvit.errors import Problem
 from specvit.ops.facts import unless_undetermined
@@ -11,6 +14,10 @@ from specvit.ops.inputs import divisors_near
 from specvit.ops.vitdet import window_problems
 from specvit.spec.block import BlockSpec, LayerOverride
 from specvit.spec.schema import Spec, StackSpec
+
+RESERVED_NAMES = frozenset(keyword.kwlist) | frozenset(dir(nn.Module())) | {"checkpointing"}
+"""Names a block-graph node cannot take: each node is an attribute of the generated block (an nn.Module;
+``checkpointing`` is specvit's Block's own) and a name in its generated forward."""
 
 __all__ = ["check_layers", "check_positions"]
 
@@ -357,6 +364,13 @@ def _graph(at: str, b: BlockSpec) -> list[Problem]:
     for i, node in enumerate(b.graph):
         if node.name in seen:
             out.append(Problem(f"{at}.graph.{i}.name", f"{node.name!r} is defined twice", "rename one"))
+        elif node.name in RESERVED_NAMES:  # the node is an attribute of the block's module, in generated code
+            what = (
+                "a Python keyword" if keyword.iskeyword(node.name) else "an attribute of every torch module"
+            )
+            out.append(
+                Problem(f"{at}.graph.{i}.name", f"{node.name!r} is {what}", f"rename it, e.g. {node.name}_")
+            )
         if (node.op == "add") != (len(node.inputs) > 1):
             out.append(
                 Problem(
