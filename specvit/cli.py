@@ -160,6 +160,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             dpi=args.dpi,
             flops=args.flops,
             macs=args.macs,
+            plumbing=args.plumbing,
         )
     except RenderError as exc:
         _say(f"specvit render: {exc}", err=True)
@@ -354,6 +355,12 @@ def _add_writing(sub: Any) -> None:
         "--flops",
         action="store_true",
         help="write each node's FLOPs beside its parameters (and the useful part of a masked attention's)",
+    )
+    p.add_argument(
+        "--plumbing",
+        action="store_true",
+        help="also draw the run-time plumbing: padding masks, the KV cache and the decoding offset, with "
+        "their edges into every attention (left out by default)",
     )
     add_macs(p)
     add_set(p)

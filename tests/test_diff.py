@@ -319,9 +319,14 @@ def test_o_outlines_each_drawn_box_of_a_changed_run() -> None:
     assert marked(rows, b, "expanded") == expanded == _outlined(highlight(to_dot(b, "expanded"), expanded))
     swin = "swin_tiny_patch4_window7_224"
     a, b = specvit.build_graph(swin), specvit.build_graph(swin, {"encoder.block.window.size": 14})
+    # stage 0's attention, and the boxes drawing its shifted block and stages 1 and 2 (stage 2, 14x14, is one
+    # unshifted window now); stage 3 (7x7) is unchanged
     assert marked(diff_graphs(a, b), b) == {
-        f"encoder.stages.{s}.blocks.{i}.attn" for s, i in [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
-    }  # stage 2 (14x14) is one unshifted window now, its 6 blocks one run drawn once; stage 3 (7x7) unchanged
+        "encoder.stages.0.blocks.0.attn",
+        "encoder.stages.0.blocks.1",
+        "encoder.stages.1.blocks.0-1",
+        "encoder.stages.2",
+    }
     rewired = specvit.build_graph(TINY, {"encoder.block.norm.placement": "post"})
     assert marked(diff_graphs(specvit.build_graph(TINY), rewired), rewired) == {
         "encoder.blocks.0.norm1", "encoder.blocks.0.attn", "encoder.blocks.0.norm2", "encoder.blocks.0.mlp",

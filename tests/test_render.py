@@ -61,16 +61,18 @@ def test_dot_of_mnist_vit_labels_every_node() -> None:
     assert "B x 1 x 28 x 28" in nodes["encoder.input"]
     assert "512 → 10" in nodes["head.fc"] and "B x 10 · 5.1K params" in nodes["head.fc"]
     assert "shape=circle" in nodes["encoder.blocks.0.add1"]
-    # title: name, total params and FLOPs
-    assert "<b>mnist_vit</b>" in dot and "2.1M params · 72.7M FLOPs (2 x MACs) at B=1" in dot
-    # one colour per op kind, and a legend naming them
+    # title: name, total params and FLOPs, and under them the legend
+    title = re.findall(r"^\tgraph \[.*label=(<<TABLE.*</TABLE>>)", dot, re.M)[0]
+    assert "<B>mnist_vit</B>" in title and "2.1M params · 72.7M FLOPs (2 x MACs) at B=1" in title
+    # one colour per op kind, and a legend naming them: a swatch per colour in use, then the edge styles
     kinds = ("blocks.0.attn", "blocks.0.mlp", "blocks.0.norm1", "patch_embed", "input")
     fills = {re.findall(r'fillcolor="(#\w+)"', nodes[f"encoder.{n}"])[0] for n in kinds}
     fills.add(re.findall(r'fillcolor="(#\w+)"', nodes["head.fc"])[0])
     assert len(fills) == 6
-    legend = nodes["legend"]  # one compact table: a swatch per colour in use, then the edge styles
-    assert "cluster_legend" in dot and ">attention</TD>" in legend and "residual (skip) into +" in legend
-    assert _clusters(dot) == ["encoder", "encoder.blocks.0", "head", "legend"]
+    swatches = re.findall(r'<TD BGCOLOR="(#\w+)"[^>]*>([^<]+)</TD>', title)
+    assert {fill for fill, _ in swatches} == fills and ("#fbd9bd", "attention") in swatches
+    assert "residual (skip) into +" in title and "memory" not in title  # no encoder output here
+    assert "legend" not in nodes and _clusters(dot) == ["encoder", "encoder.blocks.0", "head"]
 
 
 def test_collapsed_view_draws_a_run_of_blocks_once() -> None:
@@ -110,8 +112,9 @@ def test_memory_edges_reach_every_drawn_cross_attention(view: View, count: int) 
     encoder_out = "encoder.blocks.0.norm2" if view == "collapsed" else "encoder.blocks.5.norm2"
     assert {u for u, _ in memory} == {encoder_out}
     assert all("constraint=false" in attrs for _, _, attrs in _edges(dot) if "style=dashed" in attrs)
-    clusters = _clusters(dot)  # encoder and decoder, each block drawn, head and legend
-    assert clusters[0] == "encoder" and "decoder" in clusters and clusters[-2:] == ["head", "legend"]
+    clusters = _clusters(dot)  # encoder and decoder, each block drawn, head
+    assert clusters[0] == "encoder" and "decoder" in clusters and clusters[-1] == "head"
+    assert "- - - memory: encoder output" in dot  # in the legend
     assert sum(c.startswith("decoder.blocks.") for c in clusters) == count
 
 

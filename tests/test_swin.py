@@ -119,11 +119,18 @@ def test_graph_has_stages_with_token_counts_and_widths() -> None:
 def test_diagram_draws_plain_and_shifted_windows() -> None:
     from specvit.diagram import to_dot
 
-    dot = to_dot(specvit.build_graph(specvit.load_spec(TINY)))
-    assert dot.count("7x7 windows · not shifted") == 4  # stage 0, 1 block 0, stage 2's plain run, stage 3
-    assert dot.count("7x7 windows · shifted by 3") == 3  # stage 0, 1 block 1, stage 2's shifted run
-    assert "encoder.stages.2.blocks.0,2,4 &#160;x3" in dot or "encoder.stages.2.blocks.0,2,4  x3" in dot
-    assert dot.count("2x2 tokens") == 3
+    graph = specvit.build_graph(specvit.load_spec(TINY))
+    dot = to_dot(graph)
+    # stage 0 drawn block by block: its plain block in full, its shifted block as a box saying what differs;
+    # stages 1-3 as boxes repeating it (stage 3's 7x7 grid is one window: its second block is not shifted)
+    assert dot.count("7x7 windows · not shifted") == 2  # stage 0's block 0, stage 3's box
+    assert dot.count("attn: 7x7 windows · shifted by 3") == 1  # stage 0's block 1
+    assert "6 blocks: encoder.stages.0.blocks.0-1 x3" in dot  # stage 2: the plain, shifted pattern x3
+    assert dot.count("2x2 tokens") == 3  # stage 1's merge drawn, stage 2's and 3's in their boxes
+    expanded = to_dot(graph, "expanded")  # every block in full
+    assert (
+        expanded.count("7x7 windows · not shifted") == 7 and expanded.count("7x7 windows · shifted by 3") == 5
+    )
 
 
 @pytest.mark.parametrize(

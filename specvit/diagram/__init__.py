@@ -48,6 +48,7 @@ def render(
     direction: Direction = "TB",
     flops: bool = False,
     macs: bool = False,
+    plumbing: bool = False,
 ) -> Diagram: ...
 
 
@@ -61,6 +62,7 @@ def render(
     dpi: int | None = None,
     flops: bool = False,
     macs: bool = False,
+    plumbing: bool = False,
 ) -> Path: ...
 
 
@@ -73,6 +75,7 @@ def render(
     dpi: int | None = None,
     flops: bool = False,
     macs: bool = False,
+    plumbing: bool = False,
 ) -> Path | Diagram:
     """Draw a model into a file whose extension picks the format, or, without a path, into a
     :class:`Diagram` that notebooks display inline.
@@ -91,6 +94,8 @@ def render(
         flops: write each node's FLOPs beside its parameters (Graphviz formats), and the useful part of
             an attention whose causal mask or sliding window hides pairs.
         macs: print FLOPs as multiply-adds (MACs, half as many): in the title, and on the nodes with ``flops``.
+        plumbing: also draw the run-time plumbing (padding masks, the KV cache, the decoding offset) and its
+            edges into every attention; by default they are left out (the graph and the model have them).
 
     Returns:
         The path written, or the Diagram.
@@ -119,18 +124,19 @@ def render(
     nodes = len(graph.nx)
     if view == "expanded" and nodes > MAX_BOXES:  # before planning: the plan of a huge graph is slow too
         raise RenderError(_too_many(shown, nodes, view))
-    boxes = len(plan(graph, view).boxes)
+    boxes = len(plan(graph, view, plumbing=plumbing).boxes)
     if boxes > MAX_BOXES:
         raise RenderError(_too_many(shown, boxes, view))
     unit = flop_unit(macs)
+    dot = to_dot(graph, view, direction, flops=flops, unit=unit, plumbing=plumbing)
     if path is None:
-        return Diagram(graph, to_dot(graph, view, direction, flops=flops, unit=unit), view, direction, unit)
+        return Diagram(graph, dot, view, direction, unit, plumbing=plumbing)
     if suffix == ".mmd":
-        atomic_write(target, to_mermaid(graph, view, direction, unit))
+        atomic_write(target, to_mermaid(graph, view, direction, unit, plumbing=plumbing))
     elif suffix == ".dot":
-        atomic_write(target, to_dot(graph, view, direction, flops=flops, unit=unit))
+        atomic_write(target, dot)
     else:
-        draw_dot(with_dpi(to_dot(graph, view, direction, flops=flops, unit=unit), dpi), target)
+        draw_dot(with_dpi(dot, dpi), target)
     return target
 
 

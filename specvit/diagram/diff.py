@@ -230,18 +230,15 @@ def marked(rows: list[DiffRow], b: ArchGraph, view: View = "collapsed") -> set[s
         b: the graph after, the one drawn.
         view: ``collapsed`` or ``expanded``, as drawn.
     """
-    boxes = plan(b, view).boxes
-    fold = b.fold() if view == "collapsed" else {}
+    drawn = plan(b, view).drawn
     out: set[str] = set()
     for r in rows:
         if r.status not in OUTLINED or r.path == MODEL:
             continue
         for p in r.paths:
             for n in [p] if p in b else [n for n in b if b[n]["block"] == p]:
-                block = b[n]["block"]
-                box = fold[block].rep + n[len(block) :] if block in fold else n
-                if box in boxes:
-                    out.add(box)
+                if n in drawn:
+                    out.add(drawn[n])
     return out
 
 

@@ -48,7 +48,18 @@ ENGINE_FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
 LINK_COLORS: dict[str, str] = {"flow": "#404040", "residual": "#8c8c8c", "memory": "#1f6fd1"}
 """Edge kind -> colour."""
 
-FONT = "Helvetica,Arial,sans-serif"
+FONT = "DejaVu Sans,Arial,Helvetica,sans-serif"
+"""The font: DejaVu Sans where it is installed (every Debian-like system; fontconfig resolves it the same for
+Graphviz and for librsvg, so both measure and draw the same glyphs), and the common sans fonts, narrower
+than it, elsewhere: a viewer lacking DejaVu draws the labels narrower than Graphviz measured them."""
+
+TEXT, CAPTION, TITLE = "9.5", "11", "14"
+"""Font sizes of the box lines, notes and legend; of the captions and the totals; of the title. Pango (the
+text layout of the Graphviz that pygraphviz bundles) measures with each glyph's advance rounded to whole
+pixels at 96 dpi. At 10 points that comes out up to 4.5% narrower than the text is drawn by a renderer
+placing glyphs at their true advances (librsvg, browsers): a 350-point label then overflows its box. At
+these sizes the rounding measures every label of the presets at least as wide as it is drawn
+(``tests/test_render.py`` checks the text extents against the boxes with DejaVu Sans's own metrics)."""
 
 
 class RenderError(RuntimeError):
@@ -72,19 +83,18 @@ def _box_label(box: Box) -> str:
     return "<" + "<br/>".join(lines) + ">"
 
 
-def _caption(title: str, note: str, size: int, *, left: bool = False) -> str:
+def _caption(title: str, note: str, *, left: bool = False) -> str:
     """An HTML-like label: a bold title and, under it, a smaller grey note.
 
     Args:
         title: the first line.
         note: the second line, or empty for none.
-        size: the font size of the title; the note is 2 points smaller.
         left: left-align the lines (for left-justified cluster labels).
     """
     br = '<br align="left"/>' if left else "<br/>"
     text = f"<b>{_esc(title)}</b>"
     if note:
-        text += f'{br}<font point-size="{size - 2}" color="#505050">{_esc(note)}</font>'
+        text += f'{br}<font point-size="{TEXT}" color="#505050">{_esc(note)}</font>'
     return f"<{text}{br if left else ''}>"
 
 
@@ -94,7 +104,11 @@ _CLUSTER_STYLE: dict[str, dict[str, str]] = {
     "head": {"style": "rounded", "color": "#8346a0", "penwidth": "1.2", "labelloc": "b"},
     "block": {"style": "rounded,filled", "color": "#b5b5b5", "fillcolor": "#f7f7f7"},
     "folded": {"style": "rounded,filled", "color": "#6f6f6f", "fillcolor": "#f2f2f2", "penwidth": "2"},
+    "repeat": {"style": "rounded,dashed", "color": "#6f6f6f", "penwidth": "2"},
 }
+
+BLOCKS_STYLE = {"fillcolor": "#f2f2f2", "color": "#6f6f6f", "penwidth": "2"}
+"""A box standing for whole blocks: the look of a folded block's cluster."""
 
 
 def _add_box(dot: graphviz.Digraph, box: Box) -> None:
@@ -113,8 +127,15 @@ def _add_box(dot: graphviz.Digraph, box: Box) -> None:
             color=border,
             tooltip=tooltip,
         )
+    elif box.kind == "blocks":
+        dot.node(box.id, _box_label(box), tooltip=tooltip, **BLOCKS_STYLE)
     else:
         dot.node(box.id, _box_label(box), fillcolor=fill, color=border, tooltip=tooltip)
+
+
+def _first_box(member: str | Cluster) -> str:
+    """The first box drawn in a member."""
+    return member if isinstance(member, str) else _first_box(member.members[0])
 
 
 def _add_member(dot: graphviz.Digraph, member: str | Cluster, scene: Scene) -> None:
@@ -125,25 +146,27 @@ def _add_member(dot: graphviz.Digraph, member: str | Cluster, scene: Scene) -> N
     with dot.subgraph(name=f"cluster_{member.id}") as sub:
         sub.attr(**_CLUSTER_STYLE[member.kind])
         members = member.members
-        if member.kind in ("block", "folded"):
+        if member.kind in ("block", "folded", "repeat"):
             # A block's caption is a node beside its first box rather than a cluster label: the edge
-            # entering the block would run across a label, while edges go round nodes.
+            # entering the block would run across a label, while edges go round nodes. A frame's caption
+            # stands beside the first box of its first block, outside that block.
             sub.attr(label="")  # DOT clusters inherit their parent's label
             with sub.subgraph() as row:
                 row.attr(rank="same")
                 row.node(
                     f"{member.id} (caption)",
-                    _caption(member.title, member.note, 11, left=True),
+                    _caption(member.title, member.note, left=True),
                     shape="plaintext",
                     style="",
-                    fontsize="11",
+                    fontsize=CAPTION,
                 )
-                _add_member(row, members[0], scene)
-            members = members[1:]
+                if member.kind == "repeat":
+                    row.node(_first_box(member))
+                else:
+                    _add_member(row, members[0], scene)
+                    members = members[1:]
         else:
-            sub.attr(
-                label=_caption(member.title, member.note, 12, left=member.kind == "stack"), fontsize="12"
-            )
+            sub.attr(label=_caption(member.title, member.note, left=member.kind == "stack"), fontsize=CAPTION)
         for m in members:
             _add_member(sub, m, scene)
 
@@ -151,27 +174,34 @@ def _add_member(dot: graphviz.Digraph, member: str | Cluster, scene: Scene) -> N
 _EDGE_LEGEND = {"residual": "—— residual (skip) into +", "memory": "- - - memory: encoder output"}
 
 
-def _legend(dot: graphviz.Digraph, scene: Scene) -> None:
-    """The legend: one compact table node, a swatch per colour category in use, then the edge styles in use.
+def _title(scene: Scene) -> str:
+    """The graph's label: the title, the totals, and under them the legend: one row of a swatch per colour
+    category in use, then the edge styles in use.
 
-    One node takes one rank, so the legend neither deepens a rank of the model nor stretches beside it.
+    The legend is part of the title, not a node: a node takes a rank (in a top-to-bottom layout, its height
+    would push the model's second rank down) and Graphviz places it where the ranks put it (in a
+    left-to-right layout, above the first column, far from the rest); under the title it stays beside the
+    graph in both directions.
     """
-    rows = ['<TR><TD BORDER="0"><B>legend</B></TD></TR>']
-    for category in scene.categories:
-        fill, border, text = CATEGORIES[category]
-        rows.append(
-            f'<TR><TD BGCOLOR="{fill}" COLOR="{border}" STYLE="rounded">{html.escape(text)}</TD></TR>'
-        )
+    cells = [
+        f'<TD BGCOLOR="{fill}" COLOR="{border}" STYLE="rounded">{_esc(text)}</TD>'
+        for fill, border, text in (CATEGORIES[c] for c in scene.categories)
+    ]
     kinds = {link.kind for link in scene.links}
-    for kind, text in _EDGE_LEGEND.items():
-        if kind in kinds:
-            rows.append(
-                f'<TR><TD BORDER="0"><FONT COLOR="{LINK_COLORS[kind]}">{html.escape(text)}</FONT></TD></TR>'
-            )
-    table = '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="3" CELLPADDING="2">' + "".join(rows) + "</TABLE>>"
-    with dot.subgraph(name="cluster_legend") as sub:
-        sub.attr(label="", style="rounded", color="#c8c8c8")
-        sub.node("legend", table, shape="plaintext", style="", fontsize="9", margin="0")
+    cells += [
+        f'<TD BORDER="0"><FONT COLOR="{LINK_COLORS[k]}">{_esc(text)}</FONT></TD>'
+        for k, text in _EDGE_LEGEND.items()
+        if k in kinds
+    ]
+    legend = f"<TR>{''.join(cells)}</TR>"
+    return (
+        '<<TABLE BORDER="0" CELLSPACING="0" CELLPADDING="1">'
+        f"<TR><TD><B>{_esc(scene.title)}</B></TD></TR>"
+        f'<TR><TD><FONT POINT-SIZE="{CAPTION}" COLOR="#505050">{_esc(scene.subtitle)}</FONT></TD></TR>'
+        f'<TR><TD><FONT POINT-SIZE="{TEXT}"><TABLE ID="legend" BORDER="0" CELLBORDER="1" CELLSPACING="3" '
+        f'CELLPADDING="2">{legend}</TABLE></FONT></TD></TR>'
+        "</TABLE>>"
+    )
 
 
 _LINK_STYLE: dict[str, dict[str, str]] = {
@@ -194,24 +224,23 @@ def scene_to_dot(scene: Scene, direction: Direction = "TB") -> str:
     dot = graphviz.Digraph(scene.title)
     dot.attr(
         "graph",
-        label=_caption(scene.title, scene.subtitle, 14),
+        label=_title(scene),
         labelloc="t",
         fontname=FONT,
-        fontsize="14",
+        fontsize=TITLE,
         rankdir=direction,
         newrank="true",
         splines="ortho",
         nodesep="0.3",
-        ranksep="0.3",
+        ranksep="0.25",
         bgcolor="white",
     )
-    dot.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize="10", margin="0.12,0.05")
+    dot.attr("node", shape="box", style="rounded,filled", fontname=FONT, fontsize=TEXT, margin="0.12,0.05")
     dot.attr("edge", color=LINK_COLORS["flow"], arrowsize="0.6")
     for member in scene.members:
         _add_member(dot, member, scene)
     for link in scene.links:
         dot.edge(link.src, link.dst, **_LINK_STYLE[link.kind])
-    _legend(dot, scene)
     return dot.source
 
 
@@ -222,6 +251,7 @@ def to_dot(
     *,
     flops: bool = False,
     unit: FlopUnit = FLOPS,
+    plumbing: bool = False,
 ) -> str:
     """The diagram of ``graph`` as Graphviz DOT text.
 
@@ -232,8 +262,9 @@ def to_dot(
         flops: also write each node's FLOPs beside its parameters (per block in a folded run), with the
             useful part of an attention whose mask hides pairs (``654.3M FLOPs (useful 629.3M)``).
         unit: what FLOPs are printed in, in the title and on the nodes.
+        plumbing: also draw the run-time plumbing (masks, the KV cache, the decoding offset) and its edges.
     """
-    scene = plan(graph, view, unit)
+    scene = plan(graph, view, unit, plumbing=plumbing)
     if flops:
         boxes = {k: replace(b, params=" · ".join(p for p in (b.params, _flops(graph[k], unit)) if p))
                  for k, b in scene.boxes.items()}  # fmt: skip

@@ -92,7 +92,12 @@ def scene_to_mermaid(scene: Scene, direction: Direction = "TB") -> str:
 
 
 def to_mermaid(
-    graph: ArchGraph, view: View = "collapsed", direction: Direction = "TB", unit: FlopUnit = FLOPS
+    graph: ArchGraph,
+    view: View = "collapsed",
+    direction: Direction = "TB",
+    unit: FlopUnit = FLOPS,
+    *,
+    plumbing: bool = False,
 ) -> str:
     """The diagram of ``graph`` as a Mermaid flowchart.
 
@@ -101,5 +106,6 @@ def to_mermaid(
         view: ``collapsed`` (each run of identical blocks drawn once) or ``expanded`` (every block).
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
         unit: what the title's FLOPs are printed in.
+        plumbing: also draw the run-time plumbing (masks, the KV cache, the decoding offset) and its edges.
     """
-    return scene_to_mermaid(plan(graph, view, unit), direction)
+    return scene_to_mermaid(plan(graph, view, unit, plumbing=plumbing), direction)

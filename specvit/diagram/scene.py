@@ -1,20 +1,35 @@
 """What a diagram shows, whatever language draws it: :func:`plan` reads an
 :class:`~specvit.graph.ir.ArchGraph` into a :class:`Scene`: the boxes to draw with their label lines and
 colour category, the clusters (stacks, blocks, head) and the edges. In the collapsed view a run of repeated
-blocks (:meth:`ArchGraph.fold`) is drawn once, its edges entering the first block and leaving the last, and
-a block whose weights later layers share is drawn once with the number of its runs.
+blocks (:meth:`ArchGraph.fold`) is drawn once, its edges entering the first block and leaving the last, a
+repeating pattern of blocks is drawn once in execution order inside a frame, a block whose weights later
+layers share is drawn once with the number of its runs, and a stage repeating an earlier stage's structure
+is one box (:mod:`specvit.diagram.folds`). The run-time plumbing (masks, the KV cache, the decoding offset)
+is left out unless asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from specvit.graph.ir import ArchGraph, Fold, Shape
+from specvit.diagram.folds import Grouping, Stage, group_blocks
+from specvit.graph.ir import ArchGraph, Shape
 from specvit.units import FLOPS, FlopUnit, format_flops, format_params, format_sizes
 
-__all__ = ["CATEGORIES", "Box", "Cluster", "Link", "Scene", "View", "format_shape", "plan", "subtitle"]
+__all__ = [
+    "CATEGORIES",
+    "PLUMBING_DTYPES",
+    "Box",
+    "Cluster",
+    "Link",
+    "Scene",
+    "View",
+    "format_shape",
+    "plan",
+    "plumbing_nodes",
+    "subtitle",
+]
 
 View = Literal["collapsed", "expanded"]
 LinkKind = Literal["flow", "residual", "memory"]
@@ -35,12 +50,15 @@ class Box:
     """One drawn node.
 
     Args:
-        id: the graph path it stands for (in the collapsed view, the node of its run's first block).
-        op: the op kind, the first line of its label.
+        id: the graph path it stands for (in the collapsed view, the node of its run's first block), or for
+            a box standing for whole blocks, their range (``encoder.stages.2.blocks.0-5``).
+        op: the op kind, the first line of its label (the block range, for blocks).
         category: its colour category, a key of :data:`CATEGORIES`.
         details: key hyperparameters, one short line each.
         shape: the output shape, ``"B x 197 x 768"``.
         params: the parameter count, ``"2.4M params"``, or empty for none.
+        kind: ``op`` (one node) or ``blocks`` (the blocks of a stage drawn as earlier blocks in full;
+            its details say which, and what differs).
     """
 
     id: str
@@ -49,6 +67,7 @@ class Box:
     details: tuple[str, ...]
     shape: str
     params: str
+    kind: Literal["op", "blocks"] = "op"
 
 
 @dataclass
@@ -56,10 +75,12 @@ class Cluster:
     """A group drawn together: a stack, a block (or a run of identical blocks drawn once) or the head.
 
     Args:
-        id: a unique name: the stack or block path.
+        id: a unique name: the stack or block path, or the block range a ``repeat`` frame spans.
         title: the caption, ``"encoder.blocks.0-11  x12"``.
         note: a second, smaller caption line (parameters), or empty.
-        kind: ``stack``, ``block`` (one block), ``folded`` (a run of blocks drawn once) or ``head``.
+        kind: ``stack``, ``block`` (one block), ``folded`` (a run of equal blocks drawn once), ``repeat``
+            (a frame around a pattern of blocks drawn once, in order, its title giving the repeat count)
+            or ``head``.
         members: the ids of the boxes and the clusters directly inside, in execution order.
     """
 
@@ -97,6 +118,7 @@ class Scene:
         boxes: the drawn nodes by id, in execution order.
         members: the top-level clusters (stacks and head) and any box outside them, in execution order.
         links: the drawn edges, each once, in execution order.
+        drawn: graph node -> the id of the box drawing it; a node not drawn (plumbing) is absent.
     """
 
     title: str
@@ -104,6 +126,7 @@ class Scene:
     boxes: dict[str, Box]
     members: list[str | Cluster]
     links: list[Link]
+    drawn: dict[str, str] = field(default_factory=dict)
 
     @property
     def categories(self) -> list[str]:
@@ -146,14 +169,48 @@ def subtitle(graph: ArchGraph, unit: FlopUnit = FLOPS) -> str:
     return f"{format_params(graph.total_params)} params · {flops} at {format_sizes(graph.dims)}"
 
 
-def plan(graph: ArchGraph, view: View = "collapsed", unit: FlopUnit = FLOPS) -> Scene:
+PLUMBING_DTYPES = ("bool", "int", "cache")
+"""The dtypes of the model arguments that steer a run rather than carry its data: padding and global-token
+masks, the decoding offset, the KV cache."""
+
+
+def plumbing_nodes(graph: ArchGraph) -> set[str]:
+    """The run-time plumbing of ``graph``: the arguments of :data:`PLUMBING_DTYPES` and the nodes computed from
+    them alone (a mask extended for prefix tokens, a block's share of the KV cache).
+
+    Args:
+        graph: the lowered spec.
+    """
+    g, out = graph.nx, set[str]()
+    for n, a in g.nodes(data=True):  # in execution order: a node's inputs come first
+        if a["op"] == "input":
+            if a["p"].dtype in PLUMBING_DTYPES:
+                out.add(n)
+        elif g.in_degree(n) and all(u in out for u, _ in g.in_edges(n)):
+            out.add(n)
+    return out
+
+
+def plan(
+    graph: ArchGraph,
+    view: View = "collapsed",
+    unit: FlopUnit = FLOPS,
+    *,
+    plumbing: bool = False,
+    stages: bool = True,
+) -> Scene:
     """What a diagram of ``graph`` shows.
 
     Args:
         graph: the lowered spec.
         view: ``collapsed`` draws each run of identical blocks once, as one cluster with its repeat
-            count; ``expanded`` draws every block.
+            count, a repeating pattern of blocks once in a frame with its repeat count, and a stage that
+            repeats an earlier stage's structure as one box (see :mod:`specvit.diagram.folds`);
+            ``expanded`` draws every block.
         unit: what the subtitle's FLOPs are printed in.
+        plumbing: also draw the run-time plumbing (:func:`plumbing_nodes`: masks, the KV cache, the decoding
+            offset) and its edges; the graph has them either way.
+        stages: in the collapsed view, draw a stage that repeats an earlier one as one box.
 
     Returns:
         The scene: boxes, nested clusters and edges.
@@ -161,40 +218,35 @@ def plan(graph: ArchGraph, view: View = "collapsed", unit: FlopUnit = FLOPS) -> 
     if view not in ("collapsed", "expanded"):
         raise ValueError(f"view must be 'collapsed' or 'expanded', not {view!r}")
     g = graph.nx
-    fold = graph.fold() if view == "collapsed" else {}
-    shared = graph.shared() if view == "collapsed" else {}
-    again = _reruns(graph, shared)
-
-    def drawn(path: str) -> str:
-        """The box standing for ``path``: its counterpart in the representative block of its run."""
-        if path in again:
-            return again[path]
-        block = g.nodes[path]["block"]
-        if block in fold and fold[block].rep != block:
-            return fold[block].rep + path[len(block) :]
-        return path
-
     params: dict[str, int] = {}
     for _, a in g.nodes(data=True):
         for key in (a["stack"], a["block"]):
             if key:
                 params[key] = params.get(key, 0) + int(a["params"])
-
+    grouping = group_blocks(graph, lambda b: _params(params[b]), collapsed=view == "collapsed", stages=stages)
+    hidden = set() if plumbing else plumbing_nodes(graph)
+    again = _reruns(graph, graph.shared()) if view == "collapsed" else {}
+    drawn: dict[str, str] = {}
     boxes: dict[str, Box] = {}
     clusters: dict[str, Cluster] = {}
     top: list[str | Cluster] = []
     for path, a in g.nodes(data=True):
-        if drawn(path) != path:
+        if path in hidden:
             continue
-        op, stack, block = graph.op(path), a["stack"], a["block"]
-        boxes[path] = Box(
-            path,
-            a["op"],
-            _category(op.category, stack),
-            tuple(line for line in op.label(a["p"]) if line),
-            format_shape(a["shape"]),
-            _params(a["params"]),
-        )
+        block, stack = a["block"], a["stack"]
+        stage = grouping.stages.get(path)
+        if path in again:
+            drawn[path] = again[path]
+        elif stage is not None:
+            drawn[path] = stage.id
+        elif block in grouping.rep:
+            drawn[path] = grouping.rep[block] + path[len(block) :]
+        else:
+            drawn[path] = path
+        box = drawn[path]
+        if box in boxes or (box != path and stage is None):
+            continue
+        boxes[box] = _stage_box(graph, stage) if stage else _box(graph, path, a)
         members = top
         if stack:
             if stack not in clusters:
@@ -202,23 +254,40 @@ def plan(graph: ArchGraph, view: View = "collapsed", unit: FlopUnit = FLOPS) -> 
                 clusters[stack] = Cluster(stack, stack, _params(params[stack]), role)
                 top.append(clusters[stack])
             members = clusters[stack].members
-        if block is not None:
-            if block not in clusters:
-                if block in fold:
-                    note = f"{_params(params[block])} per block"
-                    label = f"{fold[block].label}  x{fold[block].count}"
-                    clusters[block] = Cluster(block, label, note, "folded")
-                elif block in shared:
-                    note = f"{_params(params[block])} · shared weights"
-                    clusters[block] = Cluster(block, f"{block}  x{len(shared[block]) + 1}", note, "folded")
-                else:
-                    clusters[block] = Cluster(block, block, _params(params[block]), "block")
-                members.append(clusters[block])
-            members = clusters[block].members
-        members.append(path)
+        for frame in grouping.frames.get(block, []) if stage is None else []:
+            if frame.id not in clusters:
+                clusters[frame.id] = Cluster(frame.id, frame.title, frame.note, frame.kind)
+                members.append(clusters[frame.id])
+            members = clusters[frame.id].members
+        members.append(box)
+    links = _links(graph, grouping, drawn, set(again))
+    return Scene(graph.name, subtitle(graph, unit), boxes, top, links, drawn)
 
-    links = _links(graph, fold, set(again), drawn)
-    return Scene(graph.name, subtitle(graph, unit), boxes, top, links)
+
+def _box(graph: ArchGraph, path: str, a: dict[str, Any]) -> Box:
+    """The box of one node."""
+    op = graph.op(path)
+    return Box(
+        path,
+        a["op"],
+        _category(op.category, a["stack"]),
+        tuple(line for line in op.label(a["p"]) if line),
+        format_shape(a["shape"]),
+        _params(a["params"]),
+    )
+
+
+def _stage_box(graph: ArchGraph, stage: Stage) -> Box:
+    """The box standing for a stage's blocks: which blocks drawn in full they repeat, and what differs."""
+    return Box(
+        stage.id,
+        stage.id,
+        "structural",
+        tuple(line for line in (stage.lead, stage.summary, *stage.details) if line),
+        format_shape(graph[stage.nodes[-1]]["shape"]),
+        _params(sum(int(graph[n]["params"]) for n in stage.nodes)),
+        kind="blocks",
+    )
 
 
 def _reruns(graph: ArchGraph, shared: dict[str, list[str]]) -> dict[str, str]:
@@ -237,24 +306,27 @@ def _reruns(graph: ArchGraph, shared: dict[str, list[str]]) -> dict[str, str]:
     return again
 
 
-def _links(
-    graph: ArchGraph, fold: dict[str, Fold], again: set[str], drawn: Callable[[str], str]
-) -> list[Link]:
-    """The edges between the drawn boxes, each once: none inside a folded run or into a shared block's
-    later runs."""
+def _links(graph: ArchGraph, grouping: Grouping, drawn: dict[str, str], again: set[str]) -> list[Link]:
+    """The edges between the drawn boxes, each once: none from a node not drawn, none inside a box, none
+    from a folded run back into its own first blocks, none into a shared block's later runs."""
     g = graph.nx
     links: dict[tuple[str, str, str], Link] = {}
     for u, v, port in g.edges(data="port"):
+        if u not in drawn or v not in drawn:
+            continue  # plumbing, hidden
         bu, bv = g.nodes[u]["block"], g.nodes[v]["block"]
-        if bu != bv and bu in fold and bv in fold and fold[bu].run == fold[bv].run and fold[bv].rep != bv:
-            continue  # within a run, into a block that is drawn as its representative: drawn once
+        run = grouping.run.get(bv)
+        if bu != bv and run is not None and grouping.run.get(bu) == run and bv in grouping.rep:
+            continue  # within a run, into a block that is drawn as another: drawn once
         if v in again:
             continue  # into a shared block's later run: drawn as the block's own inputs
+        src, dst = drawn[u], drawn[v]
+        if src == dst:
+            continue  # inside a box standing for blocks
         kind: LinkKind = "flow"
         if port == "memory":
             kind = "memory"
-        elif port == "x" and g.nodes[v]["op"] == "add":
+        elif port == "x" and g.nodes[v]["op"] == "add" and dst in g:  # not into a box standing for blocks
             kind = "residual"
-        src, dst = drawn(u), drawn(v)
         links.setdefault((src, dst, kind), Link(src, dst, kind))
     return list(links.values())

@@ -255,12 +255,17 @@ class ArchGraph:
                 i += period * reps
         return out
 
-    def signature(self, block: str) -> tuple[Any, ...]:
+    def signature(self, block: str, *, sizes: bool = True) -> tuple[Any, ...]:
         """What makes two blocks the same drawing and the same code: their nodes' ops, hyper-parameters,
         shapes and wiring.
 
         Stochastic-depth rates and KV-cache indexes differ from block to block but do not change what a
         block is (:meth:`~specvit.ops.Params.identity`).
+
+        Args:
+            block: the block's path.
+            sizes: False leaves the hyper-parameters and shapes out: the block's structure, the same for
+                blocks that differ in widths, heads or windows only (the stages of Swin).
         """
         prefix = block + "."
         local = {n: n[len(prefix) :] for n in self.nx if self.nx.nodes[n]["block"] == block}
@@ -274,6 +279,8 @@ class ArchGraph:
         def wiring(n: str) -> tuple[tuple[str, str], ...]:
             return tuple(sorted((d["port"], source(u)) for u, _, d in self.nx.in_edges(n, data=True)))
 
+        if not sizes:
+            return tuple((name, self.nx.nodes[n]["op"], wiring(n)) for n, name in local.items())
         return tuple(
             (
                 name,
