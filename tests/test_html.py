@@ -22,7 +22,7 @@ from specvit.diagram import render
 from specvit.diagram.html import COMBINED, key, layouts, to_html, variants
 from specvit.diagram.viewdata import Run, view_data
 from specvit.graph import build_graph
-from specvit.units import MACS
+from specvit.units import MACS, format_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 VIT = "vit_base_patch16_224"
@@ -208,6 +208,8 @@ def test_the_page_loads_expands_and_shows_a_clicked_nodes_details(browser: Any, 
     assert view.field("path") == "encoder.blocks.5.attn"
     assert view.field("shape") == "B x 197 x 768"
     assert view.field("params") == "2,362,368 (2.4M)"
+    flops = graph["encoder.blocks.5.attn"]["flops"]
+    assert view.field("flops") == f"{format_flops(flops)} · {flops:,}"
     assert view.field("source").startswith(f"{at.file}:{at.line}:")
     assert view.field("line") == (ROOT / "specs" / f"{VIT}.yaml").read_text().splitlines()[at.line - 1]
     view.node("encoder.blocks.5.mlp").click()  # the control: another node, its own figures
@@ -231,6 +233,11 @@ def test_the_search_box_finds_a_folded_node_by_path(browser: Any, tmp_path: Path
     assert view.field("path") == "encoder.blocks.7.mlp"
     assert "sv-selected" in str(view.node("encoder.blocks.7.mlp").get_attribute("class"))
     assert view.node("encoder.blocks.6.mlp").get_attribute("class") == "node"  # only the one found
+    view.page.evaluate(  # what a live editor does with new data: the view keeps its state
+        'document.getElementById("specvit-view").specvit.update('
+        'JSON.parse(document.getElementById("specvit-data").textContent))'
+    )
+    assert view.field("path") == "encoder.blocks.7.mlp" and view.node("encoder.blocks.7.mlp").count() == 1
     search.fill("no.such.node")
     assert view.page.locator(".sv-results").inner_text() == "no node has that in its path"
     assert view.errors == []
@@ -242,3 +249,22 @@ def test_a_hostile_description_is_shown_as_text(browser: Any, tmp_path: Path) ->
     view = Page(browser, out)
     assert view.page.locator(".sv-description").text_content() == HOSTILE
     assert view.dialogs == [] and view.errors == [] and view.requests == [view.url]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted((ROOT / "specs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_loads_and_each_run_expands_without_errors(
+    browser: Any, preset: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "model.html"
+    out.write_text(to_html(build_graph(specvit.load_spec(preset)), budget=10))
+    view = Page(browser, out)
+    data = _data(out.read_text())
+    for group in data["groups"]:
+        if group["expandable"]:
+            view.page.locator(f'.sv-run[data-run="{group["id"]}"]').click()
+            assert view.node(group["members"][-1]).count() == 1
+            view.page.locator(f'.sv-run[data-run="{group["id"]}"]').click()
+    view.node(data["order"][-1]).click()
+    assert view.field("path") == data["order"][-1]
+    assert view.errors == [] and view.requests == [view.url]

@@ -111,24 +111,30 @@ function specvitView(root, data, kept) {
         g.dataset.path = name;
         state.boxes.set(name, g);
       } else if (name.endsWith(" (caption)")) {
-        mark(g, name.slice(0, -" (caption)".length));
+        mark(g, name.slice(0, -" (caption)".length), true);
       }
     }
-    for (const g of svg.querySelectorAll("g.cluster")) mark(g, nameOf(g).replace(/^cluster_/, ""));
+    for (const g of svg.querySelectorAll("g.cluster")) mark(g, nameOf(g).replace(/^cluster_/, ""), false);
     canvas.replaceChildren(svg);
     if (state.zoom === null) state.zoom = Math.min(1, (canvas.clientWidth - 16) / svg.dataset.width || 1);
     zoom(state.zoom);
     highlight();
     drawRuns();
   }
-  function mark(g, block) {
+  function mark(g, block, caption) {
+    // a folded block toggles from its caption or its frame; an expanded one from its caption only (a click
+    // on its frame is more likely a near miss of one of its boxes)
     const run = runOfBlock.get(block);
-    g.classList.remove("sv-folded", "sv-unfolded");
-    if (run === undefined) return;
-    g.dataset.run = run;
-    g.classList.add(state.expanded.has(run) ? "sv-unfolded" : "sv-folded");
+    const open = state.expanded.has(run);
     const t = g.querySelector(":scope > title");
-    if (t) t.textContent = `${groupById.get(run).label} x${groupById.get(run).count}: click to ${state.expanded.has(run) ? "fold" : "expand"}`;
+    g.classList.remove("sv-folded", "sv-unfolded");
+    delete g.dataset.run;
+    if (t) t.textContent = g.dataset.name;
+    if (run === undefined || (open && !caption)) return;
+    const group = groupById.get(run);
+    g.dataset.run = run;
+    g.classList.add(open ? "sv-unfolded" : "sv-folded");
+    if (t) t.textContent = `${group.label} x${group.count}: click to ${open ? "fold" : "expand"}`;
   }
   function zoom(z) {
     state.zoom = Math.max(0.05, Math.min(4, z));
@@ -246,10 +252,10 @@ function specvitView(root, data, kept) {
     for (const line of n.label) details.append(el("p", "sv-label", line));
     const dl = el("dl", "sv-facts");
     row(dl, "output", n.shape || "—", "shape");
-    for (const [port, shape] of Object.entries(n.inputs)) row(dl, `input ${port}`, shape, `input-${port}`);
+    for (const [port, shape] of Object.entries(n.inputs)) row(dl, `input ${port}`, shape || "—", `input-${port}`);
     row(dl, "parameters", n.params ? `${count(n.params)} (${n.params_text})` : "none", "params");
-    const flops = `${count(n.flops)} ${data.unit.name}` + (n.useful_flops !== n.flops ? ` (useful ${count(n.useful_flops)})` : "");
-    row(dl, data.unit.name, n.flops ? `${n.flops_text} · ${flops}` : "none", "flops");
+    const exact = count(n.flops) + (n.useful_flops !== n.flops ? ` (useful ${count(n.useful_flops)})` : "");
+    row(dl, data.unit.name, n.flops ? `${n.flops_text} · ${exact}` : "none", "flops");
     details.append(dl);
     if (n.source) {
       const s = n.source;
