@@ -339,10 +339,12 @@ def _add_writing(sub: Any) -> None:
     """The subcommands that write files: render, export, eject."""
     p = sub.add_parser(
         "render",
-        help="draw the architecture diagram (svg, png, pdf, dot, mmd)",
+        help="draw the architecture diagram (svg, png, pdf, dot, mmd, html)",
         description="Draw the model's graph. The format comes from the extension of -o: .svg, .png, .pdf "
-        "(Graphviz, through pygraphviz or the system dot), .dot (Graphviz source) or .mmd (Mermaid, for "
-        "Markdown pages). The file is written whole or not at all.",
+        "(Graphviz, through pygraphviz or the system dot), .dot (Graphviz source), .mmd (Mermaid, for "
+        "Markdown pages) or .html (an interactive page: folded blocks expand, a click shows a node's shapes, "
+        "parameters, FLOPs, settings and spec line, a search box finds nodes by path; self-contained, it "
+        "fetches nothing). The file is written whole or not at all.",
     )
     p.add_argument("spec", metavar="SPEC", help="spec file (.yaml) or preset name")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write")

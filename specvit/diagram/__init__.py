@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import overload
 
 from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, View, draw_dot, plan, to_dot
+from specvit.diagram.html import to_html
 from specvit.diagram.inline import Diagram
 from specvit.diagram.mermaid import to_mermaid
 from specvit.graph.ir import ArchGraph
@@ -16,9 +17,19 @@ from specvit.spec.loader import load_spec
 from specvit.spec.schema import Spec
 from specvit.units import flop_unit
 
-__all__ = ["FORMATS", "MAX_BOXES", "Diagram", "RenderError", "render", "to_dot", "to_mermaid", "with_dpi"]
+__all__ = [
+    "FORMATS",
+    "MAX_BOXES",
+    "Diagram",
+    "RenderError",
+    "render",
+    "to_dot",
+    "to_html",
+    "to_mermaid",
+    "with_dpi",
+]
 
-FORMATS = (*ENGINE_FORMATS, ".dot", ".mmd")
+FORMATS = (*ENGINE_FORMATS, ".dot", ".mmd", ".html")
 """The file extensions :func:`render` writes."""
 
 MAX_BOXES = 1000
@@ -81,14 +92,16 @@ def render(
     :class:`Diagram` that notebooks display inline.
 
     ``.svg``, ``.png`` and ``.pdf`` are laid out by Graphviz (pygraphviz, else the system ``dot``);
-    ``.dot`` is the Graphviz source and ``.mmd`` a Mermaid flowchart for Markdown pages. The file is
-    written whole or not at all.
+    ``.dot`` is the Graphviz source and ``.mmd`` a Mermaid flowchart for Markdown pages. ``.html`` is the
+    interactive view (:mod:`specvit.diagram.html`): one self-contained page in which folded blocks expand,
+    a click shows a node's shapes, parameters, FLOPs, settings and spec line, and a search box finds nodes
+    by path. The file is written whole or not at all.
 
     Args:
         spec_or_graph: a lowered graph, a spec, the path of a spec file or a preset's name.
         path: the file to write; None returns a :class:`Diagram` (shown as SVG in Jupyter).
         view: ``collapsed`` draws each run of identical blocks once with its repeat count;
-            ``expanded`` draws every block.
+            ``expanded`` draws every block (the ``.html`` view opens with every run expanded).
         direction: ``TB`` (top to bottom) or ``LR`` (left to right).
         dpi: resolution of a ``.png`` (Graphviz's default is 96); only for PNG files.
         flops: write each node's FLOPs beside its parameters (Graphviz formats), and the useful part of
@@ -133,6 +146,8 @@ def render(
         return Diagram(graph, dot, view, direction, unit, plumbing=plumbing)
     if suffix == ".mmd":
         atomic_write(target, to_mermaid(graph, view, direction, unit, plumbing=plumbing))
+    elif suffix == ".html":
+        atomic_write(target, to_html(graph, view, direction, unit, limit=MAX_BOXES))
     elif suffix == ".dot":
         atomic_write(target, dot)
     else:

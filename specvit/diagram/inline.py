@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, View, _engine, draw_dot
+from specvit.diagram.html import to_html
 from specvit.diagram.mermaid import to_mermaid
 from specvit.graph.ir import ArchGraph
 from specvit.io import atomic_write
@@ -103,7 +104,7 @@ class Diagram:
         return f"<specvit Diagram of {g.name}: {len(g)} nodes, {self.view} view; .save(path) writes it>"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the diagram, as :func:`specvit.render` with a path does (svg, png, pdf, dot, mmd).
+        """Write the diagram, as :func:`specvit.render` with a path does (svg, png, pdf, dot, mmd, html).
 
         Args:
             path: the file; its extension picks the format.
@@ -114,9 +115,11 @@ class Diagram:
             atomic_write(target, self.mermaid)
         elif suffix == ".dot":
             atomic_write(target, self.dot)
+        elif suffix == ".html":
+            atomic_write(target, to_html(self.graph, self.view, self.direction, self.unit))
         elif suffix in ENGINE_FORMATS:
             draw_dot(self.dot, target)
         else:
-            formats = ", ".join([*ENGINE_FORMATS, ".dot", ".mmd"])
+            formats = ", ".join([*ENGINE_FORMATS, ".dot", ".mmd", ".html"])
             raise RenderError(f"cannot write {target}: the extension must be one of {formats}")
         return target
