@@ -17,6 +17,7 @@ from pydantic.fields import FieldInfo
 from specvit.io import atomic_write
 from specvit.ops import fragments
 from specvit.ops.conv import ActLayer, ConvLayer, NormLayer, PoolLayer
+from specvit.ops.head_ops import FeatureNorm, LinearLayer
 from specvit.spec import block, schema
 
 __all__ = ["spec_reference", "write_docs"]
@@ -42,6 +43,7 @@ SECTIONS: list[tuple[str, list[type[BaseModel]]]] = [
     ("Map layers: an input's `stem:`, a map head's `ops:`", [ConvLayer, NormLayer, ActLayer, PoolLayer]),
     ("Dropout: `dropout:`", [schema.DropoutSpec]),
     ("Heads: `head:`", list(fragments("head"))),
+    ("Head layers: a classifier's or lm head's `ops:`", [LinearLayer, ActLayer, FeatureNorm]),
 ]
 """The reference's sections; the kinds of inputs, positions and heads are every registered fragment."""
 
@@ -59,7 +61,13 @@ relative to the spec, or a bundled preset's name) to deep-merge itself over anot
 """
 
 
-_UNION_NAMES = {"Position": "position", "Head": "head", "Input": "input", "Layer": "map layer"}
+_UNION_NAMES = {
+    "Position": "position",
+    "Head": "head",
+    "Input": "input",
+    "Linear": "head layer",
+    "Layer": "map layer",
+}
 
 
 def _fmt(ann: Any) -> str:

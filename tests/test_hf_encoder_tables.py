@@ -9,6 +9,7 @@ refused with the field named.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -38,38 +39,47 @@ LABELS = {i: f"L{i}" for i in range(5)}
 THREE = {i: f"L{i}" for i in range(3)}
 # roberta-base's: one token type, the table's rows the positions + 2
 ROBERTA = SIZES | dict(type_vocab_size=1, max_position_embeddings=42)
+MLM, SEQ = "ForMaskedLM", "ForSequenceClassification"
 ROBERTA_SWITCHES = [("pad_token_id", 2), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
-                    ("type_vocab_size", 2), ("id2label", THREE)]  # fmt: skip
+                    ("type_vocab_size", 2), ("id2label", THREE), ("tie_word_embeddings", False, MLM),
+                    ("layer_norm_eps", 0.3, MLM), ("id2label", THREE, SEQ)]  # fmt: skip
 
-TASKS = ("Model", "ForTokenClassification", "ForQuestionAnswering")
+TASKS = ("Model", "ForTokenClassification", "ForQuestionAnswering", MLM, SEQ)
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)  # within VOCAB
 MODERNBERT = SIZES | IDS | dict(num_hidden_layers=4, local_attention=6)  # windows of 3 either side, 12 tokens
 GLOBAL_FIRST = ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]
 THETAS = {"full_attention": {"rope_type": "default", "rope_theta": 50.0},
           "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}  # fmt: skip
 
-# family -> (HF class prefix, config fields, [(field, another value)], the task classes a table maps)
-CASES: dict[str, tuple[str, dict[str, Any], list[tuple[str, Any]], tuple[str, ...]]] = {
+# family -> (HF class prefix, config fields, [(field, another value[, the class switched, by default the token
+# classifier])], the task classes a table maps)
+CASES: dict[str, tuple[str, dict[str, Any], list[tuple[Any, ...]], tuple[str, ...]]] = {
     "bert": ("Bert", SIZES, [("type_vocab_size", 3), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
-                             ("id2label", THREE)], TASKS),
+                             ("id2label", THREE), ("tie_word_embeddings", False, MLM), ("hidden_act", "relu", MLM),
+                             ("layer_norm_eps", 0.3, MLM), ("id2label", THREE, SEQ)], TASKS),
     "roberta": ("Roberta", ROBERTA, ROBERTA_SWITCHES, TASKS),
     "xlm-roberta": ("XLMRoberta", ROBERTA, ROBERTA_SWITCHES, TASKS),
     "camembert": ("Camembert", ROBERTA, ROBERTA_SWITCHES, TASKS),
     "data2vec-text": ("Data2VecText", ROBERTA, ROBERTA_SWITCHES, TASKS),
     "electra": ("Electra", SIZES | dict(embedding_size=16),
                 [("embedding_size", 48), ("embedding_size", 24), ("layer_norm_eps", 0.3), ("hidden_act", "relu"),
-                 ("type_vocab_size", 3), ("id2label", THREE)], TASKS),
+                 ("type_vocab_size", 3), ("id2label", THREE), ("tie_word_embeddings", False, MLM),
+                 ("embedding_size", 48, MLM), ("layer_norm_eps", 0.3, MLM)], TASKS),
     "albert": ("Albert", SIZES | dict(num_hidden_layers=4, embedding_size=16, num_hidden_groups=2),
                [("num_hidden_groups", 1), ("num_hidden_groups", 4), ("embedding_size", 24),
-                ("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("type_vocab_size", 3), ("id2label", THREE)],
+                ("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("type_vocab_size", 3), ("id2label", THREE),
+                ("tie_word_embeddings", False, MLM), ("hidden_act", "relu", MLM), ("embedding_size", 24, MLM)],
                TASKS),
     "distilbert": ("DistilBert", dict(vocab_size=VOCAB, n_layers=2, dim=48, n_heads=4, hidden_dim=40,
                                       max_position_embeddings=40),
-                   [("activation", "relu"), ("id2label", THREE)], TASKS),
+                   [("activation", "relu"), ("id2label", THREE), ("tie_word_embeddings", False, MLM),
+                    ("activation", "relu", MLM), ("activation", "relu", SEQ)], TASKS),
     "modernbert": ("ModernBert", MODERNBERT,
                    [("local_attention", 4), ("layer_types", GLOBAL_FIRST), ("rope_parameters", THETAS),
                     ("norm_eps", 0.3), ("norm_bias", True), ("hidden_activation", "silu"), ("mlp_bias", True),
-                    ("attention_bias", True)], ("Model",)),
+                    ("attention_bias", True), ("tie_word_embeddings", False, MLM), ("decoder_bias", False, MLM),
+                    ("norm_eps", 0.3, MLM), ("classifier_bias", True, SEQ), ("classifier_activation", "relu", SEQ),
+                    ("classifier_pooling", "mean", SEQ)], TASKS),
 }  # fmt: skip
 
 SHAPES_ONLY = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
@@ -139,6 +149,8 @@ def _outputs(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         ours = model(inputs["input_ids"], key_padding_mask=~keep, **types)
         theirs = _output(ref(**inputs))
     ours = ours["logits"] if isinstance(ours, dict) else ours
+    if ours.ndim == 2:  # a sequence's logits
+        return ours, theirs
     return ours[keep], theirs[keep]
 
 
@@ -154,16 +166,23 @@ def test_each_class_is_transformers(family: str, suffix: str) -> None:
     assert (unmasked[1, :7] - _output(ref(**inputs))[1, :7]).abs().max().item() > 10 * ATOL
 
 
+@functools.cache
+def _reference(family: str, suffix: str | None) -> torch.Tensor:
+    """HF's output of the family's case as it is, which each switched field must move (computed once)."""
+    return _outputs(_hf(family, suffix))[1]
+
+
 @pytest.mark.parametrize(
-    ("family", "field", "value"), [(f, k, v) for f, case in CASES.items() for k, v in case[2]]
+    ("family", "field", "value", "suffix"),
+    [(f, k, v, (*c, None)[0]) for f, case in CASES.items() for k, v, *c in case[2]],
 )
 def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
-    family: str, field: str, value: Any
+    family: str, field: str, value: Any, suffix: str | None
 ) -> None:
-    ref = _hf(family, **{field: value})
+    ref = _hf(family, suffix, **{field: value})
     ours, theirs = _outputs(ref)
     assert (ours - theirs).abs().max().item() <= ATOL
-    _, before = _outputs(_hf(family))
+    before = _reference(family, suffix)
     if before.shape == theirs.shape:  # the control: the field changes what HF computes
         assert (before - theirs).abs().max().item() > 10 * ATOL
 
@@ -171,7 +190,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     table = _table(family)
-    switched = {k for k, _ in CASES[family][2]}
+    switched = {k for k, *_ in CASES[family][2]}
     fields = table.fields()
     untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - LEGACY - COMMON
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
@@ -217,7 +236,7 @@ def test_older_modernbert_configs_are_read() -> None:
     """A config.json of transformers 4 states the layer pattern and the thetas in fields of their own: they
     build the model transformers 5 builds of them."""
     legacy = dict(global_attn_every_n_layers=2, global_rope_theta=50.0, local_rope_theta=20.0)
-    ref = _hf("modernbert", **legacy)
+    ref = _hf("modernbert", "Model", **legacy)
     config = {k: v for k, v in _config(ref).items() if k not in ("layer_types", "rope_parameters")}
     assert ref.config.layer_types == ["full_attention", "sliding_attention"] * 2
     spec = specvit.from_hf(config | legacy)
@@ -282,20 +301,11 @@ def test_question_answering_needs_two_labels() -> None:
 @pytest.mark.parametrize(
     ("family", "suffix"),
     [
-        ("bert", "ForMaskedLM"),  # dense, activation, LayerNorm, then the tied decoder with a bias
-        ("bert", "ForSequenceClassification"),  # the pooler (dense, tanh on [CLS]), then a classifier
-        ("bert", "ForPreTraining"),
-        ("roberta", "ForMaskedLM"),
-        ("roberta", "ForSequenceClassification"),  # dense, tanh, linear on <s>
-        ("electra", "ForPreTraining"),  # dense, activation, a 1-output linear on every token
-        ("electra", "ForSequenceClassification"),  # dense, GELU, linear on [CLS]
-        ("albert", "ForMaskedLM"),
-        ("distilbert", "ForSequenceClassification"),  # dense, ReLU, linear on [CLS]
-        (
-            "modernbert",
-            "ForMaskedLM",
-        ),  # every task class: dense, activation, LayerNorm, then its linear layer
-        ("modernbert", "ForTokenClassification"),
+        ("bert", "ForPreTraining"),  # two heads: the masked LM's and next-sentence prediction's
+        ("bert", "ForMultipleChoice"),  # (B, choices, N) ids, one logit per choice
+        ("roberta", "ForCausalLM"),  # a decoder
+        ("electra", "ForPreTraining"),  # one logit per token, (B, N): the language's last axis stays
+        ("modernbert", "ForMultipleChoice"),
     ],
 )
 def test_classes_whose_head_the_language_lacks_are_refused(family: str, suffix: str) -> None:
@@ -306,10 +316,31 @@ def test_classes_whose_head_the_language_lacks_are_refused(family: str, suffix: 
              f"{prefix} classes {named}")  # fmt: skip
 
 
+@pytest.mark.parametrize("family", ["bert", "albert", "distilbert"])
+def test_a_saved_masked_lm_loads_from_the_parameters_it_keeps(family: str, tmp_path: Path) -> None:
+    """transformers writes a tied head's parameters once (BERT's decoder weight and bias are the embedding's
+    and ``cls.predictions.bias``, and are left out): from_pretrained builds the model transformers loads."""
+    from safetensors import safe_open
+
+    ref = _hf(family, MLM)
+    ref.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        saved = set(f.keys())
+    assert not any(k.endswith("decoder.weight") or k.endswith("projector.weight") for k in saved)
+    model = specvit.from_pretrained(tmp_path)
+    inputs = _inputs(ref)
+    keep = inputs["attention_mask"].bool()
+    types = {"token_type_ids": inputs["token_type_ids"]} if "token_type_ids" in inputs else {}
+    with torch.no_grad():
+        ours = model(inputs["input_ids"], key_padding_mask=~keep, **types)
+        assert (ours[keep] - ref(**inputs).logits[keep]).abs().max().item() <= ATOL
+
+
 @pytest.mark.parametrize(("family", "keys"), [("bert", "pooler.dense.weight"), ("albert", "pooler.weight")])
 def test_a_base_model_with_its_pooler_is_refused_by_the_converter(family: str, keys: str) -> None:
-    """HF's base models hold a pooler (dense and tanh on the first token) unless built without it: no head
-    kind states it, so its weights are named, not dropped."""
+    """HF's base models hold a pooler (dense and tanh on the first token) unless built without it: the base
+    model's head is none (only the sequence classifier reads the pooler), so its weights are named, not
+    dropped."""
     import transformers
 
     prefix, sizes, _, _ = CASES[family]

@@ -1,9 +1,11 @@
-"""The ViT-like vision towers as tables (specvit/interop/hf_vit.py): ViT, DeiT and DINOv2 from their configs,
-their weights through the converter, the same features and logits as transformers (fp32, <= 1e-4, N(0, 0.08)
+"""The ViT-like vision towers as tables (specvit/interop/hf_vit.py, hf_beit.py): ViT, DeiT, DINOv2, Data2Vec-vision
+and BEiT from their configs, their weights through the converter, the same features and logits as transformers (fp32, <= 1e-4, N(0, 0.08)
 on every weight). Each field a table reads is switched in turn, HF's output moving and specvit's following."""
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
 import pytest
@@ -18,7 +20,17 @@ from specvit.interop.table import COMMON, TABLES, F
 
 SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
 
-# family -> (config class, [model classes], fields beyond SMALL, [(field, another value)])
+BEIT = dict(intermediate_size=40, num_labels=5, use_absolute_position_embeddings=True)
+BEIT_SWITCHES = [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("patch_size", 4), ("image_size", 40),
+                 ("num_channels", 1), ("layer_scale_init_value", 0.5), ("layer_scale_init_value", 0.0),
+                 ("use_absolute_position_embeddings", False), ("use_relative_position_bias", True),
+                 ("use_shared_relative_position_bias", True), ("use_mean_pooling", False),
+                 ("use_mean_pooling", False, 1)]  # fmt: skip
+"""A table per layer, or one shared; absolute positions or none; the mean of the patches and its norm, or the
+class token after a final norm (the classifier's, index 1 of the classes)."""
+
+# family -> (config class, [model classes], fields beyond SMALL, [(field, another value[, the index of the class
+# switched])])
 CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] = {
     "vit": (
         "ViTConfig",
@@ -41,6 +53,13 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] =
         [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("qkv_bias", False), ("mlp_ratio", 2),
          ("patch_size", 4), ("layerscale_value", 0.5), ("image_size", 40), ("num_channels", 1)],
     ),
+    "data2vec-vision": (
+        "Data2VecVisionConfig",
+        ["Data2VecVisionModel", "Data2VecVisionForImageClassification"],
+        BEIT,
+        BEIT_SWITCHES,
+    ),
+    "beit": ("BeitConfig", ["BeitModel", "BeitForImageClassification"], BEIT, BEIT_SWITCHES),
 }  # fmt: skip
 
 
@@ -74,16 +93,23 @@ def test_towers_and_classifiers_are_transformers(family: str, cls: str) -> None:
     assert (ours - theirs).abs().max().item() <= ATOL
 
 
+@functools.cache
+def _reference(family: str, cls: str) -> torch.Tensor:
+    """HF's output of the family's case as it is, which each switched field must move (computed once)."""
+    return _outputs(_hf(family, cls))[1]
+
+
 @pytest.mark.parametrize(
-    ("family", "field", "value"), [(f, k, v) for f, case in CASES.items() for k, v in case[3]]
+    ("family", "field", "value", "index"),
+    [(f, k, v, (*i, 0)[0]) for f, case in CASES.items() for k, v, *i in case[3]],
 )
 def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
-    family: str, field: str, value: Any
+    family: str, field: str, value: Any, index: int
 ) -> None:
-    cls = CASES[family][1][0]
+    cls = CASES[family][1][index]
     ours, theirs = _outputs(_hf(family, cls, **{field: value}))
     assert (ours - theirs).abs().max().item() <= ATOL
-    _, before = _outputs(_hf(family, cls))
+    before = _reference(family, cls)
     if before.shape == theirs.shape:  # the control: the field changes what HF computes
         assert (before - theirs).abs().max().item() > 10 * ATOL
 
@@ -93,7 +119,8 @@ def test_every_field_a_table_reads_is_switched(family: str) -> None:
     table = TABLES[family]
     fields = table.fields()
     shapes = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "id2label"}
-    untested = fields - {k for k, _ in CASES[family][3]} - shapes - COMMON - {"attention_probs_dropout_prob"}
+    training = {"attention_probs_dropout_prob", "drop_path_rate"}
+    untested = fields - {k for k, *_ in CASES[family][3]} - shapes - COMMON - training
     assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
 
 
@@ -143,10 +170,60 @@ def test_legacy_names_load_the_same_model() -> None:
             {"layerscale": 1.0},
             "config.layerscale: deit config has layerscale=1.0: specvit's DeiT table",
         ),
+        (
+            "data2vec-vision",
+            {"use_relative_position_bias": True, "use_shared_relative_position_bias": True},
+            "config.use_relative_position_bias: data2vec-vision config has use_relative_position_bias=True: a "
+            "table per layer added to the shared one",
+        ),
+        ("beit", {"architectures": ["BeitForMaskedImageModeling"]}, "config.architectures: beit config has"),
+        (
+            "dinov2",
+            {"architectures": ["Dinov2ForImageClassification"]},
+            "config.architectures: dinov2 config has architectures=['Dinov2ForImageClassification']: specvit "
+            "reads the Dinov2 classes Dinov2Model",
+        ),
+        (
+            "beit",
+            {"image_size": [32, 48]},
+            "config.image_size: beit config has image_size=[32, 48]: expected an",
+        ),
+        (
+            "data2vec-vision",
+            {"hidden_dropout_prob": 0.1},
+            "config.hidden_dropout_prob: data2vec-vision config has hidden_dropout_prob=0.1: BEiT's dropout",
+        ),
     ],
 )
 def test_values_a_table_cannot_state_are_refused(family: str, change: dict[str, Any], message: str) -> None:
     config = _hf(family, CASES[family][1][0]).config.to_dict()
     specvit.from_hf(config)  # the control
-    with pytest.raises(SpecError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(SpecError, match=re.escape(message)):
         specvit.from_hf(config | change)
+
+
+def test_a_beit_model_with_its_pooler_is_refused_by_the_converter() -> None:
+    """BeitModel builds its pooler (the mean's norm) unless told not to: the base model's head is none, so the
+    pooler's weights are named, not dropped; its classifier reads them."""
+    import transformers
+
+    config = transformers.BeitConfig(**(SMALL | BEIT))
+    spec = specvit.from_hf(config.to_dict() | {"architectures": ["BeitModel"]})
+    with pytest.raises(ValueError, match=r"unexpected source keys \(2\): pooler\.layernorm\.weight"):
+        specvit.convert_state_dict(transformers.BeitModel(config).state_dict(), "hf", spec)
+    specvit.convert_state_dict(
+        transformers.BeitModel(config, add_pooling_layer=False).state_dict(), "hf", spec
+    )
+
+
+def test_beits_hub_names_are_data2vec_visions() -> None:
+    """BEiT checkpoints hold transformers 4's names, Data2Vec-vision's layout under ``beit.``: they load into
+    the spec of the BEiT config and compute what Data2Vec-vision computes."""
+    ref = _hf("data2vec-vision", "Data2VecVisionForImageClassification")
+    legacy = {k.replace("data2vec_vision.", "beit."): v for k, v in ref.state_dict().items()}
+    config = ref.config.to_dict() | {"model_type": "beit", "architectures": ["BeitForImageClassification"]}
+    model = specvit.build_model(specvit.from_hf(config)).eval()
+    model.load_state_dict(specvit.convert_state_dict(legacy, "hf", model.spec), strict=True)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(images) - ref(pixel_values=images).logits).abs().max().item() <= ATOL

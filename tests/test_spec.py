@@ -266,7 +266,7 @@ BAD = [
         VIT,
         "kind: classifier",
         "kind: lm",
-        "t.yaml:15:18: head.pool: unknown key 'pool' (valid keys: kind, vocab, tied, bias, scale, softcap)",
+        "t.yaml:15:18: head.pool: unknown key 'pool' (valid keys: kind, vocab, tied, bias, ops, scale, softcap)",
     ),
     (
         VIT,

@@ -4,12 +4,13 @@
 named per family (``bert.``, ``roberta.``, ``electra.``). BERT is its first table; the families of
 ``hf_encoders.py`` change a few entries of :data:`BERT`.
 
-The task classes a table maps are those whose head the spec language states: the base model (without HF's
-pooler, a dense layer and tanh on the first token that no head kind states: a state dict holding it is
-refused by the converter, its ``pooler.*`` keys named) and the classes with one linear layer on every token
-(token classification, extractive question answering), written as an ``lm`` head of ``len(id2label)`` outputs.
-A masked-LM head (dense, activation, LayerNorm, then the tied decoder) and a sequence-classification head
-(the pooler, or RoBERTa's dense-tanh-linear on ``<s>``) need head kinds the language does not have.
+The task classes are heads written in generic head ops: the base model (without HF's pooler, which only a
+sequence classifier reads: a base model's state dict holding it is refused by the converter, its
+``pooler.*`` keys named); the classes with one linear layer on every token (token classification,
+extractive question answering), an ``lm`` head of ``len(id2label)`` outputs; the masked LM, an ``lm`` head
+whose ``ops`` are a dense layer, an activation and the blocks' norm before the decoder (tied to the word
+embeddings, with a bias); and the sequence classifier, a ``classifier`` on the first token whose ``ops`` are
+the pooler's dense layer and tanh (RoBERTa's classification head: the same on ``<s>``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,19 @@ from specvit.interop.layout import batched
 from specvit.interop.registry import ACTIVATIONS, Config
 from specvit.interop.table import BARE, D, F, Head, Name, Only, Renamed, Table, count, register
 
-__all__ = ["BERT", "QA", "TOKENS", "dropout", "encoder_family", "labels", "padding", "per_token"]
+__all__ = [
+    "BERT",
+    "QA",
+    "TOKENS",
+    "dropout",
+    "encoder_family",
+    "head_ops",
+    "labels",
+    "masked_lm",
+    "padding",
+    "per_token",
+    "sequence",
+]
 
 
 def labels(exactly: int | None = None) -> D:
@@ -61,6 +74,66 @@ TOKENS = per_token("classifier")
 QA = per_token("qa_outputs", labels(2))
 """``*ForQuestionAnswering``: a linear layer to (start, end) logits on every token; specvit returns the two
 as the last axis of one (B, N, 2) tensor."""
+
+
+def head_ops(*items: Mapping[str, Any]) -> D:
+    """A head's ``ops:`` list, its items' values constants or read from the config (:class:`F`, :class:`D`).
+
+    Args:
+        items: the layers, ``{"kind": "act", "fn": F("hidden_act", "gelu", map=ACTIVATIONS)}``.
+    """
+    entries = [v for item in items for v in item.values() if isinstance(v, (F, D))]
+
+    def read(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+        def value(v: Any) -> Any:
+            return v.read(c) if isinstance(v, F) else v.read(c, spec) if isinstance(v, D) else v
+
+        return [{k: value(v) for k, v in item.items()} for item in items]
+
+    return D(read, tuple(f for v in entries for f in v.fields))
+
+
+def masked_lm(
+    dense: str, norm: str, decoder: str, act: Any, *, bias: str | None = None, width: D | None = None
+) -> Head:
+    """``*ForMaskedLM``: a dense layer, an activation and the blocks' norm on every token, then the decoder to
+    the vocabulary with a bias, its weight the word embeddings' unless ``tie_word_embeddings`` is false.
+
+    Args:
+        dense: HF's dense layer, outside the backbone.
+        norm: HF's norm.
+        decoder: HF's decoder.
+        act: the activation: a name, or :class:`F` of its field.
+        bias: the HF parameter the decoder's bias is when tied (BERT's ``cls.predictions.bias``).
+        width: the dense layer's width where it is not the blocks' (the embeddings': ELECTRA, ALBERT).
+    """
+    linear: dict[str, Any] = {"kind": "linear"} | ({"width": width} if width is not None else {})
+    spec = {
+        "head.kind": "lm",
+        "head.tied": F("tie_word_embeddings", True),
+        "head.bias": True,
+        "head.ops": head_ops(linear, {"kind": "act", "fn": act}, {"kind": "norm"}),
+    }
+    tied = {f"{decoder}.bias": bias} if bias else {}
+    return Head(spec, {"head.ops.0": dense, "head.ops.2": norm, "head.fc": decoder}, tied)
+
+
+def sequence(dense: str, fc: str, act: str = "tanh") -> Head:
+    """``*ForSequenceClassification``: a dense layer and an activation on the first token (BERT's pooler),
+    then a linear classifier of ``len(id2label)`` outputs.
+
+    Args:
+        dense: HF's dense layer, outside the backbone (``bert.pooler.dense``, ``classifier.dense``).
+        fc: HF's classifier.
+        act: the activation between them.
+    """
+    spec = {
+        "head.kind": "classifier",
+        "head.pool": "first",
+        "head.classes": labels(),
+        "head.ops": [{"kind": "linear"}, {"kind": "act", "fn": act}],
+    }
+    return Head(spec, {"head.ops.0": dense, "head.fc": fc})
 
 
 def padding(default: int | None) -> D:
@@ -181,12 +254,23 @@ BERT = register(
             ),
         ),
         inert=(
-            "tie_word_embeddings",  # ties a masked-LM head's decoder: that class is refused
             "classifier_dropout",  # dropout before a task head: training only
             "gradient_checkpointing",  # older config.json files: a memory switch of training
         ),
         names=NAMES,
-        classes={"Model": BARE, "ForTokenClassification": TOKENS, "ForQuestionAnswering": QA},
+        classes={
+            "Model": BARE,
+            "ForTokenClassification": TOKENS,
+            "ForQuestionAnswering": QA,
+            "ForMaskedLM": masked_lm(
+                "cls.predictions.transform.dense",
+                "cls.predictions.transform.LayerNorm",
+                "cls.predictions.decoder",
+                F("hidden_act", "gelu", map=ACTIVATIONS),
+                bias="cls.predictions.bias",
+            ),
+            "ForSequenceClassification": sequence("bert.pooler.dense", "classifier"),
+        },
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.(?:position_ids|token_type_ids)",),  # index buffers, not weights
         backbone="bert.",

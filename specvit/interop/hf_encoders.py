@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specvit.interop.hf_bert import BERT, dropout, encoder_family, padding
+from specvit.interop.hf_bert import BERT, QA, TOKENS, dropout, encoder_family, masked_lm, padding, sequence
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import D, F, Name, Only, count, register
+from specvit.interop.table import BARE, D, F, Head, Name, Only, Table, count, register
 
 __all__: list[str] = []
 
@@ -42,14 +42,35 @@ _ROBERTA = {
 the pad id, so the two agree where the padding trails the text and is masked (right padding, as tokenizers
 pad by default); a left-padded batch, or a pad id inside the text, moves HF's positions and not specvit's."""
 
-ROBERTA = register(
-    encoder_family(
-        BERT, "Roberta", ("roberta",), "roberta.", _ROBERTA | {"encoder.input.vocab": F("vocab_size", 50265)}
-    )
+
+def _classes(lm: Head, seq: Head) -> dict[str, Head]:
+    """A family's task classes: BERT's base model, token classifier and question answering, its own masked
+    LM and sequence classifier."""
+    return {
+        "Model": BARE,
+        "ForTokenClassification": TOKENS,
+        "ForQuestionAnswering": QA,
+        "ForMaskedLM": lm,
+        "ForSequenceClassification": seq,
+    }
+
+
+_RO_CLASSES = _classes(
+    masked_lm("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "gelu", bias="lm_head.bias"),
+    sequence("classifier.dense", "classifier.out_proj"),  # on <s>, with tanh
 )
-XLM_ROBERTA = register(encoder_family(BERT, "XLMRoberta", ("xlm-roberta",), "roberta.", _ROBERTA))
-CAMEMBERT = register(encoder_family(BERT, "Camembert", ("camembert",), "roberta.", _ROBERTA))
-DATA2VEC_TEXT = register(encoder_family(BERT, "Data2VecText", ("data2vec-text",), "data2vec_text.", _ROBERTA))
+"""RoBERTa's heads: ``lm_head`` (dense, exact GELU whatever ``hidden_act`` says, LayerNorm, tied decoder) and
+the classification head (dense, tanh, ``out_proj``)."""
+
+
+def _roberta(name: str, model_types: tuple[str, ...], backbone: str, **spec: Any) -> Table:
+    return register(encoder_family(BERT, name, model_types, backbone, _ROBERTA | spec, classes=_RO_CLASSES))
+
+
+ROBERTA = _roberta("Roberta", ("roberta",), "roberta.", **{"encoder.input.vocab": F("vocab_size", 50265)})
+XLM_ROBERTA = _roberta("XLMRoberta", ("xlm-roberta",), "roberta.")
+CAMEMBERT = _roberta("Camembert", ("camembert",), "roberta.")
+DATA2VEC_TEXT = _roberta("Data2VecText", ("data2vec-text",), "data2vec_text.")
 
 
 def _embed_width(c: Config, spec: Mapping[str, Any]) -> int | None:
@@ -77,6 +98,16 @@ ELECTRA = register(
             "summary_last_dropout",
         ),  # MultipleChoice
         names={"encoder.embed_proj": "embeddings_project"},
+        classes=_classes(
+            masked_lm(  # the generator's: exact GELU, to the embeddings' width, the tied decoder's own bias
+                "generator_predictions.dense",
+                "generator_predictions.LayerNorm",
+                "generator_lm_head",
+                "gelu",
+                width=D(_embed_width, ("embedding_size",)),
+            ),
+            sequence("classifier.dense", "classifier.out_proj", "gelu"),
+        ),
     )
 )
 
@@ -149,6 +180,17 @@ ALBERT = register(
         ),
         inert=("classifier_dropout_prob",),
         names=ALBERT_NAMES,
+        classes=_classes(
+            masked_lm(
+                "predictions.dense",
+                "predictions.LayerNorm",
+                "predictions.decoder",
+                F("hidden_act", "gelu_new", map=ACTIVATIONS),
+                bias="predictions.bias",
+                width=D(_albert_width, ("embedding_size",)),
+            ),
+            sequence("albert.pooler", "classifier"),
+        ),
         keys=r"(?:albert\.)?encoder\.albert_layer_groups\.",
     )
 )
@@ -191,6 +233,15 @@ DISTILBERT = register(
             _BLOCK + "mlp.fc2": _DISTIL + "ffn.lin2",
             _BLOCK + "norm2": _DISTIL + "output_layer_norm",
         },
+        classes=_classes(
+            masked_lm(  # its norm's eps is 1e-12, as the blocks'
+                "vocab_transform",
+                "vocab_layer_norm",
+                "vocab_projector",
+                F("activation", "gelu", map=ACTIVATIONS),
+            ),
+            sequence("pre_classifier", "classifier", "relu"),
+        ),
         keys=r"(?:distilbert\.)?transformer\.layer\.\d+\.attention\.q_lin\.",
     )
 )

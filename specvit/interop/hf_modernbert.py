@@ -5,7 +5,7 @@ another in the local ones, which attend within ``local_attention // 2`` tokens o
 It is not the BERT layout, and states with the language's own constructs: the local layers are overrides
 (``sliding_window``, and a ``rope`` base of their own), and the first layer, whose ``attn_norm`` is an
 identity, is a block graph without the first norm. Its task classes all put a prediction head (dense,
-activation, LayerNorm) before their linear layer, which no head kind states: only the base model is read.
+activation, LayerNorm) before their linear layer: the head's ``ops``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specvit.interop.hf_bert import padding
+from specvit.interop.hf_bert import head_ops, labels, padding
 from specvit.interop.hf_llama import GATED
-from specvit.interop.registry import Config
-from specvit.interop.table import BARE, D, F, Only, Table, count, register
+from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.table import BARE, D, F, Head, Only, Table, count, register
 
 __all__ = ["MODERNBERT"]
 
@@ -96,6 +96,25 @@ _OVERRIDES = (
 _LAYER = "layers.{i}."
 _BLOCK = "encoder.blocks.{i}."
 
+_OPS = head_ops(
+    {"kind": "linear", "bias": F("classifier_bias", False)},
+    {"kind": "act", "fn": F("classifier_activation", "gelu", map=ACTIVATIONS)},
+    {"kind": "norm"},  # norm_eps and norm_bias, as the blocks'
+)
+"""``ModernBertPredictionHead``, before every task class's linear layer."""
+
+
+def _task(fc: str, **spec: Any) -> Head:
+    """A task class: the prediction head, then its linear layer ``fc`` (spec entries by the key under head.)."""
+    entries = {f"head.{k}": v for k, v in spec.items()} | {"head.ops": _OPS}
+    return Head(entries, {"head.ops.0": "head.dense", "head.ops.2": "head.norm", "head.fc": fc})
+
+
+def _tokens(outputs: D) -> Head:
+    """A linear layer on every token after the prediction head."""
+    return _task("classifier", kind="lm", vocab=outputs, bias=True, tied=False)
+
+
 MODERNBERT = register(
     Table(
         name="ModernBert",
@@ -135,15 +154,10 @@ MODERNBERT = register(
             "deterministic_flash_attn",  # flash attention's kernel choice
             "reference_compile",  # torch.compile of older transformers' layers
             "gradient_checkpointing",
-            "tie_word_embeddings",  # the heads of the task classes, which are refused
-            "decoder_bias",
-            "sparse_prediction",
+            "sparse_prediction",  # the masked LM's loss on the masked tokens only
             "sparse_pred_ignore_index",
             "repad_logits_with_grad",
-            "classifier_pooling",
-            "classifier_dropout",
-            "classifier_bias",
-            "classifier_activation",
+            "classifier_dropout",  # training only
             "layer_norm_eps",  # older config.json files: ModernBERT reads norm_eps
             "position_embedding_type",  # older config.json files: ModernBERT's positions are RoPE
         ),
@@ -158,7 +172,20 @@ MODERNBERT = register(
             _BLOCK + "mlp.fc2": _LAYER + "mlp.Wo",
             "encoder.norm": "final_norm",
         },
-        classes={"Model": BARE},
+        classes={
+            "Model": BARE,
+            "ForTokenClassification": _tokens(labels()),
+            "ForQuestionAnswering": _tokens(labels(2)),
+            "ForMaskedLM": _task(
+                "decoder", kind="lm", tied=F("tie_word_embeddings", True), bias=F("decoder_bias", True)
+            ),
+            "ForSequenceClassification": _task(
+                "classifier",
+                kind="classifier",
+                pool=F("classifier_pooling", "cls", map={"cls": "first", "mean": "mean"}),
+                classes=labels(),
+            ),
+        },
         default="Model",
         ignore=(r"(?:model\.)?rotary_emb\.\w+",),  # RoPE tables older checkpoints carry
     )

@@ -4,6 +4,7 @@ position table; DeiT adds a distillation token, DINOv2 layer scales."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from specvit.interop.registry import ACTIVATIONS
@@ -117,50 +118,54 @@ DEIT = register(
 _DINO = "encoder.layer.{i}."
 
 DINOV2 = register(
-    VIT.but(
-        "Dinov2",
-        ("dinov2",),
-        {
-            "encoder.input.size": F("image_size", 224),
-            "encoder.input.patch": F("patch_size", 14),
-            "encoder.block.norm.eps": F("layer_norm_eps", 1e-6),
-            "encoder.block.mlp.ratio": F("mlp_ratio", 4, float),
-            "encoder.block.layer_scale": F("layerscale_value", 1.0),
-        },
-        drop=("hidden_dropout_prob", "encoder.block.mlp.hidden"),
-        only=(
-            Only(
-                "use_swiglu_ffn",
-                False,
-                (False,),
-                "DINOv2's SwiGLU MLP names its weights apart (weights_in/out)",
+    replace(
+        VIT.but(
+            "Dinov2",
+            ("dinov2",),
+            {
+                "encoder.input.size": F("image_size", 224),
+                "encoder.input.patch": F("patch_size", 14),
+                "encoder.block.norm.eps": F("layer_norm_eps", 1e-6),
+                "encoder.block.mlp.ratio": F("mlp_ratio", 4, float),
+                "encoder.block.layer_scale": F("layerscale_value", 1.0),
+            },
+            drop=("hidden_dropout_prob", "encoder.block.mlp.hidden"),
+            only=(
+                Only(
+                    "use_swiglu_ffn",
+                    False,
+                    (False,),
+                    "DINOv2's SwiGLU MLP names its weights apart (weights_in/out)",
+                ),
+                Only("apply_layernorm", True, (True,), "the final norm is applied to the features"),
+                _NO_DROPOUT,
             ),
-            Only("apply_layernorm", True, (True,), "the final norm is applied to the features"),
-            _NO_DROPOUT,
+            # drop_path_rate: stochastic depth, off in eval; use_mask_token: a token for masked patches, used only
+            # with bool_masked_pos; the backbone fields choose which stages a Dinov2Backbone returns
+            inert=(
+                "drop_path_rate",
+                "use_mask_token",
+                "reshape_hidden_states",
+                "stage_names",
+                "out_features",
+                "out_indices",
+            ),
+            names={
+                _BLOCK + "norm1": _DINO + "norm1",
+                _BLOCK + "attn.qkv": tuple(_DINO + f"attention.{n}_proj" for n in "qkv"),
+                _BLOCK + "attn.proj": _DINO + "attention.o_proj",
+                _BLOCK + "ls1.gamma": _DINO + "layer_scale1.lambda1",
+                _BLOCK + "norm2": _DINO + "norm2",
+                _BLOCK + "mlp.fc1": _DINO + "mlp.fc1",
+                _BLOCK + "mlp.fc2": _DINO + "mlp.fc2",
+                _BLOCK + "ls2.gamma": _DINO + "layer_scale2.lambda1",
+            },
+            keys=r"(?:dinov2\.)?encoder\.layer\.\d+\.layer_scale1\.",
+            backbone="dinov2.",
+            ignore=(r"(?:dinov2\.)?embeddings\.mask_token",),
         ),
-        # drop_path_rate: stochastic depth, off in eval; use_mask_token: a token for masked patches, used only
-        # with bool_masked_pos; the backbone fields choose which stages a Dinov2Backbone returns
-        inert=(
-            "drop_path_rate",
-            "use_mask_token",
-            "reshape_hidden_states",
-            "stage_names",
-            "out_features",
-            "out_indices",
-        ),
-        names={
-            _BLOCK + "norm1": _DINO + "norm1",
-            _BLOCK + "attn.qkv": tuple(_DINO + f"attention.{n}_proj" for n in "qkv"),
-            _BLOCK + "attn.proj": _DINO + "attention.o_proj",
-            _BLOCK + "ls1.gamma": _DINO + "layer_scale1.lambda1",
-            _BLOCK + "norm2": _DINO + "norm2",
-            _BLOCK + "mlp.fc1": _DINO + "mlp.fc1",
-            _BLOCK + "mlp.fc2": _DINO + "mlp.fc2",
-            _BLOCK + "ls2.gamma": _DINO + "layer_scale2.lambda1",
-        },
+        # ViT's classes replaced: Dinov2ForImageClassification classifies the class token concatenated with
+        # the patches' mean, which no pool states
         classes={"Model": BARE},
-        keys=r"(?:dinov2\.)?encoder\.layer\.\d+\.layer_scale1\.",
-        backbone="dinov2.",
-        ignore=(r"(?:dinov2\.)?embeddings\.mask_token",),
     )
 )

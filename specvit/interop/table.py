@@ -10,6 +10,7 @@ later transformers adds never silently builds a model that computes something el
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -172,10 +173,13 @@ class Head:
     Args:
         spec: the spec entries of the head (``{"head": "none"}``; F and D read the config).
         names: head module -> the HF one, outside the backbone (``{"head.fc": "lm_head"}``).
+        tied: HF parameter -> the HF parameter it is when the head is tied (BERT's decoder bias is
+            ``cls.predictions.bias``, a checkpoint holding only the latter); untied, the latter is unused.
     """
 
     spec: Mapping[str, Any] = field(default_factory=dict)
     names: Mapping[str, Name] = field(default_factory=dict)
+    tied: Mapping[str, str] = field(default_factory=dict)
 
 
 def lm(tied: bool = False, **spec: Any) -> Head:
@@ -358,21 +362,33 @@ class Table:
         """The weights' names: each specvit module (or parameter) made of its HF counterparts.
 
         Raises:
-            Misfit: the spec's blocks are not this family's (norm placement, parallel residual), so its
-                names would place weights in modules that compute something else.
+            Misfit: the spec's input or blocks are not this family's (its input kind, norm placement,
+                parallel residual, q/k/v biases), so its names would place weights in modules that compute
+                something else.
         """
-        block = spec.stacks[self.role].block
-        for key, ours in (("norm.placement", block.norm.placement), ("parallel", block.parallel)):
-            want = self.spec.get(
-                f"{self.role}.block.{key}", {"norm.placement": "pre", "parallel": False}[key]
+        stack = spec.stacks[self.role]
+        kind = self.spec.get(f"{self.role}.input.kind")
+        if isinstance(kind, str) and stack.input.kind != kind:  # a CLIPModel's keys name both towers
+            raise Misfit(
+                f"HF {self.name} reads {kind}, but spec {spec.name!r} has {self.role}.input.kind "
+                f"{stack.input.kind}"
             )
-            if not isinstance(want, (F, D)) and ours != want:
+        block = stack.block
+        for key, ours, default in (
+            ("norm.placement", block.norm.placement, "pre"),
+            ("parallel", block.parallel, False),
+            ("qkv_bias", block.qkv_bias, None),  # BEiT's q and v biases, a ViT's three
+        ):
+            want = self.spec.get(f"{self.role}.block.{key}", default)
+            ours = list(ours) if isinstance(ours, tuple) else ours
+            if want is not None and not isinstance(want, (F, D)) and ours != want:
                 raise Misfit(
                     f"HF {self.name} blocks have {key} {want}, but spec {spec.name!r} has "
                     f"{self.role}.block.{key} {ours}"
                 )
         pre = self.backbone if any(k.startswith(self.backbone) for k in keys) else ""
-        heads = self._head(spec, keys).names
+        head = self._head(spec, keys)
+        heads = head.names
         table: dict[str, tuple[tuple[str, ...], Any]] = {}
         for ours, name in {**self.names, **heads}.items():
             theirs, join = (name.sources, name.transform) if isinstance(name, Renamed) else (name, None)
@@ -382,23 +398,39 @@ class Table:
             table[ours] = (sources, join)  # a parameter named whole (an MoE's stacked experts)
             table[ours + ".{p}"] = (tuple(s + ".{p}" for s in sources), join)
         tied: dict[str, str] = {}
+        ignore = self.ignore
         if getattr(spec.head, "tied", False):
-            embedding = self.names[f"{self.role}.tok_embed"]
+            embedding, fc = self.names[f"{self.role}.tok_embed"], heads.get("head.fc")
             assert isinstance(embedding, str)
-            for head in heads.values():  # the weight is the embedding's; a bias stays the head's own
-                tied[f"{head}.weight"] = f"{pre}{embedding}.weight"
+            if isinstance(fc, str):  # the weight is the embedding's; a bias stays the head's own
+                tied[f"{fc}.weight"] = f"{pre}{embedding}.weight"
+            tied |= head.tied
+            for copy, original in head.tied.items():  # read from the parameter a checkpoint keeps
+                module, _, param = copy.rpartition(".")
+                ours = next(k for k, v in heads.items() if v == module)
+                table[f"{ours}.{param}"] = ((original,), same)
+        else:  # parameters HF's forward reads only as the tied copies'
+            ignore += tuple(re.escape(original) for original in head.tied.values())
         shown = " / ".join(dict.fromkeys(f"HF {self.name}{c}" for c in (self.default, "Model")))
-        return Layout(shown, table, ignore=self.ignore, tied=tied)
+        return Layout(shown, table, ignore=ignore, tied=tied)
 
     def _head(self, spec: Any, keys: Sequence[str]) -> Head:
-        """The task class whose head weights the keys hold; with none of them, the class of the spec's head
-        (a tied LM head may be left out of a checkpoint)."""
-        for head in self.classes.values():
-            for name in head.names.values():
-                first = name.sources if isinstance(name, Renamed) else name
-                first = first if isinstance(first, str) else first[0]
-                if any(k.startswith(first + ".") or k == first for k in keys):
-                    return head
+        """The task class whose head weights the keys hold: of several, one whose every module they hold, and
+        of those the one naming the most (a pooler and a classifier over a classifier alone); with none of
+        them, the class of the spec's head (a tied LM head may be left out of a checkpoint)."""
+
+        def held(name: Name) -> bool:
+            first = name.sources if isinstance(name, Renamed) else name
+            first = first if isinstance(first, str) else first[0]
+            return any(k.startswith(first + ".") or k == first for k in keys)
+
+        def score(head: Head) -> tuple[bool, int]:  # all its modules held first, then the most held
+            count = sum(map(held, head.names.values()))
+            return 0 < count == len(head.names), count
+
+        best = max(self.classes.values(), key=score)  # the first of the best
+        if score(best)[1]:
+            return best
         if spec.head.kind == "none":
             return BARE
         return self.classes[self.default]

@@ -9,9 +9,8 @@ layer over a (B, C, L) signal or a (B, C, H, W) image map:
 - ``{kind: act, fn: relu}``: an activation;
 - ``{kind: pool, type: max | avg, kernel: 3, stride: 2, padding: 1}``: a pooling window.
 
-Square kernels, strides and paddings; 1D or 2D follows from the input. The ops between maps and tokens
-(``to_tokens``, ``to_map``, ``map_pool``) are written by the lowering, never in a spec. Modules:
-``torch.nn``'s convolutions and norms, and :mod:`specvit.nn.conv`.
+Square kernels, strides and paddings; 1D or 2D follows from the input. The lowering writes the ops between
+maps and tokens (``to_tokens``, ``to_map``, ``map_pool``). Modules: ``torch.nn``'s and :mod:`specvit.nn.conv`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ __all__ = [
     "map_out",
 ]
 
-PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu"]
+PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "tanh"]
 _ACT_MODULES: dict[str, tuple[str, dict[str, Any]]] = {
     "gelu": ("torch.nn:GELU", {}),
     "gelu_tanh": ("torch.nn:GELU", {"approximate": "tanh"}),
@@ -44,6 +43,7 @@ _ACT_MODULES: dict[str, tuple[str, dict[str, Any]]] = {
     "relu": ("torch.nn:ReLU", {}),
     "relu2": ("specvit.nn.mlp:ReLUSquared", {}),
     "silu": ("torch.nn:SiLU", {}),
+    "tanh": ("torch.nn:Tanh", {}),  # BERT's pooler
 }
 _Size = Annotated[int, Field(ge=1, le=MAX_IMAGE)]
 
@@ -170,7 +170,7 @@ class ActLayer(_Layer):
     """An activation, elementwise."""
 
     kind: Literal["act"] = Field(description="Discriminator: an activation.")
-    fn: PlainActivation = Field(description="gelu (exact), gelu_tanh, quick_gelu, relu, relu2 or silu.")
+    fn: PlainActivation = Field(description="gelu (exact), gelu_tanh, quick_gelu, relu, relu2, silu or tanh.")
 
     def node(self, channels: int, dims: int) -> tuple[str, Params]:
         return "act", ActParams(self.fn)

@@ -26,6 +26,7 @@ from specvit.ops.conv import MapOps, MapPoolParams, ToMapParams, lower_map_ops, 
 from specvit.ops.embed import LinearParams
 from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Probability
+from specvit.ops.head_ops import HeadOps, head_ops_width, lower_head_ops
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
 from specvit.ops.probe import Probe, lower_probe
@@ -73,11 +74,12 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
 
 @dataclass(frozen=True)
 class PoolParams(Params):
-    """Pool the tokens to one vector: the class token (``cls``), the mean of the rest (``mean``), the
-    end-of-text token (``eos``, CLIP's text tower) or the last token that is not padding (``last``).
+    """Pool the tokens to one vector: the class token (``cls``), the first token (``first``: BERT's [CLS]
+    of the input), the mean of the rest (``mean``), the end-of-text token (``eos``, CLIP's text tower) or the
+    last token that is not padding (``last``).
 
     Args:
-        kind: ``cls``, ``mean``, ``eos`` or ``last``.
+        kind: ``cls``, ``first``, ``mean``, ``eos`` or ``last``.
         prefix: the leading class and register tokens a mean leaves out.
         eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
     """
@@ -105,7 +107,7 @@ class Pool(Op):
         return (b, d)
 
     def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
-        if p.kind == "cls":
+        if p.kind in ("cls", "first"):
             return f"cls_pool({args['x']})"
         if p.kind == "eos":
             return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r})"
@@ -115,8 +117,8 @@ class Pool(Op):
         return f"mean_pool({args['x']}, {p.prefix}{mask})"
 
     def label(self, p: PoolParams) -> tuple[str, ...]:
-        if p.kind == "cls":
-            return ("the class token",)
+        if p.kind in ("cls", "first"):
+            return ("the class token",) if p.kind == "cls" else ("the first token",)
         if p.kind == "eos":
             which = "the highest id" if p.eos_id is None else f"id {p.eos_id}"
             return (f"the end-of-text token ({which})",)
@@ -137,9 +139,10 @@ class ClassifierHead(HeadFragment):
         description="Number of classes; null = no classifier, the pooled features out (timm's num_classes=0, "
         "a SigLIP tower's pooler_output).",
     )
-    pool: Literal["cls", "mean", "eos", "last", "attention"] = Field(
+    pool: Literal["cls", "first", "mean", "eos", "last", "attention"] = Field(
         "cls",
-        description="cls: the class token; mean: average of the other tokens; eos: the end-of-text token "
+        description="cls: the class token; first: the first token of the input (BERT's [CLS], RoBERTa's <s>: "
+        "a token, not a prefix); mean: average of the other tokens; eos: the end-of-text token "
         "(CLIP's text tower; with bias: false the head is CLIP's text projection); last: the last token that "
         "is not padding (a decoder's sequence classifier, HF's *ForSequenceClassification); attention: a learned "
         "probe attends over the tokens, then a pre-norm MLP (SigLIP's head, timm's global_pool='map').",
@@ -151,6 +154,11 @@ class ClassifierHead(HeadFragment):
         None, ge=0, le=MAX_VOCAB, description="pool eos: the end token's id; null = the highest id (CLIP)."
     )
     norm: bool = Field(False, description="A norm between pooling and the classifier (timm's fc_norm).")
+    ops: HeadOps = Field(
+        default_factory=list,
+        description="Layers between pooling (and its norm) and the classifier, in order: linear, act and norm "
+        "items (BERT's pooler: [{kind: linear}, {kind: act, fn: tanh}]).",
+    )
     bias: bool = Field(True, description="Bias in the classifier.")
     dropout: Probability = Field(0.0, description="Dropout before the classifier.")
 
@@ -190,6 +198,7 @@ class ClassifierHead(HeadFragment):
         if self.norm:
             n, d = stack.block.norm, stack.out_width
             x = _add(ctx, "head.norm", n.kind, NormParams.of(n, d), {"x": x}, "head.norm")
+        x = lower_head_ops(ctx, x, self.ops, stack)
         if self.dropout:
             x = _add(ctx, "head.drop", "dropout", DropParams(self.dropout), {"x": x}, "head.dropout")
         _output(ctx, {"x": x if self.classes is None else _fc(ctx, x, self.classes, self.bias)})
@@ -203,6 +212,11 @@ class LMHead(HeadFragment):
     vocab: int | None = Field(None, ge=1, le=MAX_VOCAB, description="Output vocabulary; null = the input's.")
     tied: bool = Field(False, description="Share the weight with the token embedding.")
     bias: bool = Field(False, description="Bias in the output layer.")
+    ops: HeadOps = Field(
+        default_factory=list,
+        description="Layers on every token before the output layer, in order: linear, act and norm items "
+        "(BERT's masked-LM transform: [{kind: linear}, {kind: act, fn: gelu}, {kind: norm}]).",
+    )
     scale: float | None = Field(
         None,
         gt=0.0,
@@ -233,6 +247,16 @@ class LMHead(HeadFragment):
                     "remove head.vocab, or set tied: false",
                 )
             ]
+        width = head_ops_width(self.ops, stack.out_width)  # without ops, a rule of embed_width says it
+        if self.tied and self.ops and width != stack.embedding_width:
+            return [
+                Problem(
+                    "head.ops",
+                    f"a tied lm head reads features as wide as the embedding ({stack.embedding_width}), and "
+                    f"gets {width}",
+                    f"end head.ops with a linear layer of width {stack.embedding_width}, or set tied: false",
+                )
+            ]
         return []
 
     def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
@@ -241,6 +265,7 @@ class LMHead(HeadFragment):
         tied = f"{owner}.tok_embed" if self.tied else None
         if self.scale is not None:
             x = _add(ctx, "head.scale", "scale", ScaleParams(self.scale), {"x": x}, "head.scale")
+        x = lower_head_ops(ctx, x, self.ops, stack)
         logits = _fc(ctx, x, self.vocab or stack.input.vocab, self.bias, tied_to=tied)
         if self.softcap is not None:
             p = SoftcapParams(self.softcap)

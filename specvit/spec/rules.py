@@ -82,7 +82,11 @@ def _embed_width(role: str, s: StackSpec, spec: Spec) -> list[Problem]:
         why = "prefix tokens join the embeddings at the blocks' width"
     elif spec.shared_embeddings:
         why = "shared embeddings are the encoder's table, of its width"
-    elif spec.output_stack == role and getattr(spec.head, "tied", False):
+    elif (
+        spec.output_stack == role
+        and getattr(spec.head, "tied", False)
+        and not getattr(spec.head, "ops", None)
+    ):
         why = f"a tied head uses the {s.embed_width}-wide token table on {s.out_width}-wide tokens"
     if not why:
         return []
