@@ -168,6 +168,7 @@ def layouts(
     out = Pictures()
     for expanded in variants(found):
         name = key(expanded)
+        # a stage's blocks drawn as runs the reader expands, not as the static diagram's one stage box
         scene = plan(
             _Partial(graph, fold, {r.id for r in found} - set(expanded)), "collapsed", unit, stages=False
         )
