@@ -340,7 +340,7 @@ def test_t5_scales_a_tied_heads_input_and_mt5_unties_it() -> None:
     assert not mt5.head.tied and mt5.head.scale is None and mt5.encoder.block.mlp.activation == "geglu_tanh"
 
 
-@pytest.mark.parametrize("family", ["bart", "mbart"])
+@pytest.mark.parametrize("family", CASES)
 def test_an_imported_model_goes_back_to_transformers(family: str, tmp_path: Path) -> None:
     """HF -> specvit -> HF: transformers loads specvit's directory as the original class, with its outputs; a
     weight changed in specvit comes back changed (the control)."""
