@@ -219,7 +219,8 @@ def _buffer_problems(layout: Layout, state_dict: Mapping[str, Tensor], used: set
         if key in state_dict:
             used.add(key)
             value = state_dict[key].detach().float().cpu()
-            if value.shape != want.shape or not torch.allclose(value, want, rtol=0.0, atol=1e-5):
+            table = want(tuple(value.shape)) if callable(want) else want
+            if value.shape != table.shape or not torch.allclose(value, table, rtol=0.0, atol=1e-5):
                 unequal.append(key)
     return [
         _listing("tied copies that differ (the spec ties the LM head)", untied) if untied else "",

@@ -1,8 +1,8 @@
 """Constructs of the language, each stated in a spec and checked in float64 against the model that
 published it (HF transformers, built from a config with random weights): LayerNorm without parameters
 (OLMo), QK-norm over all heads (OLMo 2), RMSNorm scaling by 1 + w (Gemma), squared ReLU and LayerNorm1P
-(Nemotron), rotary over a channel count with interleaved pairs (GPT-J), and the [sin | cos] sinusoid table
-(Marian).
+(Nemotron), rotary over a channel count with interleaved pairs (GPT-J), the [sin | cos] sinusoid table
+(Marian) and its tensor2tensor frequencies from an offset (M2M100).
 
 Every test has a control: the same spec with only that construct switched off must fail the same
 assertion, so a test cannot pass because the construct does nothing.
@@ -350,6 +350,27 @@ def test_a_fraction_cannot_state_gptjs_rotary_width() -> None:
 # ------------------------------------------------------------------------------------------------ Marian
 
 
+def _sincos_added(width: int, position: dict[str, Any], tokens: int = 40) -> torch.Tensor:
+    """The table a features encoder of ``position`` adds to ``tokens`` zero tokens, in float64."""
+    spec = {
+        "specvit": 1,
+        "name": "sincos",
+        "model": "encoder",
+        "encoder": {
+            "input": {"kind": "features", "dim": width, "project": False},
+            "position": {"kind": "sincos", **position},
+            "width": width,
+            "depth": 1,
+            "block": {"heads": 2},
+            "final_norm": False,
+        },
+        "head": {"kind": "none"},
+    }
+    model = build_model(parse_spec(spec)).double().eval()
+    with torch.no_grad():
+        return model.encoder.pos_embed(torch.zeros(1, tokens, width, dtype=torch.float64))[0]  # zeros + table
+
+
 @pytest.mark.parametrize("width", [48, 30])
 def test_sin_cos_concatenated_table_is_marians(width: int) -> None:
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
@@ -358,27 +379,27 @@ def test_sin_cos_concatenated_table_is_marians(width: int) -> None:
     table.weight.data = table.create_weight()
 
     def diff(on: bool) -> float:
-        spec = {
-            "specvit": 1,
-            "name": "sincos",
-            "model": "encoder",
-            "encoder": {
-                "input": {"kind": "features", "dim": width, "project": False},
-                "position": {"kind": "sincos", "layout": "concat" if on else "interleaved"},
-                "width": width,
-                "depth": 1,
-                "block": {"heads": 2},
-                "final_norm": False,
-            },
-            "head": {"kind": "none"},
-        }
-        model = build_model(parse_spec(spec)).double().eval()
-        x = torch.zeros(1, 40, width, dtype=torch.float64)
-        with torch.no_grad():
-            added = model.encoder.pos_embed(x)[0]  # zeros + the table
+        added = _sincos_added(width, {"layout": "concat" if on else "interleaved"})
         return (added - table.weight[:40].double()).abs().max().item()
 
     _check(diff)
+
+
+# ------------------------------------------------------------------------------------------------ M2M100
+
+
+@pytest.mark.parametrize(("width", "pad"), [(48, 1), (30, 0)])
+def test_tensor2tensor_sinusoids_from_an_offset_are_m2m100s(width: int, pad: int) -> None:
+    """M2M100 (as fairseq) spaces its frequencies base^(-i / (width/2 - 1)) and numbers the tokens from
+    pad_token_id + 1: ``frequencies: tensor2tensor`` and ``offset``. Either switched off fails."""
+    from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositionalEmbedding
+
+    with torch.no_grad():  # 40 tokens, none the pad token: positions pad + 1 .. pad + 40
+        want = M2M100SinusoidalPositionalEmbedding(64, width, padding_idx=pad)(torch.full((1, 40), 5))[0]
+    position = {"layout": "concat", "frequencies": "tensor2tensor", "offset": pad + 1}
+    assert (_sincos_added(width, position) - want.double()).abs().max().item() <= TOL
+    for control in ({"frequencies": "paper"}, {"offset": 0}):
+        assert (_sincos_added(width, position | control) - want.double()).abs().max().item() > 1e-3
 
 
 # ------------------------------------------------------------------------------------------------- eject

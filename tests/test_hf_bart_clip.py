@@ -124,15 +124,16 @@ def test_bart_nonzero_final_logits_bias_is_refused_or_carried() -> None:
     ref = _bart("tied")
     with torch.no_grad():
         ref.final_logits_bias.normal_()
-    spec = from_hf(ref.config)
+    data = spec_dict(ref.config)
+    data["head"]["bias"] = False  # a spec without a head bias (bart_base.yaml) has no place for it
     with pytest.raises(
         ValueError,
         match=r"nonzero buffers the spec has no place for \(1\): final_logits_bias \(write head.bias: true",
     ):
-        convert_state_dict(ref.state_dict(), "hf", spec)
-    data = spec_dict(ref.config)
-    data["head"]["bias"] = True  # the spec carries it: the LM head's bias
-    model = converted(ref, parse_spec(data, source="bart with a logits bias"))
+        convert_state_dict(ref.state_dict(), "hf", parse_spec(data, source="bart without a logits bias"))
+    spec = from_hf(ref.config)  # the table carries it: the LM head's bias
+    assert spec.head.bias
+    model = converted(ref, spec)
     src, tgt, src_mask, _ = _bart_inputs()
     with torch.no_grad():
         want = ref(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt).logits

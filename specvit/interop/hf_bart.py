@@ -1,155 +1,157 @@
-"""BART (``BartForConditionalGeneration``; Lewis et al. 2020): post-norm LayerNorm blocks with biases, learned
-positions offset by 2 rows, a norm after the embeddings, shared token embeddings and a tied LM head.
+"""The BART-like encoder-decoder layout: ``model.shared`` (the token table both stacks copy),
+``model.{encoder,decoder}.embed_positions``, ``layernorm_embedding``, blocks ``layers.{i}.self_attn.{q,k,v,out}_proj``,
+``self_attn_layer_norm``, the decoder's ``encoder_attn`` and ``encoder_attn_layer_norm``, ``fc1``, ``fc2``,
+``final_layer_norm``, a stack's last ``layer_norm``, then ``lm_head`` and ``final_logits_bias`` (a buffer HF adds
+to the logits, read as the head's bias). BART (Lewis et al. 2020: post-norm, learned positions two rows in, a
+norm after the embeddings) is its first table; the families of ``hf_bart_families.py`` (mBART, Pegasus, Marian,
+M2M100) change a few entries of :data:`BART`.
 
-``final_logits_bias`` is a buffer of zeros in HF, added to the logits. The spec from a config has no head
-bias and the conversion refuses a nonzero ``final_logits_bias``; a spec with ``head.bias: true`` takes it as
-the head's bias instead.
+The dropout after each sublayer (``dropout``) is read into specvit's ``dropout.embedding``, ``projection`` and
+``mlp``, which also drops after the MLP's activation (BART's ``activation_dropout``, inert here): the same model
+in eval, one dropout more in training. LayerDrop (``encoder_layerdrop``, ``decoder_layerdrop``: whole layers
+skipped at random in training) has no spec key and is inert: specvit trains every layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from torch import Tensor
+from specvit.interop.layout import batched, flat
+from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.seq2seq import Seq2Seq, both, generation
+from specvit.interop.table import BARE, D, F, Only, Renamed, count, lm, register
 
-from specvit.interop.layout import Entry, Layout, batched, cat, check_blocks, one, prefix
-from specvit.interop.registry import Config, Family, activation, family
-
-__all__: list[str] = []
-
-
-# Fields of older (fairseq-converted) BART configs that transformers no longer reads; any value but BART's
-# own would describe another model (mBART's pre-norm, a final norm, a logits bias, sinusoidal positions).
-_LEGACY = {
-    "normalize_before": (False, "pre-norm blocks are mBART's; BART's blocks are post-norm"),
-    "add_final_layer_norm": (False, "a norm after the last block is mBART's, not BART's"),
-    "normalize_embedding": (True, "BART normalises the embeddings (layernorm_embedding)"),
-    "add_bias_logits": (False, "a learned logits bias is not BART's final_logits_bias buffer"),
-    "static_position_embeddings": (False, "sinusoidal positions are not BART's learned table"),
-    "extra_pos_embeddings": (2, "BART's position table starts 2 rows in"),
-}
+__all__ = ["BART", "GENERATE", "legacy", "padding"]
 
 
-def _spec(c: Config) -> dict[str, Any]:
-    for key, (value, why) in _LEGACY.items():
-        c.only(key, value, [value], why)
-    width, eps = c.get("d_model", 1024), 1e-5
-    tied = bool(c.get("tie_word_embeddings", True))
-    tokens: dict[str, Any] = {"kind": "tokens", "vocab": c.get("vocab_size", 50265)}
-    pad = c.get("pad_token_id", 1)
-    if isinstance(pad, int) and 0 <= pad < tokens["vocab"]:
-        tokens["padding_idx"] = pad  # nn.Embedding(padding_idx=pad): no gradient to that row
-    if c.get("scale_embedding", False):
-        tokens["scale"] = True
-    act = activation(c, key="activation_function", default="gelu")
+def padding(default: int | None) -> D:
+    """The token table's padding row (``nn.Embedding(padding_idx)``: no gradient to it): ``pad_token_id``, none
+    where it is null (HF builds no table whose padding row is outside it; nor does specvit).
 
-    def stack(depth: int, heads: int, ffn: int, layers: list[str]) -> dict[str, Any]:
-        return {
-            "input": tokens,
-            "position": {
-                "kind": "learned",
-                "max_len": c.get("max_position_embeddings", 1024),
-                "offset": 2,
-            },
-            "width": width,
-            "depth": depth,
-            "embed_norm": True,
-            "final_norm": False,
-            "block": {
-                "heads": heads,
-                "layers": layers,
-                "norm": {"placement": "post", "eps": eps},
-                "mlp": {"hidden": ffn, "activation": act},
-            },
-        }
+    Args:
+        default: the HF class's default ``pad_token_id``.
+    """
 
-    return {
-        "specvit": 1,
-        "name": "bart_from_hf",
-        "description": "BART (BartForConditionalGeneration; Lewis et al. 2020), imported from its transformers config.",
-        "model": "encoder_decoder",
-        "encoder": stack(
-            c.get("encoder_layers", 12),
-            c.get("encoder_attention_heads", 16),
-            c.get("encoder_ffn_dim", 4096),
-            ["self_attention", "mlp"],
-        ),
-        "decoder": stack(
-            c.get("decoder_layers", 12),
-            c.get("decoder_attention_heads", 16),
-            c.get("decoder_ffn_dim", 4096),
-            ["masked_self_attention", "cross_attention", "mlp"],
-        ),
-        "head": {"kind": "lm", "tied": tied},
-        "shared_embeddings": tied,
-    }
+    def read(c: Config, spec: Mapping[str, Any]) -> int | None:
+        return c.get("pad_token_id", None if "pad_token_id" in c.values else default, int)
+
+    def write(value: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        return {} if value is None else {"pad_token_id": value}
+
+    return D(read, ("pad_token_id",), write)
 
 
-def _logits_bias(ts: Sequence[Tensor]) -> Tensor:
-    return ts[0].reshape(-1)  # final_logits_bias (1, vocab) -> the head's bias (vocab,)
+def legacy(before: bool, final: bool, embedding: bool, sinusoids: bool) -> tuple[Only, ...]:
+    """The fields of older (fairseq-converted) configs of the layout, read by no transformers class today: the
+    family's own values, any other describing another family's model (the class would compute its own).
 
-
-def _layout(spec: Any, keys: Sequence[str]) -> Layout:
-    name = "HF BartForConditionalGeneration"
-    check_blocks(spec, "encoder", name, [("self_attention", "mlp")], "post")
-    check_blocks(spec, "decoder", name, [("masked_self_attention", "cross_attention", "mlp")], "post")
-    pre = prefix(keys, "model.")
-    table: dict[str, Entry] = {}
-    for role in ("encoder", "decoder"):
-        layer, block = f"{pre}{role}.layers.{{i}}.", f"{role}.blocks.{{i}}."
-        qkv = tuple(layer + f"self_attn.{n}_proj" + ".{p}" for n in "qkv")
-        table |= {
-            f"{role}.pos_embed.weight": one(f"{pre}{role}.embed_positions.weight", batched),
-            f"{role}.embed_norm.{{p}}": one(f"{pre}{role}.layernorm_embedding.{{p}}"),
-            block + "attn.qkv.{p}": (qkv, cat),
-            block + "attn.proj.{p}": one(layer + "self_attn.out_proj.{p}"),
-            block + "norm1.{p}": one(layer + "self_attn_layer_norm.{p}"),
-            block + "mlp.fc1.{p}": one(layer + "fc1.{p}"),
-            block + "mlp.fc2.{p}": one(layer + "fc2.{p}"),
-        }
-    layer, block = pre + "decoder.layers.{i}.", "decoder.blocks.{i}."
-    table |= {
-        "encoder.blocks.{i}.norm2.{p}": one(pre + "encoder.layers.{i}.final_layer_norm.{p}"),
-        block + "cross_attn.q.{p}": one(layer + "encoder_attn.q_proj.{p}"),
-        block + "cross_attn.kv.{p}": (
-            (layer + "encoder_attn.k_proj.{p}", layer + "encoder_attn.v_proj.{p}"),
-            cat,
-        ),
-        block + "cross_attn.proj.{p}": one(layer + "encoder_attn.out_proj.{p}"),
-        block + "norm2.{p}": one(layer + "encoder_attn_layer_norm.{p}"),
-        block + "norm3.{p}": one(layer + "final_layer_norm.{p}"),
-    }
-    tied: dict[str, str] = {}
-    ignore: list[str] = []
-    if spec.shared_embeddings:
-        table["encoder.tok_embed.weight"] = one(pre + "shared.weight")
-        for role in ("encoder", "decoder"):
-            tied[f"{pre}{role}.embed_tokens.weight"] = pre + "shared.weight"
-    else:  # untied: each stack reads its own table; `shared` takes no part in the computation
-        for role in ("encoder", "decoder"):
-            table[f"{role}.tok_embed.weight"] = one(f"{pre}{role}.embed_tokens.weight")
-        ignore.append(pre.replace(".", r"\.") + r"shared\.weight")
-    if spec.head.tied:  # the head shares the decoder's table
-        tied["lm_head.weight"] = pre + (
-            "shared.weight" if spec.shared_embeddings else "decoder.embed_tokens.weight"
-        )
-    else:
-        table["head.fc.weight"] = one("lm_head.weight")
-    if spec.head.bias:
-        table["head.fc.bias"] = one("final_logits_bias", _logits_bias)
-    zeros = (
-        {} if spec.head.bias else {"final_logits_bias": "write head.bias: true to take it as the head's bias"}
+    Args:
+        before: ``normalize_before``, pre-norm blocks.
+        final: ``add_final_layer_norm``, a norm after the last block.
+        embedding: ``normalize_embedding``, a norm after the embeddings.
+        sinusoids: ``static_position_embeddings``, sinusoidal positions.
+    """
+    other = "another value describes another family of the layout, which this class does not compute"
+    return (
+        Only("normalize_before", before, (before,), f"pre-norm blocks: {other}"),
+        Only("add_final_layer_norm", final, (final,), f"a norm after the last block: {other}"),
+        Only("normalize_embedding", embedding, (embedding,), f"a norm after the embeddings: {other}"),
+        Only("static_position_embeddings", sinusoids, (sinusoids,), f"sinusoidal positions: {other}"),
+        Only("add_bias_logits", False, (False,), "a learned logits bias is not the final_logits_bias buffer"),
     )
-    return Layout(name, table, ignore=tuple(ignore), tied=tied, zeros=zeros)
 
 
-family(
-    Family(
-        "BartForConditionalGeneration",
-        ("bart",),
-        r"(?:model\.)?encoder\.layernorm_embedding\.",
-        _spec,
-        _layout,
+GENERATE = ("decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id")
+"""Token ids of HF's ``generate`` (specvit's takes them as arguments): they choose no logit."""
+
+_ENC, _DEC = "encoder.layers.{i}.", "decoder.layers.{i}."
+
+
+def _block(role: str, layer: str) -> dict[str, Any]:
+    """A stack's names in the layout: the embeddings, the self-attention and MLP sublayers, the last norm."""
+    block = f"{role}.blocks.{{i}}."
+    return {
+        f"{role}.tok_embed": f"{role}.embed_tokens",
+        f"{role}.pos_embed.weight": Renamed(f"{role}.embed_positions.weight", batched),
+        f"{role}.embed_norm": f"{role}.layernorm_embedding",
+        block + "norm1": layer + "self_attn_layer_norm",
+        block + "attn.qkv": tuple(layer + f"self_attn.{n}_proj" for n in "qkv"),
+        block + "attn.proj": layer + "self_attn.out_proj",
+        block + "mlp.fc1": layer + "fc1",
+        block + "mlp.fc2": layer + "fc2",
+        block + ("norm2" if role == "encoder" else "norm3"): layer + "final_layer_norm",
+        f"{role}.norm": f"{role}.layer_norm",
+    }
+
+
+NAMES = {
+    **_block("encoder", _ENC),
+    **_block("decoder", _DEC),
+    "decoder.blocks.{i}.norm2": _DEC + "encoder_attn_layer_norm",
+    "decoder.blocks.{i}.cross_attn.q": _DEC + "encoder_attn.q_proj",
+    "decoder.blocks.{i}.cross_attn.kv": (_DEC + "encoder_attn.k_proj", _DEC + "encoder_attn.v_proj"),
+    "decoder.blocks.{i}.cross_attn.proj": _DEC + "encoder_attn.out_proj",
+}
+"""specvit's modules in the BART layout -> HF's, relative to the backbone (``model.``)."""
+
+LOGITS_BIAS = Renamed("final_logits_bias", flat)
+"""HF's (1, vocab) buffer added to the logits, as the LM head's bias."""
+
+BART = register(
+    Seq2Seq(
+        name="Bart",
+        model_types=("bart",),
+        role="encoder_decoder",
+        keys=r"(?:model\.)?encoder\.layers\.\d+\.self_attn_layer_norm\.",
+        spec={
+            **both(
+                {
+                    "input.kind": "tokens",
+                    "input.vocab": F("vocab_size", 50265),
+                    "input.padding_idx": padding(1),
+                    "input.scale": F("scale_embedding", False),  # the embedding times sqrt(d_model)
+                    "position.kind": "learned",
+                    "position.max_len": F("max_position_embeddings", 1024),
+                    "position.offset": 2,  # BartLearnedPositionalEmbedding starts two rows in
+                    "width": F("d_model", 1024),
+                    "embed_norm": True,
+                    "final_norm": False,
+                    "block.norm.placement": "post",
+                    "block.norm.eps": 1e-5,  # nn.LayerNorm's default
+                    "block.mlp.activation": F("activation_function", "gelu", map=ACTIVATIONS),
+                    "dropout.embedding": F("dropout", 0.1),
+                    "dropout.attention": F("attention_dropout", 0.0),
+                    "dropout.projection": F("dropout", 0.1),
+                    "dropout.mlp": F("dropout", 0.1),
+                }
+            ),
+            "encoder.depth": F("encoder_layers", 12),
+            "encoder.block.layers": ["self_attention", "mlp"],
+            "encoder.block.heads": count("encoder_attention_heads", 16),
+            "encoder.block.mlp.hidden": F("encoder_ffn_dim", 4096),
+            "decoder.depth": F("decoder_layers", 12),
+            "decoder.block.layers": ["masked_self_attention", "cross_attention", "mlp"],
+            "decoder.block.heads": count("decoder_attention_heads", 16),
+            "decoder.block.mlp.hidden": F("decoder_ffn_dim", 4096),
+            "shared_embeddings": F("tie_word_embeddings", True),  # both stacks read `shared`
+        },
+        only=(
+            Only("is_decoder", False, (False,), "a decoder-only model (BartForCausalLM) is not this table's"),
+            *legacy(before=False, final=False, embedding=True, sinusoids=False),
+            Only("extra_pos_embeddings", 2, (2,), "the position table starts 2 rows in"),
+        ),
+        inert=(
+            *GENERATE,
+            "activation_dropout",  # training only; specvit's dropout.mlp drops there at dropout's rate
+            "encoder_layerdrop",  # training only: LayerDrop has no spec key
+            "decoder_layerdrop",
+            "classifier_dropout",  # the dropout of BartForSequenceClassification's head, a class not read
+            "init_std",
+        ),
+        names=NAMES,
+        classes={"Model": BARE, "ForConditionalGeneration": generation(lm(tied=True), LOGITS_BIAS)},
+        default="ForConditionalGeneration",
+        frozen="{role}.embed_positions.weight",
     )
 )

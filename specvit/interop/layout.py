@@ -6,7 +6,7 @@ Shared by :mod:`specvit.convert` and the per-family layouts of :mod:`specvit.int
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ __all__ = [
     "cat",
     "check_blocks",
     "conv1d",
+    "flat",
     "heads_interleaved",
     "one",
     "patches",
@@ -63,6 +64,10 @@ def conv1d(ts: Sequence[Tensor]) -> Tensor:
 
 def batched(ts: Sequence[Tensor]) -> Tensor:
     return ts[0].unsqueeze(0)  # (N, D) position table -> (1, N, D)
+
+
+def flat(ts: Sequence[Tensor]) -> Tensor:
+    return ts[0].reshape(-1)  # a (1, N) buffer (BART's final_logits_bias) -> a bias (N,)
 
 
 def patches(ts: Sequence[Tensor]) -> Tensor:
@@ -116,7 +121,8 @@ class Layout:
         zeros: source keys of buffers the spec has no place for, accepted only when all zero (BART's
             ``final_logits_bias`` for a head without a bias), with the fix if they are not.
         fixed: source keys of frozen tables the spec computes instead of storing (MAE's sin-cos
-            positions), accepted only when they equal the spec's values (to 1e-5).
+            positions), accepted only when they equal the spec's values (to 1e-5): the table, or a function
+            of the stored table's shape giving it (Marian's sinusoids, as many rows as the checkpoint's).
     """
 
     name: str
@@ -124,7 +130,7 @@ class Layout:
     ignore: tuple[str, ...] = ()
     tied: dict[str, str] = field(default_factory=dict)
     zeros: dict[str, str] = field(default_factory=dict)
-    fixed: dict[str, Tensor] = field(default_factory=dict)
+    fixed: Mapping[str, Tensor | Callable[[tuple[int, ...]], Tensor]] = field(default_factory=dict)
 
     def sources(self, target: str) -> Entry | None:
         """The source keys of one target key and their transform, or None if the format has no such part."""

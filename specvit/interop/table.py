@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specvit.interop.layout import Layout, Misfit, Transform, cat, same
+from specvit.interop.layout import Entry, Layout, Misfit, Transform, cat, same
 from specvit.interop.registry import Config, Family, family
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Table",
     "count",
     "lm",
+    "name_table",
     "register",
 ]
 
@@ -389,14 +390,7 @@ class Table:
         pre = self.backbone if any(k.startswith(self.backbone) for k in keys) else ""
         head = self._head(spec, keys)
         heads = head.names
-        table: dict[str, tuple[tuple[str, ...], Any]] = {}
-        for ours, name in {**self.names, **heads}.items():
-            theirs, join = (name.sources, name.transform) if isinstance(name, Renamed) else (name, None)
-            sources = (theirs,) if isinstance(theirs, str) else theirs
-            sources = tuple(s if ours in heads else pre + s for s in sources)
-            join = join or (cat if len(sources) > 1 else same)
-            table[ours] = (sources, join)  # a parameter named whole (an MoE's stacked experts)
-            table[ours + ".{p}"] = (tuple(s + ".{p}" for s in sources), join)
+        table = name_table(self.names, pre, heads)
         tied: dict[str, str] = {}
         ignore = self.ignore
         if getattr(spec.head, "tied", False):
@@ -434,6 +428,26 @@ class Table:
         if spec.head.kind == "none":
             return BARE
         return self.classes[self.default]
+
+
+def name_table(names: Mapping[str, Name], pre: str, heads: Mapping[str, Name]) -> dict[str, Entry]:
+    """The layout's table of a family's names: each specvit module (or parameter) and each of its parameters
+    (``{p}``) made of the HF ones, concatenated where there are several.
+
+    Args:
+        names: specvit name -> HF name(s), relative to the backbone.
+        pre: the backbone's prefix in the state dict (``model.``, or none for a base model's).
+        heads: the task head's names, outside the backbone.
+    """
+    table: dict[str, Entry] = {}
+    for ours, name in {**names, **heads}.items():
+        theirs, join = (name.sources, name.transform) if isinstance(name, Renamed) else (name, None)
+        sources = (theirs,) if isinstance(theirs, str) else theirs
+        sources = tuple(s if ours in heads else pre + s for s in sources)
+        join = join or (cat if len(sources) > 1 else same)
+        table[ours] = (sources, join)  # a parameter named whole (an MoE's stacked experts)
+        table[ours + ".{p}"] = (tuple(s + ".{p}" for s in sources), join)
+    return table
 
 
 def _put(data: dict[str, Any], key: str, value: Any) -> None:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from specvit.errors import Problem, SpecError
 from specvit.interop import hf  # noqa: F401  (registers every family's table)
-from specvit.interop.layout import Transform, batched, cat, conv1d, same
+from specvit.interop.layout import Transform, batched, cat, conv1d, flat, same
 from specvit.interop.registry import Config
 from specvit.interop.table import TABLES, D, F, Table
 from specvit.spec.loader import parse_spec
@@ -34,6 +34,7 @@ _INVERSE: dict[Transform, Callable[[Tensor], Tensor]] = {
     same: lambda t: t,
     batched: lambda t: t.squeeze(0),
     conv1d: lambda t: t.t().contiguous() if t.ndim == 2 else t,
+    flat: lambda t: t.reshape(1, -1),
 }
 """Transforms of one source undone; a concatenation is split at the HF shapes."""
 
@@ -149,6 +150,9 @@ def hf_state_dict(model: SpecModel, table: Table, config: dict[str, Any]) -> dic
             raise SpecError(
                 Problem(key, f"{key} is made of {names} in a way to_hf cannot undo", "report this")
             )
+    for key, want in layout.fixed.items():  # frozen tables the spec computes (Marian's sinusoids)
+        if key in shapes:
+            out[key] = want(shapes[key]) if callable(want) else want
     missing = sorted(set(shapes) - set(out) - set(layout.tied) - {k for k in shapes if layout.ignored(k)})
     if missing:
         raise SpecError(

@@ -148,38 +148,96 @@ def sincos_1d_concat(positions: Tensor, dim: int, base: float = 10000.0) -> Tens
     return torch.cat((angles.sin(), angles.cos()), dim=-1).to(torch.float32)  # (N, dim)
 
 
+def sincos_1d_tensor2tensor(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """The (N, dim) sin-cos table of tensor2tensor and fairseq (M2M100): sines, then cosines, of frequencies
+    ``base^(-i / (dim/2 - 1))``, i < dim/2 (the last exactly ``1/base``), computed in float32 in the order of
+    fairseq's ``get_embedding`` (and transformers' M2M100), which it equals bit for bit.
+
+    Args:
+        positions: (N,) integer or float positions.
+        dim: table width, even and at least 4.
+        base: wavelength base.
+    """
+    if dim % 2 != 0 or (half := dim // 2) < 2:
+        raise ValueError(f"sincos_1d_tensor2tensor needs an even dim of at least 4, got {dim}")
+    step = math.log(base) / (half - 1)
+    inv_freq = torch.exp(torch.arange(half, device=positions.device, dtype=torch.int64).float() * -step)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, dim/2)
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (N, dim)
+
+
 SinCosLayout = Literal["interleaved", "concat"]
+SinCosFrequencies = Literal["paper", "tensor2tensor"]
+
+
+def sincos_table(
+    positions: Tensor,
+    dim: int,
+    base: float = 10000.0,
+    layout: SinCosLayout = "interleaved",
+    frequencies: SinCosFrequencies = "paper",
+) -> Tensor:
+    """The (N, dim) float32 table of (N,) ``positions``: :func:`sincos_1d` (interleaved), :func:`sincos_1d_concat`
+    (sines, then cosines) or, of ``tensor2tensor`` frequencies, :func:`sincos_1d_tensor2tensor` (its pairs
+    interleaved where ``layout`` says so).
+
+    Args:
+        positions: (N,) positions.
+        dim: table width, even.
+        base: wavelength base.
+        layout: ``interleaved`` or ``concat``.
+        frequencies: ``paper`` (``base^(-2i/dim)``) or ``tensor2tensor`` (``base^(-i/(dim/2 - 1))``).
+    """
+    if frequencies == "tensor2tensor":
+        table = sincos_1d_tensor2tensor(positions, dim, base)  # (N, dim): [sin | cos]
+        if layout == "interleaved":
+            table = torch.stack(table.chunk(2, dim=-1), dim=-1).flatten(-2)  # (N, dim/2, 2) -> (N, dim)
+        return table
+    if layout == "concat":
+        return sincos_1d_concat(positions, dim, base)
+    return sincos_1d(positions, dim, base)
 
 
 class SinCosPosition(nn.Module):
-    """Adds the fixed 1D table of positions ``offset .. offset + N - 1``: :func:`sincos_1d` (interleaved) or
-    :func:`sincos_1d_concat` (sines, then cosines).
+    """Adds the fixed 1D table (:func:`sincos_table`) of positions ``start + offset .. start + offset + N - 1``.
 
     Args:
         dim: width D, even.
         base: wavelength base.
         layout: ``interleaved`` or ``concat``.
+        frequencies: ``paper`` or ``tensor2tensor``.
+        start: the position of the first token (M2M100 numbers tokens from ``pad_token_id + 1``).
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, layout: SinCosLayout = "interleaved") -> None:
+    def __init__(
+        self,
+        dim: int,
+        base: float = 10000.0,
+        layout: SinCosLayout = "interleaved",
+        frequencies: SinCosFrequencies = "paper",
+        start: int = 0,
+    ) -> None:
         super().__init__()
         if dim % 2 != 0:
             raise ValueError(f"SinCosPosition needs an even dim, got {dim}")
         if layout not in ("interleaved", "concat"):
             raise ValueError(f"SinCosPosition's layout must be 'interleaved' or 'concat', got {layout!r}")
-        self.dim = dim
-        self.base = base
-        self.layout = layout
+        if frequencies not in ("paper", "tensor2tensor"):
+            raise ValueError(f"SinCosPosition's frequencies: 'paper' or 'tensor2tensor', not {frequencies!r}")
+        self.dim, self.base, self.layout, self.frequencies, self.start = dim, base, layout, frequencies, start
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        positions = torch.arange(offset, offset + x.shape[1], device=x.device)  # (N,)
-        if self.layout == "concat":
-            return x + sincos_1d_concat(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
-        return x + sincos_1d(positions, self.dim, self.base).to(x.dtype)  # (B, N, D)
+        first = self.start + offset
+        positions = torch.arange(first, first + x.shape[1], device=x.device)  # (N,)
+        table = sincos_table(positions, self.dim, self.base, self.layout, self.frequencies)  # (N, D)
+        return x + table.to(x.dtype)  # (B, N, D)
 
     def extra_repr(self) -> str:
         layout = "" if self.layout == "interleaved" else f", layout={self.layout}"
-        return f"dim={self.dim}, base={self.base}{layout}"
+        rest = ("" if self.frequencies == "paper" else f", frequencies={self.frequencies}") + (
+            f", start={self.start}" if self.start else ""
+        )
+        return f"dim={self.dim}, base={self.base}{layout}{rest}"
 
 
 class SinCos2dPosition(nn.Module):

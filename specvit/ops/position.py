@@ -237,11 +237,15 @@ class SinCosParams(Params):
         dim: width.
         base: wavelength base.
         layout: ``interleaved`` (sin, cos per frequency) or ``concat`` (all sines, then all cosines).
+        frequencies: ``paper`` (``base^(-2i/dim)``) or ``tensor2tensor`` (``base^(-i/(dim/2 - 1))``).
+        start: the position of the first token.
     """
 
     dim: int
     base: float
     layout: str = "interleaved"
+    frequencies: str = "paper"
+    start: int = 0
 
 
 @op
@@ -253,11 +257,18 @@ class SinCosOp(Op):
     ports = ("x", "offset")
 
     def ctor(self, p: SinCosParams) -> dict[str, Any]:
-        return {"dim": p.dim, "base": p.base} | ({"layout": p.layout} if p.layout != "interleaved" else {})
+        given = {
+            "layout": (p.layout, "interleaved"),
+            "frequencies": (p.frequencies, "paper"),
+            "start": (p.start, 0),
+        }
+        return {"dim": p.dim, "base": p.base} | {k: v for k, (v, default) in given.items() if v != default}
 
     def label(self, p: SinCosParams) -> tuple[str, ...]:
         layout = " · sin | cos" if p.layout == "concat" else ""
-        return (f"fixed · base {p.base:g}{layout} · added",)
+        frequencies = " · tensor2tensor" if p.frequencies == "tensor2tensor" else ""
+        start = f" · from {p.start}" if p.start else ""
+        return (f"fixed · base {p.base:g}{layout}{frequencies}{start} · added",)
 
 
 @fragment("position")
@@ -271,17 +282,33 @@ class SinCosPosition(PositionFragment):
         description="interleaved: sin and cos of each frequency side by side (the paper, PyTorch's "
         "tutorial); concat: all sines, then all cosines (Marian).",
     )
+    frequencies: Literal["paper", "tensor2tensor"] = Field(
+        "paper",
+        description="paper: wavelengths base^(2i/width); tensor2tensor: base^(i/(width/2 - 1)), the last "
+        "exactly base (tensor2tensor, fairseq, M2M100).",
+    )
+    offset: int = Field(
+        0,
+        ge=0,
+        le=MAX_LEN,
+        description="The position of the first token: tokens are numbered from it (M2M100: pad_token_id + 1).",
+    )
 
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
+        width = stack.embedding_width
         return _needs(
-            at,
-            stack.embedding_width % 2 == 0,
-            f"sincos positions need an even width, got {stack.embedding_width}",
-            "use an even width",
+            at, width % 2 == 0, f"sincos positions need an even width, got {width}", "use an even width"
+        ) + _needs(
+            f"{at}.frequencies",
+            self.frequencies != "tensor2tensor" or width >= 4,
+            f"tensor2tensor frequencies need a width of 4 or more, got {width}",
+            "use a wider stack, or frequencies: paper",
         )
 
     def lower(self, ctx: StackCtx) -> None:
-        p = SinCosParams(ctx.stack.facts.embedding_width, self.base, self.layout)
+        p = SinCosParams(
+            ctx.stack.facts.embedding_width, self.base, self.layout, self.frequencies, self.offset
+        )
         srcs = {"x": ctx.x, "offset": ctx.side.get("offset", "")}
         ctx.x = ctx.add(f"{ctx.role}.pos_embed", "pos_sincos", p, srcs, source=f"{ctx.role}.position")
 
