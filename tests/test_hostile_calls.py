@@ -320,3 +320,21 @@ def test_a_set_path_deeper_than_a_spec_nests_is_refused_at_once(
     assert (
         main(["validate", str(ROOT / "specs" / "mnist_vit.yaml"), "--set", "encoder.depth=1"]) == 0
     )  # control
+
+
+def test_the_collapsed_view_folds_a_deep_stack_of_many_sublayers_into_one_run() -> None:
+    layers = ["masked_self_attention", "mlp"] * 8  # 16 sublayers: the collapsed view took minutes at 1,024
+    spec = {
+        **DECODER,
+        "decoder": {**DECODER["decoder"], "depth": 64, "block": {"heads": 2, "layers": layers}},
+    }
+    graph = specvit.build_graph(spec)
+    rows = graph.summary()
+    blocks = [r for r in rows if ".blocks." in r.path]
+    assert blocks and {r.count for r in blocks} == {64}
+    assert all(r.path.startswith("decoder.blocks.0-63") for r in blocks)
+    assert len(graph.summary(expand=True)) == len(rows) + 63 * len(blocks)  # control: every block expanded
+    first = graph.signature("decoder.blocks.0")
+    node = next(n for n in graph if graph[n]["block"] == "decoder.blocks.0")
+    graph.nx.add_node("decoder.blocks.0.extra", **graph[node])  # the index of blocks' nodes follows
+    assert graph.signature("decoder.blocks.0") != first
