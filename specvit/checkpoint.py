@@ -97,9 +97,14 @@ def save_pretrained(
 
     Raises:
         CheckpointError: when ``directory`` is a file, or is not empty and ``overwrite`` is False.
+        TypeError: ``model`` is not a compiled model, ``state_dict`` not a mapping of names to tensors, or
+            another argument of the wrong type.
+        ValueError: ``state_dict`` is not the model's: every missing or unexpected key, shape or dtype that
+            would make the checkpoint fail to load is named, and nothing is written.
     """
     from safetensors.torch import save
 
+    _check_arguments(model, directory, overwrite, state_dict)
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{escape(str(path))} exists and is not a directory")
@@ -141,6 +146,33 @@ def _refuse_files(path: Path) -> None:
     if any(not entry.name.startswith(STAGING) for entry in path.iterdir()):
         raise CheckpointError(
             f"{escape(str(path))} is not empty; pass overwrite=True to replace its checkpoint"
+        )
+
+
+def _check_arguments(model: Any, directory: object, overwrite: object, state_dict: object) -> None:
+    """What save_pretrained is given, checked before anything is written: a checkpoint it writes loads."""
+    from specvit import argcheck
+    from specvit.graph.ir import ArchGraph
+
+    graph = getattr(model, "graph", None)
+    if not (isinstance(model, torch.nn.Module) and isinstance(graph, ArchGraph)):
+        raise TypeError(
+            f"save_pretrained saves a model compiled by specvit (build_model, from_hf, ...), got "
+            f"{type(model).__name__}; a plain nn.Module has no spec to load it by (torch.save its state_dict)"
+        )
+    argcheck.path(directory, "directory")
+    argcheck.flag(overwrite, "overwrite")
+    if state_dict is None:
+        return
+    argcheck.tensors(state_dict, "state_dict")
+    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    problems = check_weights(state_dict, expected)  # type: ignore[arg-type]
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (
+            f"\n  and {len(problems) - 20} more" if len(problems) > 20 else ""
+        )
+        raise ValueError(
+            f"state_dict is not the weights of {graph.name}, and a checkpoint of it would not load:\n  {shown}"
         )
 
 

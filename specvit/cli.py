@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from specvit import __version__
-from specvit.arguments import add_json, add_macs, add_quiet, add_set, add_sizes, add_view, at_least_2
+from specvit.arguments import (
+    add_json,
+    add_macs,
+    add_quiet,
+    add_set,
+    add_sizes,
+    add_view,
+    at_least_2,
+    positive,
+)
 from specvit.commands import add_import, cmd_presets
 from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
 from specvit.process import describe, named_stdout
@@ -352,7 +361,7 @@ def _add_writing(sub: Any) -> None:
     p.add_argument(
         "--direction", choices=["TB", "LR"], default="TB", help="top-to-bottom (default) or left-to-right"
     )
-    p.add_argument("--dpi", type=int, metavar="N", help="resolution of a .png (default 96)")
+    p.add_argument("--dpi", type=positive, metavar="N", help="resolution of a .png (default 96)")
     p.add_argument(
         "--flops",
         action="store_true",

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from specvit import argcheck
 from specvit.codegen.build import compile_graph
 from specvit.codegen.eject import eject_source
 from specvit.errors import SpecError
@@ -112,13 +113,19 @@ def build_model(
 
     Raises:
         SpecError: for an invalid spec, or weights that would not fit (before anything is allocated).
+        TypeError, ValueError: for an argument of the wrong type or value (``dtype=torch.int64``: weights
+            compute in floating point), naming it.
 
     Returns:
         An :class:`EncoderModel`, :class:`DecoderModel` or :class:`EncoderDecoderModel`, in train mode like
         any fresh ``nn.Module``.
     """
+    target = argcheck.device(device)
+    dtype = argcheck.compute_dtype(dtype)
+    checkpointing = argcheck.flag(checkpointing, "checkpointing")
+    if max_bytes is not None:
+        max_bytes = argcheck.integer(max_bytes, "max_bytes", low=0)
     graph = _graph(source, overrides)
-    target = torch.device(device or "cpu")
     _check_fits(graph, target, dtype, max_bytes)
     real = target.type != "meta"
     show = progress if progress is not None else (enabled() and real and graph.total_params > SHOWN_PARAMS)

@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from specvit import argcheck
 from specvit.interop.hf import hf_layouts
 from specvit.interop.layout import (
     Entry,
@@ -134,9 +135,15 @@ def convert_state_dict(state_dict: Mapping[str, Tensor], source: Source, spec: S
         ValueError: if the spec's structure has no counterpart in the source format, or the state dict
             does not match it: every missing or unexpected source key, spec parameter without a source,
             shape mismatch and untied copy of a tied head is named.
+        TypeError: ``state_dict`` is not a mapping of names to tensors, or ``spec`` is not a Spec.
     """
-    if source not in _LAYOUTS:
-        raise ValueError(f"source must be one of {sorted(_LAYOUTS)}, got {source!r}")
+    if not isinstance(source, str) or source not in _LAYOUTS:
+        raise ValueError(f"source must be one of {sorted(_LAYOUTS)}, got {source!r:.80}")
+    if not isinstance(spec, Spec):
+        raise TypeError(
+            f"spec must be a Spec, got {type(spec).__name__}; pass specvit.load_spec(...) of a spec file or preset"
+        )
+    argcheck.tensors(state_dict, "state_dict")
     keys = list(state_dict)
     expected = _expected(spec)
     failures: list[ValueError] = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import operator
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from specvit import argcheck
 from specvit.nn.packed import packed_linears
 from specvit.resources import available_memory
 
@@ -36,19 +36,19 @@ def _pick(logits: Tensor, temperature: float, top_k: int | None, generator: torc
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _integer(value: object, name: str, *, low: int, hint: str = "") -> int:
-    """``value`` as an int >= ``low`` (NumPy and 0-d tensor integers too), or a TypeError / ValueError."""
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
-        value = value.item()
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if n < low:
-        raise ValueError(f"{name} must be >= {low}, got {n}" + (f" ({hint})" if hint else ""))
-    return n
+def _integer(
+    value: object, name: str, *, low: int, high: int | None = None, hint: str = "", vocab: int | None = None
+) -> int:
+    """``value`` as an int >= ``low`` (NumPy and 0-d tensor integers too), or a TypeError / ValueError.
+
+    ``vocab`` bounds a token id: below the vocabulary's size (a finished row's ``pad_id`` is fed back to the
+    model, and an ``eos_id`` outside it is never produced).
+    """
+    if vocab is not None:
+        high, hint = vocab - 1, hint or f"a token id of the model's vocabulary of {vocab}"
+    return argcheck.integer(
+        value, name, low=low, high=argcheck.INT64_MAX if high is None else high, hint=hint
+    )
 
 
 def _temperature(value: object) -> float:
@@ -121,6 +121,9 @@ def decode_loop(
     pad_id = eos_id if pad_id is None else _integer(pad_id, "pad_id", low=0)
     top_k = None if top_k is None else _integer(top_k, "top_k", low=1, hint="None samples from every token")
     temperature = _temperature(temperature)
+    use_cache = argcheck.flag(use_cache, "use_cache")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     _check_prompt(tokens)
     cache = new_cache() if use_cache else None
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)

@@ -187,18 +187,25 @@ def _shown(shape: tuple[object, ...]) -> str:
 
 
 def check_inputs(
-    graph: ArchGraph, values: dict[str, object], offset: int = 0, dtype: torch.dtype | None = None
+    graph: ArchGraph,
+    values: dict[str, object],
+    offset: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> None:
-    """Check a model's forward arguments against its graph before torch sees them.
+    """Check a model's forward arguments against its graph before torch sees them: each required one given,
+    every tensor of the shape, dtype and device the model computes with, masks boolean, ``offset`` an int
+    and ``cache`` a KV cache.
 
     Args:
         graph: the model's graph.
         values: the forward's arguments by name (tensors, None for absent optional ones).
         offset: the decoding offset (positions already in a KV cache).
         dtype: the dtype of the model's weights, which floating-point inputs must have; None: any.
+        device: the device of the model's weights, where every input tensor must be; None: any.
 
     Raises:
-        InputError: naming the argument, what the spec expects and what was given.
+        InputError: naming the argument, what the spec expects and what was given, and what to pass.
     """
     import torch
 
@@ -209,10 +216,23 @@ def check_inputs(
     for n in graph.placeholders():
         p = graph[n]["p"]
         value = values.get(p.arg)
-        if p.dtype in ("cache", "int") or value is None:
+        if p.dtype in ("cache", "int"):
+            _check_scalar(p, value)
+            continue
+        if value is None:
+            if p.required:
+                raise InputError(
+                    f"{p.arg}: expected a tensor of {p.what or p.dtype} {_expected(p)}, got None"
+                )
             continue
         if not isinstance(value, torch.Tensor):
             raise InputError(f"{p.arg}: expected a tensor of {p.what or p.dtype}, got {type(value).__name__}")
+        if device is not None and value.device != device and not _same_device(value.device, device):
+            raise InputError(
+                f"{p.arg}: the tensor is on {value.device} and the model's weights are on {device}; pass "
+                f"{p.arg}.to({str(device)!r})"
+                + (" (a tensor on meta holds no values)" if value.is_meta else "")
+            )
         if not all(isinstance(d, int) for d in value.shape):  # symbolic sizes: a tracer's, not a user's
             continue
         _check_shape(p, tuple(value.shape), sizes)
@@ -226,6 +246,41 @@ def check_inputs(
             raise InputError(
                 f"{arg}: {size} positions{at} are more than {graph.name} takes ({symbol} <= {limit}{why}); "
                 "shorten the sequence or raise max_len in the spec"
+            )
+
+
+def _expected(p: InputParams) -> str:
+    return _shown(tuple(AXIS_NAMES.get(d, d) if isinstance(d, str) else d for d in p.shape))
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are one device when the current one is 0 (torch compares them unequal)."""
+    import torch
+
+    if a.type != b.type or a.type == "meta":
+        return a.type == b.type == "meta"
+    if a.index is None or b.index is None:
+        module = getattr(torch, a.type, None)
+        current = module.current_device() if module is not None and hasattr(module, "current_device") else 0
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return a.index == b.index
+
+
+def _check_scalar(p: InputParams, value: object) -> None:
+    """``offset`` an int >= 0; ``cache`` a KVCache or None."""
+    if p.dtype == "int" and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(
+                f"{p.arg}: expected an int (positions already decoded), got {type(value).__name__}"
+            )
+        if value < 0:
+            raise InputError(f"{p.arg}: expected an int >= 0 (positions already decoded), got {value}")
+    if p.dtype == "cache" and value is not None:
+        from specvit.nn.cache import KVCache
+
+        if not isinstance(value, KVCache):
+            raise InputError(
+                f"{p.arg}: expected a specvit.nn.attention.KVCache or None, got {type(value).__name__}"
             )
 
 
@@ -320,8 +375,13 @@ def _check_dtype(p: InputParams, value: torch.Tensor, weights: torch.dtype | Non
             f"{arg}: got {value.dtype} values, and the model's weights are {weights}; pass "
             f"{arg}.{_cast(weights)}, or convert the model with model.{_cast(value.dtype)}"
         )
+    if dtype == "bool" and value.dtype != torch.bool:
+        raise InputError(
+            f"{arg}: expected a bool mask (True marks padding), got {value.dtype}; pass {arg}.bool() for a "
+            f"1/0 mask of padding, or {arg} == 0 for HF's attention_mask (1 marks tokens)"
+        )
     if dtype == "long":
-        if value.is_floating_point() or value.dtype == torch.bool:
+        if value.dtype not in (torch.int64, torch.int32):  # what an embedding takes
             raise InputError(f"{arg}: expected integer token ids, got {value.dtype}; pass {arg}.long()")
         if vocab and value.numel() and value.device.type != "meta":
             low, high = int(value.min()), int(value.max())

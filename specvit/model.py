@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from specvit import argcheck
 from specvit.checkpoint import save_pretrained
 from specvit.nn.attention import KVCache
 
@@ -82,17 +83,19 @@ class SpecModel(nn.Module):
             arg: the forward argument they are for (``tokens``, ``src``, ``tgt``).
             what: how to name them in the message.
         """
-        vocab = next(
-            (self.graph[n]["p"].vocab for n in self.graph.placeholders() if self.graph[n]["p"].arg == arg),
-            None,
-        )
-        if vocab is None or tokens.numel() == 0 or tokens.is_floating_point():
-            return
+        vocab = self._vocab(arg)
+        if vocab is None or tokens.numel() == 0 or tokens.is_floating_point() or tokens.is_meta:
+            return  # ids on the meta device hold no values: the device check names them
         low, high = int(tokens.min()), int(tokens.max())
         if low < 0 or high >= vocab:
             raise ValueError(
                 f"{what} holds the id {low if low < 0 else high}, outside the vocabulary 0..{vocab - 1}"
             )
+
+    def _vocab(self, arg: str) -> int | None:
+        """The vocabulary of the token input ``arg`` (``tokens``, ``src``, ``tgt``); None if it takes no ids."""
+        places = self.graph.placeholders()
+        return next((self.graph[n]["p"].vocab for n in places if self.graph[n]["p"].arg == arg), None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs and not all(name in self._arguments() for name in kwargs):
@@ -119,11 +122,13 @@ class SpecModel(nn.Module):
         except TypeError:
             return  # a wrong call: Python's own message names the arguments
         offset = bound.arguments.get("offset", 0)
+        weight = next(self.parameters(), None)
         check_inputs(
             self.graph,
             dict(bound.arguments),
-            offset=offset if isinstance(offset, int) else 0,
+            offset=offset if isinstance(offset, int) and not isinstance(offset, bool) else 0,
             dtype=self._input_dtype(),
+            device=None if weight is None else weight.device,
         )
 
     def _input_dtype(self) -> torch.dtype | None:
@@ -261,12 +266,15 @@ class DecoderModel(SpecModel):
         Returns:
             (B, T0 + n) with n <= max_new_tokens.
         """
-        from specvit.generate import _check_prompt, decode_loop
+        from specvit.generate import _check_prompt, _integer, decode_loop
 
         _check_prompt(tokens)
         self._check_ids(tokens, "tokens", "the prompt")
-
         self._check((tokens,), {})
+        vocab = self._vocab("tokens")
+        max_new_tokens = _integer(max_new_tokens, "max_new_tokens", low=0)
+        eos_id = None if eos_id is None else _integer(eos_id, "eos_id", low=0, vocab=vocab)
+        pad_id = None if pad_id is None else _integer(pad_id, "pad_id", low=0, vocab=vocab)
         _fits(self, "S", tokens.shape[-1], max_new_tokens)
 
         def step(seq: Tensor, cache: KVCache | None, offset: int) -> Tensor:
@@ -335,9 +343,16 @@ class EncoderDecoderModel(SpecModel):
 
         _check_prompt(src)
         self._check_ids(src, "src", "src")
-        bos_id = _integer(bos_id, "bos_id", low=0)
+        vocab = self._vocab("tgt")
+        bos_id = _integer(bos_id, "bos_id", low=0, high=argcheck.INT64_MAX)
         self._check_ids(torch.tensor([bos_id]), "tgt", "bos_id")
+        max_new_tokens = _integer(max_new_tokens, "max_new_tokens", low=0)
+        eos_id = None if eos_id is None else _integer(eos_id, "eos_id", low=0, vocab=vocab)
+        pad_id = None if pad_id is None else _integer(pad_id, "pad_id", low=0, vocab=vocab)
         masks = {"src_key_padding_mask": src_key_padding_mask} if src_key_padding_mask is not None else {}
+        self._check(
+            (src, torch.zeros(len(src), 1, dtype=torch.long, device=src.device)), masks
+        )  # device and mask checks, before encoding
         _fits(self, "S_tgt", 1, max_new_tokens)
         memory = self.encode(src, **masks)
 

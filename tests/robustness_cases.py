@@ -888,6 +888,7 @@ _CK = "tests/test_checkpoint_unit.py::"
 _FILES = "tests/test_hostile_files.py::"
 _HF = "tests/test_hostile_hf.py::"
 _SIG = "tests/test_hostile_signals.py::"
+_CALLS = "tests/test_hostile_calls.py::"
 
 BEYOND: list[Beyond] = [
     Beyond("checkpoint_concurrent_saves", "two processes save different models into one directory at once",
@@ -992,6 +993,44 @@ BEYOND: list[Beyond] = [
     Beyond("generate_arguments", "`generate(top_k=0)`, an empty prompt, ids outside the vocabulary",
            "`ValueError` / `TypeError` saying which argument and why",
            _IO + "test_generate_refuses_bad_arguments_with_the_right_errors"),
+    Beyond("call_token_dtype", "token ids as uint8, int8, int16, bool or float (`model(ids.byte())`)",
+           "`InputError`: `x: expected integer token ids, got torch.uint8; pass x.long()`",
+           _CALLS + "test_token_ids_of_a_dtype_an_embedding_cannot_take_say_long"),
+    Beyond("call_mask_dtype", "a float or int 0/1 (or 0/-inf) padding mask", "`InputError` saying to pass "
+           "`mask.bool()` (True marks padding), or `mask == 0` for HF's attention_mask",
+           _CALLS + "test_a_padding_mask_that_is_not_bool_says_what_to_pass"),
+    Beyond("call_device", "ids, images or a mask on another device than the weights (meta ids into a CPU "
+           "model returned garbage)", "`InputError` naming both devices: `pass x.to('cpu')`",
+           _CALLS + "test_an_input_on_another_device_than_the_weights_is_refused"),
+    Beyond("call_none", "`model(None)`, `model(src, None)`", "`InputError`: `x: expected a tensor of ... got None`",
+           _CALLS + "test_a_required_input_given_as_none_is_named"),
+    Beyond("call_decoding", "`offset=\"1\"`, `offset=-1`, `cache=5`", "`InputError` naming the argument and "
+           "what it takes", _CALLS + "test_decoding_arguments_are_typed"),
+    Beyond("generate_types", "`generate(p, \"5\")`, a `pad_id` or `eos_id` beyond the vocabulary (or int64), "
+           "`use_cache=\"no\"`, `generator=5`", "`TypeError` / `ValueError` naming the argument, before "
+           "anything runs", _CALLS + "test_generate_names_each_wrong_argument"),
+    Beyond("build_arguments", "`build_model(dtype=torch.int64 / complex64 / float8, device=\"gpu\")`, "
+           "`overrides=[...]` (a list)", "`ValueError` / `TypeError` naming the argument and what to pass "
+           "(`specvit.argcheck`)", _CALLS + "test_build_model_names_each_wrong_argument"),
+    Beyond("graph_sizes", "`build_graph(batch=2.5)`, `seq_len=0`, `seq_len=\"8\"`", "`TypeError` / "
+           "`ValueError` naming the size (`seq_len=0` was read as the default)",
+           _CALLS + "test_build_graph_sizes_are_positive_integers"),
+    Beyond("overrides_type", "`load_spec(path, overrides=[\"encoder.depth=1\"])` (a list or a string)",
+           "`TypeError`: overrides must be a mapping, and how to make one from `--set` items",
+           _CALLS + "test_overrides_that_are_not_a_mapping_are_a_type_error"),
+    Beyond("save_arguments", "`save_pretrained` of a plain `nn.Module`, or a `state_dict` with a key missing, "
+           "extra, of another shape, dtype (float8) or not a tensor", "`TypeError` / `ValueError` naming "
+           "each mismatch; nothing is written (it wrote a checkpoint that did not load)",
+           _CALLS + "test_save_pretrained_refuses_what_would_not_load"),
+    Beyond("convert_arguments", "`convert_state_dict` with non-tensor values, a spec that is a name, an "
+           "unknown source", "`TypeError` / `ValueError` naming the argument",
+           _CALLS + "test_convert_state_dict_names_wrong_arguments"),
+    Beyond("set_deep_path", "`--set a.a.a...b=1`: a 60,000-level path (it took 8 GB of memory)",
+           "refused before walking it: more keys than the 64 levels a spec nests; the `<--set ...>` shown "
+           "is clipped", _CALLS + "test_a_set_path_deeper_than_a_spec_nests_is_refused_at_once"),
+    Beyond("summary_collapsed_deep", "`summary` of a valid 1,024-layer spec of 16 sublayers (collapsed view)",
+           "folded in one pass over the graph (a lookup per block scanned every node: minutes, now seconds)",
+           _CALLS + "test_the_collapsed_view_folds_a_deep_stack_of_many_sublayers_into_one_run"),
 ]  # fmt: skip
 
 

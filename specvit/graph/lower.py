@@ -16,6 +16,7 @@ from typing import Any
 
 import networkx as nx
 
+from specvit import argcheck
 from specvit.errors import Problem, SpecError
 from specvit.graph.ir import ArchGraph
 from specvit.graph.verify import verify
@@ -357,11 +358,19 @@ def build_graph(
 
     Returns:
         The graph; ``graph.dims`` holds the sizes used. Image inputs fix their own token counts.
+
+    Raises:
+        TypeError, ValueError: a size that is not an integer >= 1 (``batch=2.5``, ``seq_len=0``), naming it.
     """
 
     def default(stack: StackSpec | None) -> int:
         return min(stack.facts.max_len, DEFAULT_SEQ_LEN) if stack is not None else DEFAULT_SEQ_LEN
 
+    batch = argcheck.integer(batch, "batch", low=1)
+    seq_len, src_len, tgt_len = (
+        None if n is None else argcheck.integer(n, name, low=1, hint="None for the default")
+        for n, name in ((seq_len, "seq_len"), (src_len, "src_len"), (tgt_len, "tgt_len"))
+    )
     dims = {"B": batch}
     if spec.model == "encoder_decoder":
         dims["S_src"] = src_len or seq_len or default(spec.encoder)

@@ -13,7 +13,16 @@ from typing import Any
 from specvit.errors import Location, SpecError, SpecFileError
 from specvit.io import Unreadable, read_regular
 from specvit.spec.presets import preset_path, suggest
-from specvit.spec.yamlread import MAX_BYTES, KeyPath, SourceMap, dotted, read_yaml, split_path, too_big
+from specvit.spec.yamlread import (
+    MAX_BYTES,
+    MAX_NESTING,
+    KeyPath,
+    SourceMap,
+    dotted,
+    read_yaml,
+    split_path,
+    too_big,
+)
 from specvit.text import quote
 
 __all__ = [
@@ -243,6 +252,13 @@ def _check_key(key: Any, label: Location) -> list[str | int]:
             location=label,
         )
     parts = key.split(".")
+    if len(parts) > MAX_NESTING:  # each level of the path copies the path so far: bound it before walking
+        raise SpecError.at(
+            f"the override path {quote(key[:40])}... has {len(parts):,} keys, more than the {MAX_NESTING} levels "
+            "a spec may nest",
+            hint="write dotted keys such as encoder.depth or encoder.block.layers.0",
+            location=label,
+        )
     for part in parts:
         if not part.strip():
             raise SpecError.at(
@@ -276,7 +292,7 @@ def parse_overrides(items: list[str]) -> Overrides:
     out = Overrides()
     for item in items:
         key, sep, text = item.partition("=")
-        label = Location(f"<--set {item}>")
+        label = Location(f"<--set {item if len(item) <= 200 else item[:200] + '...'}>")  # one readable line
         if not sep or not key.strip():
             raise SpecError.at(
                 f"{quote(item)} is not KEY=VALUE", hint="write e.g. --set encoder.depth=6", location=label

@@ -118,7 +118,16 @@ def _shorthand(data: Any) -> Callable[[KeyPath, str], bool]:
 
 
 def _plain(overrides: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """The overrides with their values made plain data (NumPy integers -> int), origins kept."""
+    """The overrides with their values made plain data (NumPy integers -> int), origins kept; anything but a
+    mapping (a list of ``--set`` items) is a TypeError saying what to pass."""
+    if overrides is not None and not isinstance(overrides, Mapping):
+        example = ""
+        if isinstance(overrides, list | tuple) and overrides and isinstance(overrides[0], str):
+            example = f" (for {overrides[0]!r:.60}-style items, specvit.spec.compose.parse_overrides(items) makes one)"
+        raise TypeError(
+            f"overrides must be a mapping of dotted keys to values, such as {{'encoder.depth': 6}}, got "
+            f"{type(overrides).__name__}{example}"
+        )
     if not overrides:
         return {}
     out = Overrides({k: _copy(v, f"<override {k}>") for k, v in overrides.items()})
