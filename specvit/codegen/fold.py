@@ -309,6 +309,14 @@ class Fold(ast.NodeTransformer):
         last = self.truth(flat[-1]) if len(flat) > 1 else None
         if last == is_and and all(_boolean(v) for v in flat[:-1]):
             flat = flat[:-1]  # `a == 1 and True` is `a == 1`: the operands before are booleans
+        decided = self.value(flat[-1])
+        if (
+            len(flat) > 1
+            and isinstance(decided, bool)
+            and decided != is_and
+            and all(map(_boolean, flat[:-1]))
+        ):
+            return ast.copy_location(ast.Constant(decided), node)  # `a == 1 and False` is False
         if len(flat) == 1:
             return flat[0]
         truth = self.truth(flat[0])
@@ -336,6 +344,12 @@ class Fold(ast.NodeTransformer):
             return node.left  # x + 0, x - 0
         if isinstance(node.op, ast.Add) and _same(self.value(node.left), 0):
             return node.right
+        return node
+
+    def visit_Slice(self, node: ast.Slice) -> ast.AST:
+        self.generic_visit(node)
+        if node.lower is not None and _same(self.value(node.lower), 0):
+            node.lower = None  # x[0:] is x[:]
         return node
 
     def visit_Call(self, node: ast.Call) -> ast.AST:

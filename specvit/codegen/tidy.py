@@ -9,6 +9,7 @@ them (one argument per line, a trailing comma).
 from __future__ import annotations
 
 import ast
+import itertools
 
 from specvit.codegen.fold import unparse
 
@@ -150,6 +151,7 @@ def _drop_dead_stores(source: str) -> str:
                 one_line = stmt.lineno == stmt.end_lineno
                 if stored and len(stored) == len(names) and not set(stored) & loaded and pure and one_line:
                     dead.add(stmt.lineno)
+            dead |= _overwritten(fn)
         if not dead:
             return source
         source = "\n".join(line for i, line in enumerate(lines, start=1) if i not in dead) + "\n"
@@ -276,6 +278,27 @@ def _blank_unread(target: ast.expr, loaded: set[str]) -> ast.expr:
     if isinstance(target, ast.Name) and target.id not in loaded:
         return ast.Name("_", ast.Store())
     return target
+
+
+def _overwritten(fn: ast.FunctionDef) -> set[int]:
+    """Lines of one-line stores to a name (without calls) that the next statement stores again without
+    reading it (``visible = None`` right before ``visible = self._visible(...)``)."""
+    out = set()
+    for block in (getattr(n, f, None) for n in ast.walk(fn) for f in ("body", "orelse")):
+        if not isinstance(block, list):
+            continue
+        for a, b in itertools.pairwise(block):
+            if not (isinstance(a, ast.Assign) and isinstance(b, ast.Assign) and len(a.targets) == 1):
+                continue
+            name = a.targets[0]
+            if not isinstance(name, ast.Name) or a.lineno != a.end_lineno:
+                continue
+            pure = not any(isinstance(n, ast.Call) for n in ast.walk(a.value))
+            again = len(b.targets) == 1 and isinstance(b.targets[0], ast.Name) and b.targets[0].id == name.id
+            reads = any(isinstance(n, ast.Name) and n.id == name.id for n in ast.walk(b.value))
+            if pure and again and not reads:
+                out.add(a.lineno)
+    return out
 
 
 def tidy_class(source: str) -> str:

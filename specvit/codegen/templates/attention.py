@@ -161,20 +161,24 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         past = 0  # the position of the first new token
+        first = 0  # the position of the first key attended to
         if cache is not None:
             past = cache.length(self.layer_idx)
             k, v = cache.append(self.layer_idx, k, v)  # (B, Hkv, T, hd)
+            if self.window is not None and self.causal:  # only the keys the window still sees
+                first = max(0, past - self.window + 1)
+                k, v = k[:, :, first:], v[:, :, first:]  # (B, Hkv, T, hd): T = past - first + N
         is_causal = self.causal and past == 0 and mask is None and bias is None and self.window is None
         visible = None  # (B, 1, N, T) bool: the keys each query sees
         if not is_causal and (self.window is not None or (self.causal and n > 1)):
-            visible = self._visible(n, k.shape[2], past, x.device)  # (N, T)
+            visible = self._visible(n, k.shape[2], past - first, x.device)  # (N, T)
         if mask is not None:
-            keep = ~mask[:, None, None, :]  # (B, 1, 1, T)
+            keep = ~mask[:, None, None, first:]  # (B, 1, 1, T)
             visible = keep if visible is None else visible & keep  # (B, 1, N, T)
             has_key = visible.any(dim=-1, keepdim=True)  # (B, 1, N, 1): a query seeing only padding
             visible = visible | ~has_key  # sees every key instead, and outputs zeros
         if bias is not None:  # the mask becomes additive: the bias, -inf where a key is not seen
-            bias = bias.to(q.dtype)
+            bias = (bias if first == 0 else bias[..., first:]).to(q.dtype)
             visible = bias if visible is None else bias.masked_fill(~visible, -torch.inf)  # (B, H, N, T)
         out = F.scaled_dot_product_attention(
             q,
