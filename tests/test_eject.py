@@ -143,6 +143,32 @@ def test_ejected_file_is_plain_clean_python(preset: Path, tmp_path: Path) -> Non
     assert ruff(tmp_path / "model.py") == []
 
 
+def _guide_specs() -> list[Any]:
+    """The whole specs of the guide and docs/examples: features no preset has (mixture of experts, global
+    tokens, soft-capping, unit-offset norms, hand-written block graphs, shared blocks)."""
+    found = [p for p in sorted((ROOT / "docs" / "examples").glob("*.yaml")) if p.stem != "bad"]
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    texts = [t for t in re.findall(r"```yaml\n(.*?)```", guide, flags=re.S) if "model:" in t and "name:" in t]
+    return [pytest.param(p, id=p.stem) for p in found] + [
+        pytest.param(t, id=re.search(r"name: (\S+)", t).group(1))
+        for t in texts  # type: ignore[union-attr]
+    ]
+
+
+@pytest.mark.parametrize("spec", _guide_specs())
+def test_guide_specs_eject_clean_and_equal(spec: Path | str, tmp_path: Path) -> None:
+    path = spec if isinstance(spec, Path) else tmp_path / "spec.yaml"
+    if isinstance(spec, str):
+        path.write_text(spec)
+    graph = build_graph(specvit.load_spec(path), batch=2, seq_len=12, src_len=12, tgt_len=9)
+    text = eject_source(graph, use_ruff=False)
+    assert PRIVATE.findall(text) == [] and defined_twice(text) == [] and undocumented(text) == []
+    (tmp_path / "model.py").write_text(text)
+    assert ruff(tmp_path / "model.py") == []
+    got, want = _outputs(graph, text, example_inputs(graph, 2))
+    assert (got - want).abs().max().item() == 0.0
+
+
 def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     """Broken controls: each check above finds its fault in a file that has it."""
     text = small_file(ROOT / "specs" / "mnist_vit.yaml")

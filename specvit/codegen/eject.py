@@ -15,6 +15,7 @@ import ast
 import functools
 import inspect
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from specvit.codegen.emit import methods, wrap
 from specvit.codegen.fold import unparse
 from specvit.codegen.scopes import analyse, attr_path, block_container
 from specvit.codegen.sources import UNWRAP, dependencies, import_block, renames
-from specvit.codegen.specialise import Facts, specialise
+from specvit.codegen.specialise import Facts, rewrite_function, specialise
 from specvit.codegen.templates import DecoderGenerate, EncoderDecoderGenerate, decoding, template_for
 from specvit.codegen.text import (
     class_doc,
@@ -73,8 +74,9 @@ def _common(dicts: list[dict[str, Any]]) -> dict[str, Any]:
 class _Ejector:
     """Chooses, specialises and calls the layer classes of one ejected file."""
 
-    def __init__(self, graph: ArchGraph):
+    def __init__(self, graph: ArchGraph, general: set[str]):
         self.graph = graph
+        self.general = general  # layer classes other code builds too: the library's, written whole
         self.scopes = analyse(graph)
         self.names = class_names(graph, self.scopes)
         self.model = compile_graph(graph, _Root, nn.Module, None)
@@ -83,8 +85,17 @@ class _Ejector:
         for path, (cls, _) in self.leaves.items():
             if not _is_torch(cls):
                 self.users.setdefault(cls, []).append(path)
-        self.sources = {cls: specialise(cls, self.facts(cls)) for cls in self.users}
+        self.sources = {cls: self._source(cls) for cls in self.users}
         self._varying: dict[str, dict[str, dict[str, list[Any]]]] = {}
+
+    def _source(self, cls: type) -> str:
+        """A layer class's source: specialised to this model, or whole when other code builds it too."""
+        if cls.__name__ not in self.general:
+            return specialise(cls, self.facts(cls))
+        module = inspect.getmodule(cls)
+        assert module is not None
+        source = textwrap.dedent(inspect.getsource(cls))
+        return rewrite_function(source, module, renames(module), UNWRAP, _called_from_outside())
 
     def _choose(self) -> dict[str, tuple[type, dict[str, Any]]]:
         """Each module node's class: torch's own, a plain template, or the library's (every node of a library
@@ -96,6 +107,8 @@ class _Ejector:
         for target, nodes in uses.items():
             ctors = [self.graph.op(n).ctor(self.graph[n]["p"]) for n in nodes]
             plain = [template_for(target, kw) for kw in ctors]
+            if any(t is not None and t[0].__name__ in self.general for t in plain):
+                plain = [None]  # a library class of that name is built by other code: the library's
             for n, kw, t in zip(nodes, ctors, plain, strict=True):
                 out[n] = t if t is not None and all(plain) else (resolve(target), kw)
         return out
@@ -128,7 +141,9 @@ class _Ejector:
             k: v for k, v in unsaid.items() if all(k not in kw for kw in kwargs)
         }  # every use: the default
         module = inspect.getmodule(cls)
-        return Facts(attrs, absent, init, module, renames(module), frozenset() if template else UNWRAP)
+        if template:
+            return Facts(attrs, absent, init, module, renames(module))
+        return Facts(attrs, absent, init, module, renames(module), UNWRAP, _called_from_outside())
 
     def tidy(self, others: list[str]) -> set[str]:
         """Drop the attributes no source reads, then the constructor parameters nothing reads; the attributes
@@ -305,6 +320,21 @@ def _defaults(cls: type) -> dict[str, Any]:
     return {p.name: _NO_DEFAULT if p.default is p.empty else p.default for p in params}
 
 
+@functools.cache
+def _called_from_outside() -> frozenset[str]:
+    """Private methods specvit's layers call on other objects (``owner._attend(...)``): a layer class keeps
+    them whole."""
+    import specvit.nn
+
+    found = set()
+    for path in Path(specvit.nn.__file__).parent.glob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            private = isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+            if private and not (isinstance(n.value, ast.Name) and n.value.id == "self"):  # type: ignore[attr-defined]
+                found.add(n.attr)  # type: ignore[attr-defined]
+    return frozenset(found)
+
+
 def _has_init(source: str) -> bool:
     klass = ast.parse(source).body[0]
     return isinstance(klass, ast.ClassDef) and any(
@@ -405,21 +435,28 @@ def eject_source(graph: ArchGraph, origin: str = "", *, use_ruff: bool = True) -
         use_ruff: pass the text through ``ruff format`` when ruff is installed (specvit writes it formatted
             already: the tests check the text without).
     """
-    e = _Ejector(graph)
-    rank = {"": 3, "head": 2}  # blocks, stacks, the head, the model
-    order = sorted(e.scopes, key=lambda s: (0 if block_container(s) else rank.get(s, 1), s))
-    forwards = "\n".join(m.source for s in order for m in methods(graph, e.scopes, e.scopes[s]))
-    helpers = {h: fn for h, fn in helper_names(graph).items() if f"{h}(" in forwards}
-    helper_sources = [
-        (textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)) for fn in helpers.values()
-    ]
-    generate = _generate_template(graph)
-    sources = [(e.sources[cls], inspect.getmodule(cls)) for cls in e.users] + helper_sources
-    sources += [(generate, decoding)] if generate else []
-    if "KVCache" in forwards:
-        sources.append(("KVCache", decoding))
-    defined = {cls.__name__ for cls in e.users} | set(helpers)
-    definitions, imports = dependencies(sources, defined)  # type: ignore[arg-type]
+    general: set[str] = set()
+    while True:  # until no layer class is also built by other code (then written whole, the library's)
+        e = _Ejector(graph, general)
+        rank = {"": 3, "head": 2}  # blocks, stacks, the head, the model
+        order = sorted(e.scopes, key=lambda s: (0 if block_container(s) else rank.get(s, 1), s))
+        forwards = "\n".join(m.source for s in order for m in methods(graph, e.scopes, e.scopes[s]))
+        helpers = {h: fn for h, fn in helper_names(graph).items() if f"{h}(" in forwards}
+        helper_sources = [
+            (textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)) for fn in helpers.values()
+        ]
+        generate = _generate_template(graph)
+        sources = [(e.sources[cls], inspect.getmodule(cls)) for cls in e.users] + helper_sources
+        sources += [(generate, decoding)] if generate else []
+        if "KVCache" in forwards:
+            sources.append(("KVCache", decoding))
+        defined = {cls.__name__ for cls in e.users} | set(helpers)
+        definitions, imports = dependencies(sources, defined)  # type: ignore[arg-type]
+        layers = {cls.__name__ for cls in e.users}
+        built = {n for d in [*definitions, *(src for src, _ in sources)] for n in _names(d) - {_defined(d)}}
+        if built & layers <= general:
+            break
+        general |= built & layers
     dead = e.tidy([*definitions, *(s for s, _ in helper_sources)])
     definitions = [drop_attributes(d, dead) for d in definitions]
     generated: dict[str, str] = {}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specvit.codegen.fold import UNKNOWN, Fold, is_flag, unparse
-from specvit.codegen.tidy import reflow, signature, tidy_class
+from specvit.codegen.tidy import reflow, rejoin_lines, signature, tidy_class
 
 __all__ = ["Facts", "rewrite_function", "specialise", "specialise_source"]
 
@@ -39,6 +39,7 @@ class Facts:
         module: where the class's names are defined.
         renames: names to write otherwise (``Linear`` -> ``nn.Linear``: no fast paths in an ejected file).
         unwrap: functions whose call is replaced by its argument.
+        keep: private methods other code calls (``owner._attend``): kept whole, with their parameters.
     """
 
     attrs: dict[str, Any]
@@ -47,6 +48,7 @@ class Facts:
     module: types.ModuleType | None = None
     renames: dict[str, str] = field(default_factory=dict)
     unwrap: frozenset[str] = frozenset()
+    keep: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.attrs = {k: v for k, v in self.attrs.items() if k not in _MUTABLE}
@@ -82,11 +84,21 @@ class _Renderer:
             offsets.append(offsets[-1] + len(line) + 1)
         text = "\n".join(lines)
         edits = self._edits(stmt)
+        value = getattr(stmt, "value", None)
         for (a, b), replacement in sorted(edits, reverse=True):
             i, j = offsets[a[0] - first] + a[1], offsets[b[0] - first] + b[1]
+            if value is not None and (a, b) == _span(value):  # a statement's whole value: its parentheses go
+                before, after = text[:i].rstrip(), text[j:].lstrip()
+                if (
+                    before.endswith("(")
+                    and after.startswith(")")
+                    and before[:-1].rstrip().endswith(("=", "return"))
+                ):
+                    i, j = len(before) - 1, len(text) - len(after) + 1
+                    replacement = (" " if not before[:-1].endswith(" ") else "") + replacement
             text = text[:i] + replacement + text[j:]
         out = text.splitlines()
-        return reflow(out) if edits else out
+        return reflow(rejoin_lines(out)) if edits else out
 
     def _edits(self, node: ast.AST) -> list[tuple[tuple[tuple[int, int], tuple[int, int]], str]]:
         """Text replacements inside ``node``: the outermost sub-expressions that fold or are substituted."""
@@ -190,6 +202,10 @@ class _Renderer:
             if self.lines[i].strip().startswith("else:")
         )
         return [*out, _dedent(self.lines[else_line], indent), *self.block(orelse, indent)]
+
+
+def _span(node: ast.expr) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (node.lineno, node.col_offset), (node.end_lineno or node.lineno, node.end_col_offset or 0)
 
 
 def _bare(parent: ast.AST, child: ast.expr) -> bool:
@@ -326,7 +342,7 @@ def _once(source: str, facts: Facts) -> str:
     klass = tree.body[0]
     assert isinstance(klass, ast.ClassDef)
     r = _Renderer(source, facts)
-    bound = _bound(klass)
+    bound = {m: v for m, v in _bound(klass).items() if m not in facts.keep}
     methods = {f.name: f for f in klass.body if isinstance(f, ast.FunctionDef)}
     out = r.lines[: klass.lineno]
     has_doc = ast.get_docstring(klass) is not None
@@ -367,7 +383,7 @@ def _once(source: str, facts: Facts) -> str:
         out += r.block(body, 0) or [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
     while out and not out[-1].strip():
         out.pop()
-    return tidy_class("\n".join(out) + "\n")
+    return tidy_class("\n".join(out) + "\n", facts.keep)
 
 
 def specialise_source(source: str, facts: Facts) -> str:
@@ -391,7 +407,11 @@ def specialise(cls: type, facts: Facts) -> str:
 
 
 def rewrite_function(
-    source: str, module: types.ModuleType, renames: dict[str, str], unwrap: frozenset[str]
+    source: str,
+    module: types.ModuleType,
+    renames: dict[str, str],
+    unwrap: frozenset[str],
+    keep: frozenset[str] = frozenset(),
 ) -> str:
     """A module-level function's or class's source with the names ``renames`` written otherwise and the calls
     of ``unwrap`` replaced by their argument (an ejected file's plain torch for the fast paths).
@@ -401,8 +421,9 @@ def rewrite_function(
         module: where its names are defined.
         renames: name -> the expression it becomes.
         unwrap: functions whose call is its argument.
+        keep: private methods other code calls.
     """
-    facts = Facts({}, {}, {}, module, renames, unwrap)
+    facts = Facts({}, {}, {}, module, renames, unwrap, keep)
     node = ast.parse(source).body[0]
     if isinstance(node, ast.ClassDef):
         return specialise_source(source, facts)

@@ -101,7 +101,7 @@ def reflow(lines: list[str]) -> list[str]:
     return split_line(code, indent, f"  # {comment}" if comment else "")
 
 
-def _drop_unused_methods(source: str) -> str:
+def _drop_unused_methods(source: str, keep: frozenset[str]) -> str:
     """Remove private methods (``_memory``) that no kept line of the class calls any more."""
     while True:
         klass = ast.parse(source).body[0]
@@ -109,7 +109,7 @@ def _drop_unused_methods(source: str) -> str:
         read = {n.attr for n in ast.walk(klass) if isinstance(n, ast.Attribute)}
         methods = [f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")]
         for fn in methods:
-            if fn.name.startswith("__") or fn.name in read:
+            if fn.name.startswith("__") or fn.name in read or fn.name in keep:
                 continue
             used = any(  # by another method (a method reading itself does not keep it)
                 isinstance(n, ast.Attribute) and n.attr == fn.name
@@ -181,6 +181,19 @@ def _joined(lines: list[str]) -> str:
         glue = "" if out.endswith(("(", "[", "{")) or part.startswith((")", "]", "}")) else " "
         out += glue + part
     return out
+
+
+def rejoin_lines(lines: list[str]) -> list[str]:
+    """One statement's lines joined when they fit on one line and nothing (a magic trailing comma, a comment)
+    keeps them apart."""
+    if (
+        len(lines) < 2
+        or any("#" in line for line in lines[:-1])
+        or any(x.rstrip().endswith(",") for x in lines)
+    ):
+        return lines
+    joined = _joined(lines)
+    return [joined] if len(joined) <= WIDTH else lines
 
 
 def rejoin(source: str) -> str:
@@ -301,10 +314,10 @@ def _overwritten(fn: ast.FunctionDef) -> set[int]:
     return out
 
 
-def tidy_class(source: str) -> str:
-    """A specialised class without dead local stores and uncalled private methods."""
+def tidy_class(source: str, keep: frozenset[str] = frozenset()) -> str:
+    """A specialised class without dead local stores and private methods nothing calls (but ``keep``)."""
     source = _ternaries(_plain_attribute_stores(source))
-    return _drop_unused_methods(_drop_dead_stores(_parallel(source)))
+    return _drop_unused_methods(_drop_dead_stores(_parallel(source)), keep)
 
 
 def dead_attributes(sources: list[str]) -> set[str]:

@@ -78,15 +78,15 @@ class Attention(nn.Module):
         self.qk_norm = qk_norm is not None
         self.dropout = proj_drop > 0
         inner = num_heads * self.head_dim  # H * hd
+        kv_inner = inner if num_kv_heads is None else num_kv_heads * self.head_dim  # Hkv * hd
+        self.sizes = [inner, kv_inner, kv_inner]
         if num_kv_heads is None:
-            self.sizes = [inner, inner, inner]
             self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
         else:  # fewer key/value heads (GQA)
-            self.sizes = [inner, num_kv_heads * self.head_dim, num_kv_heads * self.head_dim]
-            self.qkv = nn.Linear(dim, sum(self.sizes), bias=qkv_bias)
+            self.qkv = nn.Linear(dim, inner + 2 * kv_inner, bias=qkv_bias)
         if qv_bias:
-            self.q_bias = nn.Parameter(torch.zeros(self.sizes[0]))
-            self.v_bias = nn.Parameter(torch.zeros(self.sizes[2]))
+            self.q_bias = nn.Parameter(torch.zeros(inner))
+            self.v_bias = nn.Parameter(torch.zeros(kv_inner))
         if qk_norm == "layernorm":
             self.q_norm: nn.Module = nn.LayerNorm(
                 self.head_dim, eps=norm_eps, elementwise_affine=qk_norm_affine, bias=qk_norm_bias
