@@ -360,7 +360,8 @@ class Fold(ast.NodeTransformer):
             params, folded = self.bound[node.func.attr]  # a private method called with constants: dropped
             node.args = [a for i, a in enumerate(node.args) if i >= len(params) or params[i] not in folded]
             node.keywords = [k for k in node.keywords if k.arg not in folded]
-        defaults = _defaults(self._callee(node.func))
+        callee = self._callee(node.func)
+        defaults = _defaults(callee) if callee is not None else dict.fromkeys(("device", "dtype"))
         node.keywords = [
             k
             for k in node.keywords

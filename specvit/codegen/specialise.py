@@ -159,7 +159,13 @@ class _Renderer:
         if isinstance(stmt, ast.Expr) and _is_check(stmt):
             return []  # a validation of constructor arguments: the spec was validated
         if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.FunctionDef):
-            return self.compound(stmt, indent, as_if)
+            if isinstance(stmt, ast.For | ast.While):
+                self._forget_within(stmt)  # what a loop assigns is not known at its start either
+            lines = self.compound(stmt, indent, as_if)
+            self._forget_within(stmt)
+            return lines
+        if isinstance(stmt, ast.Try):
+            self._forget_within(stmt)
         lines = [_dedent(line, indent) for line in self.text(stmt)]
         self.fold.forget(stmt)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
@@ -169,7 +175,15 @@ class _Renderer:
                 self.fold.names[name] = value  # the later reads fold, and the store is dropped as dead
             elif name in self.single and isinstance(stmt.value, ast.Name) and stmt.value.id in self.single:
                 self.fold.aliases[name] = stmt.value.id  # kv_inner = inner: read as inner
+            elif is_flag(value):  # `visible = None`: so until the next statement assigning it
+                self.fold.names[name] = value
         return lines
+
+    def _forget_within(self, stmt: ast.stmt) -> None:
+        """Names a compound statement assigns somewhere inside: after it (or in a loop) they are not known."""
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id not in self.single:
+                self.fold.names.pop(node.id, None)
 
     def _is_elif(self, orelse: list[ast.stmt]) -> bool:
         return len(orelse) == 1 and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
