@@ -24,6 +24,7 @@ from torch import nn
 from specvit.codegen.build import class_names, compile_graph, helper_names, resolve
 from specvit.codegen.emit import methods, wrap
 from specvit.codegen.fold import unparse
+from specvit.codegen.functions import reachable, specialise_helpers
 from specvit.codegen.scopes import analyse, attr_path, block_container
 from specvit.codegen.sources import UNWRAP, dependencies, import_block, renames
 from specvit.codegen.specialise import Facts, rewrite_function, specialise
@@ -457,6 +458,13 @@ def eject_source(graph: ArchGraph, origin: str = "", *, use_ruff: bool = True) -
         if built & layers <= general:
             break
         general |= built & layers
+    others = [src for src, _ in helper_sources] + ([generate] if generate else [])
+    classes = list(e.users)
+    layer_sources = [e.sources[c] for c in classes]
+    keep = _called_from_outside()
+    definitions, layer_sources = specialise_helpers(definitions, layer_sources, others, set(), keep)
+    e.sources = dict(zip(classes, layer_sources, strict=True))
+    definitions = reachable(definitions, [*layer_sources, *others, f"class _Forwards:\n{forwards}"])
     dead = e.tidy([*definitions, *(s for s, _ in helper_sources)])
     definitions = [drop_attributes(d, dead) for d in definitions]
     generated: dict[str, str] = {}

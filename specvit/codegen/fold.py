@@ -15,6 +15,7 @@ import builtins
 import inspect
 import io
 import operator
+import re
 import tokenize
 import types
 from collections.abc import Callable
@@ -63,7 +64,12 @@ def unparse(node: ast.AST) -> str:
         or (isinstance(n, ast.Call) and len(n.args) == 1 and isinstance(n.args[0], ast.GeneratorExp))
         for n in ast.walk(node)
     )
-    return _quotes(_no_redundant_parens(text) if quirks else text)
+    text = _quotes(_no_redundant_parens(text) if quirks else text)
+    return _POWER.sub("**", text) if "**" in text else text
+
+
+_POWER = re.compile(r"(?<=[\w.])(?<![\w.]\.\.) \*\* (?=-?[\w.]+(?:\b|$)(?![\w.]*[(\[]))")
+"""`` ** `` between simple operands (names, numbers, attributes), which ruff's formatter writes ``a**b``."""
 
 
 def _no_redundant_parens(text: str) -> str:
@@ -219,6 +225,7 @@ class Fold(ast.NodeTransformer):
         self.renames, self.unwrap, self.always = renames or {}, unwrap, always
         self.aliases: dict[str, str] = {}  # a local name -> the name it stands for (``kv_inner = inner``)
         self.bound: dict[str, tuple[list[str], set[str]]] = {}  # method -> its parameters, those folded
+        self.functions: dict[str, tuple[list[str], set[str]]] = {}  # helper function -> the same
 
     def forget(self, stmt: ast.stmt) -> None:
         """A kept statement assigns these names: they are no longer the constants they started as."""
@@ -360,13 +367,18 @@ class Fold(ast.NodeTransformer):
             params, folded = self.bound[node.func.attr]  # a private method called with constants: dropped
             node.args = [a for i, a in enumerate(node.args) if i >= len(params) or params[i] not in folded]
             node.keywords = [k for k in node.keywords if k.arg not in folded]
+        if isinstance(node.func, ast.Name) and node.func.id in self.functions:
+            params, folded = self.functions[node.func.id]  # a helper called with constants: dropped
+            node.args = [a for i, a in enumerate(node.args) if i >= len(params) or params[i] not in folded]
+            node.keywords = [k for k in node.keywords if k.arg not in folded]
         callee = self._callee(node.func)
         defaults = _defaults(callee) if callee is not None else dict.fromkeys(("device", "dtype"))
         node.keywords = [
             k
             for k in node.keywords
             if not (
-                k.arg in defaults
+                k.arg is not None
+                and k.arg in defaults
                 and isinstance(k.value, ast.Constant)
                 and _same(k.value.value, defaults[k.arg])
             )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import inspect
 import textwrap
 import types
@@ -23,7 +24,15 @@ from typing import Any
 from specvit.codegen.fold import UNKNOWN, Fold, is_flag, unparse
 from specvit.codegen.tidy import reflow, rejoin_lines, signature, tidy_class
 
-__all__ = ["Facts", "rewrite_function", "specialise", "specialise_source"]
+__all__ = [
+    "Facts",
+    "Renderer",
+    "docstring",
+    "rewrite_function",
+    "single_names",
+    "specialise",
+    "specialise_source",
+]
 
 _MUTABLE = {"training"}  # attributes that change after construction
 
@@ -40,6 +49,7 @@ class Facts:
         renames: names to write otherwise (``Linear`` -> ``nn.Linear``: no fast paths in an ejected file).
         unwrap: functions whose call is replaced by its argument.
         keep: private methods other code calls (``owner._attend``): kept whole, with their parameters.
+        functions: helper functions whose calls drop arguments: name -> (its parameters, those folded).
     """
 
     attrs: dict[str, Any]
@@ -49,6 +59,7 @@ class Facts:
     renames: dict[str, str] = field(default_factory=dict)
     unwrap: frozenset[str] = frozenset()
     keep: frozenset[str] = frozenset()
+    functions: dict[str, tuple[list[str], set[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.attrs = {k: v for k, v in self.attrs.items() if k not in _MUTABLE}
@@ -63,10 +74,12 @@ class Facts:
         names = dict(self.absent) if method == "forward" else dict(self.init) if method == "__init__" else {}
         attrs = self.attrs if method != "__init__" else {}
         always = frozenset(self.absent) if method == "forward" else frozenset()
-        return Fold({**names, **(single or {})}, attrs, self.module, self.renames, self.unwrap, always)
+        fold = Fold({**names, **(single or {})}, attrs, self.module, self.renames, self.unwrap, always)
+        fold.functions = self.functions
+        return fold
 
 
-class _Renderer:
+class Renderer:
     """Re-emits a class's source line by line, folding constant tests and substituting constants."""
 
     def __init__(self, source: str, facts: Facts):
@@ -167,6 +180,7 @@ class _Renderer:
         if isinstance(stmt, ast.Try):
             self._forget_within(stmt)
         lines = [_dedent(line, indent) for line in self.text(stmt)]
+        lines = rejoin_lines(lines) if indent else lines  # dedented out of a folded branch, it may fit a line
         self.fold.forget(stmt)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             name = stmt.targets[0].id
@@ -274,7 +288,7 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and a == b)
 
 
-def _single(fn: ast.FunctionDef) -> set[str]:
+def single_names(fn: ast.FunctionDef) -> set[str]:
     """Local names ``fn`` assigns exactly once, by a plain ``name = value``, and binds in no other way."""
     counts: Counter[str] = Counter()
     plain: set[str] = set()
@@ -319,7 +333,7 @@ def _copy(node: ast.expr) -> ast.expr:
     return copy.deepcopy(node)  # folding must not touch the original tree
 
 
-def _docstring(node: ast.FunctionDef | ast.ClassDef, drop: set[str], lines: list[str]) -> list[str]:
+def docstring(node: ast.FunctionDef | ast.ClassDef, drop: set[str], lines: list[str]) -> list[str]:
     """``node``'s docstring lines without the ``Args:`` entries of the parameters ``drop``."""
     first = node.body[0]
     out: list[str] = []
@@ -355,13 +369,13 @@ def _once(source: str, facts: Facts) -> str:
     tree = ast.parse(source)
     klass = tree.body[0]
     assert isinstance(klass, ast.ClassDef)
-    r = _Renderer(source, facts)
+    r = Renderer(source, facts)
     bound = {m: v for m, v in _bound(klass).items() if m not in facts.keep}
     methods = {f.name: f for f in klass.body if isinstance(f, ast.FunctionDef)}
     out = r.lines[: klass.lineno]
     has_doc = ast.get_docstring(klass) is not None
     if has_doc:
-        out += _docstring(klass, facts.folded, r.lines)
+        out += docstring(klass, facts.folded, r.lines)
     out += r.lines[klass.body[0].end_lineno : klass.body[1].lineno - 1] if len(klass.body) > 1 else []
     for k, item in enumerate(klass.body):
         if k == 0 and has_doc:
@@ -385,14 +399,14 @@ def _once(source: str, facts: Facts) -> str:
         )
         folded = bound.get(item.name, {})
         drop |= set(folded)
-        r.fold, r.single = facts.fold(item.name, folded), _single(item)
+        r.fold, r.single = facts.fold(item.name, folded), single_names(item)
         r.fold.always |= set(folded)
         r.fold.bound = {m: ([a.arg for a in methods[m].args.args[1:]], set(v)) for m, v in bound.items()}
         out += r.lines[start - 1 : item.lineno - 1]  # decorators
         out += signature(item, drop, r.lines, 0)
         body = item.body
         if ast.get_docstring(item) is not None:
-            out += _docstring(item, drop, r.lines)
+            out += docstring(item, drop, r.lines)
             body = body[1:]
         out += r.block(body, 0) or [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
     while out and not out[-1].strip():
@@ -404,6 +418,7 @@ def specialise_source(source: str, facts: Facts) -> str:
     """:func:`specialise` of a class's source text."""
     for _ in range(8):
         done = _once(source, facts)
+        facts = dataclasses.replace(facts, functions={})  # a call drops its folded arguments once
         if done == source:
             break
         source = done
@@ -441,7 +456,7 @@ def rewrite_function(
     node = ast.parse(source).body[0]
     if isinstance(node, ast.ClassDef):
         return specialise_source(source, facts)
-    r = _Renderer(source, facts)
+    r = Renderer(source, facts)
     r.fold = Fold({}, {}, module, renames, unwrap)
     start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     if not isinstance(node, ast.FunctionDef):

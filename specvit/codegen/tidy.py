@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 
 from specvit.codegen.fold import unparse
 
@@ -174,12 +175,21 @@ def _plain_attribute_stores(source: str) -> str:
 
 
 def _joined(lines: list[str]) -> str:
-    """Lines of one bracketed statement joined into one, as ruff writes it when it fits."""
+    """Lines of one bracketed statement joined into one, as ruff writes it when it fits (without the
+    parentheses that only split a value: ``return (a if b else c)`` is ``return a if b else c``)."""
     out = lines[0].rstrip()
     for line in lines[1:]:
         part = line.strip()
         glue = "" if out.endswith(("(", "[", "{")) or part.startswith((")", "]", "}")) else " "
         out += glue + part
+    match = re.fullmatch(r"(\s*(?:return|[\w.]+ =) )\((.*)\)(\s*#.*)?", out)
+    if match and _closing(out, len(match.group(1))) == len(out) - len(match.group(3) or "") - 1:
+        bare = match.group(1) + match.group(2) + (match.group(3) or "")
+        try:
+            if ast.dump(ast.parse(bare.strip())) == ast.dump(ast.parse(out.strip())):
+                return bare
+        except SyntaxError:
+            pass
     return out
 
 
@@ -259,6 +269,19 @@ def _parallel(source: str) -> str:
             ):
                 continue
             t, v = stmt.targets[0], stmt.value
+            if isinstance(t, ast.Tuple) and not isinstance(v, ast.Tuple):  # b, n, _ = x.shape: unread n is _
+                blank = _blank_unread(t, loaded)
+                names = {n.id for n in ast.walk(t) if isinstance(n, ast.Name)} - {"_"}
+                if ast.dump(blank) != ast.dump(t) and names & loaded:
+                    line = lines[stmt.lineno - 1]
+                    text = unparse(blank)
+                    text = (
+                        text[1:-1]
+                        if text.startswith("(") and not line[t.col_offset :].startswith("(")
+                        else text
+                    )
+                    lines[stmt.lineno - 1] = line[: t.col_offset] + text + line[t.end_col_offset :]
+                continue
             if not (isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) and len(t.elts) == len(v.elts)):
                 continue
             pairs = []
@@ -312,6 +335,11 @@ def _overwritten(fn: ast.FunctionDef) -> set[int]:
             if pure and again and not reads:
                 out.add(a.lineno)
     return out
+
+
+def tidy_function(source: str) -> str:
+    """A specialised function without dead local stores."""
+    return _drop_dead_stores(_parallel(_ternaries(source)))
 
 
 def tidy_class(source: str, keep: frozenset[str] = frozenset()) -> str:
@@ -381,8 +409,12 @@ def signature(fn: ast.FunctionDef, drop: set[str], lines: list[str], indent: int
     defaults += list(args.defaults)
     parts = [_param(a, d) for a, d in zip(args.args, defaults, strict=True) if a.arg not in drop]
     kw = [_param(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if a.arg not in drop]
+    if args.vararg is not None:
+        parts.append(f"*{unparse(args.vararg)}")
     if kw:
-        parts += ["*", *kw]
+        parts += kw if args.vararg is not None else ["*", *kw]
+    if args.kwarg is not None:
+        parts.append(f"**{unparse(args.kwarg)}")
     returns = f" -> {unparse(fn.returns)}" if fn.returns is not None else ""
     line = lines[fn.lineno - 1]
     pad = line[: len(line) - len(line.lstrip())][indent:]
