@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,9 +39,13 @@ def integer(
         TypeError: a bool, float, string or anything else that is not an integer.
         ValueError: an integer out of range.
     """
-    import torch
-
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+    torch = sys.modules.get("torch")  # a tensor can only come from a process that imported torch
+    if (
+        torch is not None
+        and isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not value.is_floating_point()
+    ):
         value = value.item()
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r}")

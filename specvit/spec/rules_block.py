@@ -6,8 +6,6 @@ from __future__ import annotations
 import keyword
 from functools import partial
 
-from torch import nn
-
 from specvit.errors import Problem
 from specvit.ops.facts import unless_undetermined
 from specvit.ops.inputs import divisors_near
@@ -15,9 +13,22 @@ from specvit.ops.vitdet import window_problems
 from specvit.spec.block import BlockSpec, LayerOverride
 from specvit.spec.schema import Spec, StackSpec
 
-RESERVED_NAMES = frozenset(keyword.kwlist) | frozenset(dir(nn.Module())) | {"checkpointing"}
-"""Names a block-graph node cannot take: each node is an attribute of the generated block (an nn.Module;
-``checkpointing`` is specvit's Block's own) and a name in its generated forward."""
+BLOCK_ATTRIBUTES = frozenset({"checkpointing"})
+"""specvit's Block's own attributes, beside those of every nn.Module."""
+
+
+def reserved(name: str) -> bool:
+    """Whether a block-graph node may not be called ``name``: each node is an attribute of the generated block
+    (an nn.Module) and a name in its generated forward. Read from nn.Module when asked, since libraries add
+    methods to it (transformers' ``smart_apply``); torch is imported only for a spec with a block graph.
+
+    Args:
+        name: the node's name.
+    """
+    from torch import nn
+
+    return keyword.iskeyword(name) or name in BLOCK_ATTRIBUTES or hasattr(nn.Module(), name)
+
 
 __all__ = ["check_layers", "check_positions"]
 
@@ -364,7 +375,7 @@ def _graph(at: str, b: BlockSpec) -> list[Problem]:
     for i, node in enumerate(b.graph):
         if node.name in seen:
             out.append(Problem(f"{at}.graph.{i}.name", f"{node.name!r} is defined twice", "rename one"))
-        elif node.name in RESERVED_NAMES:  # the node is an attribute of the block's module, in generated code
+        elif reserved(node.name):  # the node is an attribute of the block's module, in generated code
             what = (
                 "a Python keyword" if keyword.iskeyword(node.name) else "an attribute of every torch module"
             )
