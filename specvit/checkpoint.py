@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 
 from specvit.errors import CheckpointError
 from specvit.io import Unreadable, file_mode, read_regular
-from specvit.signals import cleanup_on_signals, deferred_signals
+from specvit.signals import cleanup_on_signals, deferred_signals, temporary
 from specvit.spec.yamlread import MAX_BYTES
 from specvit.text import escape
 
@@ -125,9 +124,9 @@ def save_pretrained(
         path.mkdir(parents=True, exist_ok=True)
         if not overwrite:
             _refuse_files(path)  # before writing anything; checked again under the lock
-        with tempfile.TemporaryDirectory(prefix=STAGING, dir=path) as tmp:
+        with temporary(path, STAGING, directory=True) as tmp:
             for name, data in files.items():
-                _stage(Path(tmp) / name, data, path / name)
+                _stage(tmp / name, data, path / name)
             with _locked(path, exclusive=True):
                 if not overwrite:
                     _refuse_files(path)  # under the lock: two saves cannot both find it empty
@@ -136,7 +135,7 @@ def save_pretrained(
                         missing_ok=True
                     )  # a save killed between renames never loads
                     for name in files:  # the manifest last
-                        _put(Path(tmp) / name, path / name)
+                        _put(tmp / name, path / name)
                     _sync(path)
     return path
 

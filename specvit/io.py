@@ -10,12 +10,11 @@ import errno
 import io
 import os
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from specvit.signals import cleanup_on_signals
+from specvit.signals import cleanup_on_signals, temporary
 
 __all__ = [
     "Unreadable",
@@ -261,22 +260,12 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
 def _replacing(target: Path) -> Iterator[str]:
     """The body of :func:`atomic_path`: a temporary file beside ``target`` that replaces it at the end."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
-        os.close(fd)
+        with temporary(target.parent, temp_prefix(target.name), ".tmp") as tmp:
+            os.chmod(tmp, file_mode(target))  # created 0600; give the file the mode a plain open would
+            yield str(tmp)
+            os.replace(tmp, target)
     except OSError as exc:
         raise _about(exc, target) from None
-    try:
-        os.chmod(tmp, file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open would
-        yield tmp
-        os.replace(tmp, target)
-    except OSError as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise _about(exc, target) from None
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager
@@ -338,23 +327,17 @@ def atomic_create(path: str | os.PathLike[str], data: str | bytes) -> bool:
         return False
     _parent(target)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise _about(exc, target) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, file_mode(target))
-        os.link(tmp, target)  # fails if target exists: a file created meanwhile is never replaced
+        with temporary(target.parent, temp_prefix(target.name), ".tmp") as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, file_mode(target))
+            os.link(tmp, target)  # fails if target exists: a file created meanwhile is never replaced
     except FileExistsError:
         return False
     except OSError as exc:
         raise _about(exc, target) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     return True
 
 
@@ -417,13 +400,13 @@ def atomic_save(path: str | os.PathLike[str], save: Callable[[Path], object]) ->
     refuse_special(target)
     with (
         cleanup_on_signals(),
-        tempfile.TemporaryDirectory(prefix=temp_prefix(target.name), dir=target.parent) as tmp,
+        temporary(target.parent, temp_prefix(target.name), directory=True) as tmp,
     ):
-        staged = Path(tmp) / target.name
+        staged = tmp / target.name
         save(staged)
         if not staged.is_file():
             raise FileNotFoundError(f"nothing was written to {target}")
-        for written in sorted(Path(tmp).iterdir(), key=lambda p: p == staged):  # the main file last
+        for written in sorted(tmp.iterdir(), key=lambda p: p == staged):  # the main file last
             final = target.parent / written.name
             refuse_special(final)
             with open(written, "rb+") as f:

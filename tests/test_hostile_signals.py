@@ -148,3 +148,51 @@ def test_a_signal_during_any_atomic_write_removes_its_temporary_file(signum: int
     run = subprocess.run([sys.executable, "-c", code, str(target), str(signum)], capture_output=True, env=ENV)
     assert run.returncode == -signum
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mmd"] and target.read_text() == "old"
+
+
+# A signal at the worst moments of a temporary's life: right after the directory is made (before the
+# caller knows its name) and in the middle of its removal. specvit.signals.temporary holds signals over
+# both; tempfile.TemporaryDirectory, the control, leaves the directory behind.
+_TEMPORARY = """
+import os, shutil, signal, sys, tempfile
+from pathlib import Path
+from specvit.signals import cleanup_on_signals, temporary
+parent, when, impl = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def kill_then(real):
+    def wrapped(*args, **kwargs):
+        if when == "remove":
+            os.kill(os.getpid(), signal.SIGTERM)
+        out = real(*args, **kwargs)
+        if when == "create":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    return wrapped
+if when == "create":
+    os.mkdir = kill_then(os.mkdir)
+else:
+    shutil.rmtree = kill_then(shutil.rmtree)
+with cleanup_on_signals():
+    if impl == "specvit":
+        with temporary(parent, ".t-", directory=True) as tmp:
+            (tmp / "file").write_bytes(b"x" * 1000)
+    else:
+        with tempfile.TemporaryDirectory(prefix=".t-", dir=parent) as name:
+            (Path(name) / "file").write_bytes(b"x" * 1000)
+print("not killed")
+"""
+
+
+@pytest.mark.parametrize("impl", ["specvit", "tempfile"])
+@pytest.mark.parametrize("when", ["create", "remove"])
+def test_a_signal_while_a_temporary_is_made_or_removed_leaves_nothing(
+    when: str, impl: str, tmp_path: Path
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _TEMPORARY, str(tmp_path), when, impl], capture_output=True, text=True, env=ENV
+    )
+    assert run.returncode == -signal.SIGTERM, run.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if impl == "tempfile":  # the control: the same signal, the same moment, a directory left behind
+        assert len(left) == 1 and left[0].startswith(".t-")
+    else:
+        assert left == []
