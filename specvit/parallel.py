@@ -24,6 +24,7 @@ from specvit.model import Block, SpecModel
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor.parallel import ParallelStyle
 
     from specvit.spec.schema import Spec
 
@@ -34,6 +35,8 @@ __all__ = [
     "full_state_dict",
     "memory_estimate",
     "memory_table",
+    "parallelize",
+    "plan",
     "shard",
 ]
 
@@ -216,3 +219,31 @@ def memory_table(specs: Sequence[Spec], ranks: Sequence[int] = (1, 8, 64)) -> st
                 f"{_gb(m.gathered_bytes(4))} / {_gb(m.gathered_bytes(2))} |"
             )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ tensor parallel
+
+
+def plan(model: SpecModel, mesh: DeviceMesh | int) -> dict[str, ParallelStyle]:
+    """The tensor-parallel plan of ``model``, derived from its graph: see :func:`specvit.tensor_parallel.plan`.
+
+    Args:
+        model: a compiled model, not yet split.
+        mesh: a 1-D device mesh, or the number of ranks.
+    """
+    from specvit.tensor_parallel import plan as derive
+
+    return derive(model, mesh)
+
+
+def parallelize(model: SpecModel, mesh: DeviceMesh | None = None) -> SpecModel:
+    """Split ``model`` in place by :func:`plan` (``parallelize_module``): see
+    :func:`specvit.tensor_parallel.parallelize`.
+
+    Args:
+        model: a compiled, materialised model with the same weights on every rank.
+        mesh: a 1-D device mesh; default :func:`default_mesh`, every rank of the default process group.
+    """
+    from specvit.tensor_parallel import parallelize as split
+
+    return split(model, mesh if mesh is not None else default_mesh())

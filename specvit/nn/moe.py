@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import get_args
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn.linear import Linear
 from specvit.nn.mlp import GluActivation, MlpActivation, _activation, build_mlp
+from specvit.nn.regions import enter_region, leave_region, local
 
 __all__ = ["MoeMlp", "load_balancing_loss", "route", "routing_stats"]
 
@@ -85,6 +87,10 @@ class MoeMlp(nn.Module):
     The experts' weights are stacked: ``fc1`` (E, F or 2F, D) packs [gate; value] when gated, as HF's
     ``gate_up_proj``; ``fc2`` (E, D, F). Only the chosen experts run on each token.
 
+    Split across ranks (:func:`specvit.parallel.parallelize`), ``fc1`` and ``fc2`` hold this rank's experts
+    ``first_expert`` .. ``first_expert + fc1.shape[0] - 1``, and the routed outputs are summed over ``group``
+    (the shared expert runs whole on every rank). One process: ``first_expert`` 0, ``group`` None.
+
     Args:
         dim: input and output width D.
         hidden: expert hidden width F.
@@ -116,6 +122,8 @@ class MoeMlp(nn.Module):
         if not 1 <= top_k <= experts:
             raise ValueError(f"top_k must be in 1..experts={experts}, got {top_k}")
         self.experts, self.top_k, self.normalize = experts, top_k, normalize
+        self.first_expert = 0  # this rank's first expert, and the tensor-parallel group of the ranks
+        self.group: dist.ProcessGroup | None = None
         self.gated = activation in get_args(GluActivation)
         self.act = _activation(activation)
         fc1_out = 2 * hidden if self.gated else hidden
@@ -138,25 +146,35 @@ class MoeMlp(nn.Module):
     def forward(self, x: Tensor, *, logits: Tensor) -> Tensor:
         """Route each token of x: (B, N, D) to its experts by the router's (B, N, E) ``logits``."""
         flat = x.flatten(0, -2)  # (T, D)
-        _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
-        out = torch.zeros_like(flat)  # (T, D)
-        for e in range(self.experts):
-            token, slot = torch.where(index == e)  # the tokens routed to expert e, and which choice it was
-            if token.numel() == 0:
-                continue
-            h = F.linear(flat[token], self.fc1[e])  # (t, F or 2F)
-            if self.gated:
-                gate, value = h.chunk(2, dim=-1)
-                h = self.act(gate) * value  # (t, F)
-            else:
-                h = self.act(h)
-            out.index_add_(0, token, F.linear(h, self.fc2[e]) * weights[token, slot, None])
+        out = leave_region(
+            self._routed(enter_region(flat, self.group), enter_region(logits, self.group)), self.group
+        )
         if self.shared is not None:
             shared = self.shared(flat)  # (T, D)
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(flat)) * shared
             out = out + shared
         return out.view_as(x)  # (B, N, D)
+
+    def _routed(self, flat: Tensor, logits: Tensor) -> Tensor:
+        """The (T, D) outputs of this rank's experts (every expert on one process) for the (T, D) tokens."""
+        _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
+        fc1, fc2 = local(self.fc1), local(self.fc2)  # (E or E / ranks, F or 2F, D), (..., D, F)
+        out = torch.zeros_like(flat)  # (T, D)
+        for e in range(fc1.shape[0]):
+            token, slot = torch.where(
+                index == self.first_expert + e
+            )  # the tokens routed to expert e, the choice
+            if token.numel() == 0 and self.group is None:  # split: every rank runs every step, graphs alike
+                continue
+            h = F.linear(flat[token], fc1[e])  # (t, F or 2F)
+            if self.gated:
+                gate, value = h.chunk(2, dim=-1)
+                h = self.act(gate) * value  # (t, F)
+            else:
+                h = self.act(h)
+            out.index_add_(0, token, F.linear(h, fc2[e]) * weights[token, slot, None])
+        return out
 
     def extra_repr(self) -> str:
         shared = (

@@ -1,0 +1,214 @@
+"""The tensor-parallel styles :func:`specvit.tensor_parallel.plan` puts in a plan: ``torch``'s column- and
+row-wise styles with a line saying what they split, and the styles of what torch has none for: a packed
+projection split per part (q|k|v, k|v, gate|value), an attention layer's local head counts, a mixture of
+experts split by expert, and an LM head tied to a vocabulary-parallel embedding.
+
+Each style has a ``note``: what :func:`specvit.tensor_parallel.describe` prints for it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+from specvit.nn.attention import Attention
+from specvit.nn.layers import TiedLinear
+from specvit.nn.moe import MoeMlp
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["Colwise", "ExpertSplit", "HeadSplit", "PackedColwise", "Rowwise", "TiedHead", "rank_major"]
+
+
+class Colwise(ColwiseParallel):
+    """``ColwiseParallel`` with a line saying what it splits (``note``).
+
+    Args:
+        note: the description :func:`describe` prints.
+        gather: gather the outputs on every rank (an LM head's logits) instead of keeping them split.
+    """
+
+    def __init__(self, note: str, gather: bool = False) -> None:
+        super().__init__(output_layouts=Replicate() if gather else None)
+        self.note = note
+
+
+class Rowwise(RowwiseParallel):
+    """``RowwiseParallel`` with a ``note``; ``embedding``: a vocabulary-parallel embedding (ids replicated).
+
+    Args:
+        note: the description :func:`describe` prints.
+        embedding: the module is an embedding table.
+    """
+
+    def __init__(self, note: str, embedding: bool = False) -> None:
+        super().__init__(input_layouts=Replicate() if embedding else None)
+        self.note = note
+
+
+def rank_major(parts: tuple[int, ...], ranks: int) -> Tensor:
+    """The rows of a packed projection (``parts`` rows each, e.g. q|k|v) in rank-major order: rank r's block
+    holds the r-th 1/ranks of every part, so a contiguous split gives each rank whole heads of each part.
+
+    Args:
+        parts: the rows of each part, each divisible by ``ranks``.
+        ranks: the number of ranks.
+    """
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    pieces = [
+        torch.arange(start + r * (rows // ranks), start + (r + 1) * (rows // ranks))
+        for r in range(ranks)
+        for start, rows in zip(starts, parts, strict=True)
+    ]
+    return torch.cat(pieces)
+
+
+class PackedColwise(ColwiseParallel):
+    """Column-wise split of a Linear packing ``parts`` (q|k|v, k|v, gate|value), each part split.
+
+    The parameters are stored rank-major (see :func:`rank_major`); ``state_dict`` gives them back in the
+    packed order of one process and ``load_state_dict`` takes that order (both gather the parameter).
+
+    Args:
+        parts: the rows of each part.
+        note: the description :func:`describe` prints.
+    """
+
+    def __init__(self, parts: tuple[int, ...], note: str) -> None:
+        super().__init__()
+        self.parts, self.note = parts, note
+
+    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
+        order = rank_major(self.parts, device_mesh.size())
+        for key, param in list(module.named_parameters(recurse=False)):
+            split = distribute_tensor(
+                param.detach()[order], device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
+            )
+            module.register_parameter(key, nn.Parameter(split, requires_grad=param.requires_grad))
+        module.register_state_dict_post_hook(partial(_packed_state, order=order))
+        module.register_load_state_dict_pre_hook(partial(_packed_load, order=order))
+
+
+def _reordered(value: Tensor, index: Tensor, mesh: DeviceMesh) -> DTensor:
+    """``value`` (whole or a DTensor) with its rows taken in ``index`` order, split by rows over ``mesh``."""
+    whole = value.full_tensor() if isinstance(value, DTensor) else value
+    return distribute_tensor(whole.to(value.device)[index], mesh, [Shard(0)], src_data_rank=None)
+
+
+def _packed_state(
+    module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any, *, order: Tensor
+) -> None:
+    back = torch.argsort(order)  # rank-major -> packed
+    for key, param in module.named_parameters(recurse=False):
+        if prefix + key in state and isinstance(param, DTensor):
+            state[prefix + key] = _reordered(state[prefix + key], back, param.device_mesh)
+
+
+def _packed_load(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any, order: Tensor) -> None:
+    for key, param in module.named_parameters(recurse=False):
+        if prefix + key in state and isinstance(param, DTensor):
+            state[prefix + key] = _reordered(state[prefix + key], order, param.device_mesh)
+
+
+class HeadSplit(ParallelStyle):
+    """Tell an attention layer that it computes ``heads`` query and ``kv_heads`` key/value heads per rank.
+
+    The QK-norms' weights, one for every head, stay whole on every rank; their gradients (each rank's from
+    its own heads) are summed over the ranks.
+
+    Args:
+        heads: local query heads H / ranks.
+        kv_heads: local key/value heads Hkv / ranks.
+        note: the description :func:`describe` prints.
+    """
+
+    def __init__(self, heads: int, kv_heads: int, note: str) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.note = heads, kv_heads, note
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, Attention):
+            raise TypeError(f"HeadSplit splits an attention layer, not {type(module).__name__}")
+        ranks = device_mesh.size()
+        module.num_heads, module.num_kv_heads = self.heads, self.kv_heads
+        if hasattr(module, "parts"):  # (name, rows, bias) of the packed projection: this rank's rows
+            module.parts = tuple((name, rows // ranks, bias) for name, rows, bias in module.parts)
+        group = device_mesh.get_group()
+        for norm in (
+            module.q_norm,
+            module.k_norm,
+        ):  # one weight for every head: each rank's grad is its heads'
+            for param in norm.parameters():
+                param.register_hook(partial(_summed, group=group))
+        return module
+
+
+def _summed(grad: Tensor, group: dist.ProcessGroup) -> Tensor:
+    """The gradient summed over the ranks of ``group``."""
+    total = grad.clone()
+    dist.all_reduce(total, group=group)
+    return total
+
+
+class ExpertSplit(ParallelStyle):
+    """E / ranks whole experts of a :class:`~specvit.nn.moe.MoeMlp` per rank (``fc1``, ``fc2`` split by
+    expert), their routed outputs summed over the ranks.
+
+    Args:
+        note: the description :func:`describe` prints.
+    """
+
+    def __init__(self, note: str) -> None:
+        super().__init__()
+        self.note = note
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, MoeMlp):
+            raise TypeError(f"ExpertSplit splits a mixture of experts, not {type(module).__name__}")
+        for key in ("fc1", "fc2"):
+            param = getattr(module, key)
+            split = distribute_tensor(
+                param.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
+            )
+            module.register_parameter(key, nn.Parameter(split, requires_grad=param.requires_grad))
+        module.first_expert = device_mesh.get_local_rank() * (module.experts // device_mesh.size())
+        module.group = device_mesh.get_group()
+        return module
+
+
+class TiedHead(ParallelStyle):
+    """An LM head tied to a vocabulary-parallel embedding: column-wise by that split weight (its bias split
+    alike), the logits gathered.
+
+    Args:
+        note: the description :func:`describe` prints.
+    """
+
+    def __init__(self, note: str) -> None:
+        super().__init__()
+        self.note = note
+
+    def _partition(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
+        if isinstance(module, TiedLinear) and module.bias is not None:
+            split = distribute_tensor(
+                module.bias.detach(), device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
+            )
+            module.register_parameter("bias", nn.Parameter(split))
+
+    @staticmethod
+    def _inputs(module: nn.Module, inputs: tuple[Any, ...], device_mesh: DeviceMesh) -> tuple[Any, ...]:
+        return (DTensor.from_local(inputs[0], device_mesh, [Replicate()], run_check=False), *inputs[1:])
+
+    @staticmethod
+    def _outputs(module: nn.Module, out: Any, device_mesh: DeviceMesh) -> Tensor:
+        return out.redistribute(placements=[Replicate()]).to_local()  # (B, S, V) on every rank
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, self._partition, self._inputs, self._outputs)  # type: ignore[arg-type]  # hooks return the new inputs / output

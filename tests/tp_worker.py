@@ -1,0 +1,214 @@
+"""The distributed half of tests/test_tensor_parallel.py, run by ``torchrun --nproc_per_node N`` on gloo.
+
+Each spec of ``SPECS`` is built under the same seed on every rank, split by ``specvit.parallel.parallelize``
+over the N ranks, and trained ``STEPS`` AdamW steps on whole batches (tensor parallelism: every rank sees
+the batch, each computes its heads, hidden channels, experts and vocabulary rows). Rank 0 writes into OUT:
+
+- ``results.json``: the loss of each step per spec, the local head counts and shards seen on a rank, and
+  whether ``full_state_dict`` of the split model before training equals the model it was split from
+  (packed projections are stored rank-major and must come back in one process's order);
+- ``state_<spec>.safetensors``: the full state dict after training, gathered.
+
+The helpers (specs, batches, the loss) are imported by the test process for its one-process references.
+
+Usage: torchrun --standalone --nproc_per_node N tests/tp_worker.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import specvit
+from specvit.model import SpecModel, logits_of
+
+BATCH = 4
+SEQ = 8
+STEPS = 5
+
+VIT = """specvit: 1
+name: tp_vit
+model: encoder
+encoder:
+  input: {kind: image, size: 16, patch: 4, channels: 1}
+  prefix: {cls: true}
+  position: learned
+  width: 32
+  depth: 2
+  block: {heads: 4, mlp: {ratio: 2}}
+head: {kind: classifier, classes: 4}
+"""
+
+LM = """specvit: 1
+name: tp_llama
+model: decoder
+decoder:
+  input: {kind: tokens, vocab: 16}
+  position: rope
+  width: 64
+  depth: 2
+  block:
+    heads: 8
+    kv_heads: 4
+    qk_norm: true
+    layers: [masked_self_attention, mlp]
+    norm: {kind: rmsnorm}
+    mlp: {activation: swiglu, bias: false}
+head: {kind: lm}
+"""
+"""A Llama-style decoder: GQA (8 query, 4 key/value heads), RoPE, QK-norm, RMSNorm, SwiGLU, untied head."""
+
+ENCDEC = """specvit: 1
+name: tp_reverser
+model: encoder_decoder
+encoder:
+  input: {kind: tokens, vocab: 12}
+  position: {kind: learned, max_len: 16}
+  width: 32
+  depth: 2
+  block: {heads: 4, mlp: {ratio: 2}}
+decoder:
+  input: {kind: tokens, vocab: 12}
+  position: {kind: learned, max_len: 16}
+  width: 32
+  depth: 2
+  block: {heads: 4, layers: [masked_self_attention, cross_attention, mlp], mlp: {ratio: 2}}
+shared_embeddings: true
+head: {kind: lm, tied: true}
+"""
+
+MOE = """specvit: 1
+name: tp_moe
+model: decoder
+decoder:
+  input: {kind: tokens, vocab: 16}
+  position: rope
+  width: 32
+  depth: 2
+  block:
+    heads: 4
+    layers: [masked_self_attention, mlp]
+    norm: {kind: rmsnorm}
+    mlp:
+      hidden: 32
+      activation: swiglu
+      bias: false
+      moe: {experts: 4, top_k: 2, shared_hidden: 16, shared_gate: true}
+head: {kind: lm, tied: true}
+"""
+"""A Qwen2-MoE-style decoder: 4 experts, 2 per token, a gated shared expert, tied head."""
+
+SPECS = {"vit": VIT, "llama": LM, "encdec": ENCDEC, "moe": MOE}
+ROUTER_LOSS = 0.02
+"""The load-balancing loss's coefficient (Mixtral's), so that the router's gradient has both parts."""
+
+
+def batch(spec: specvit.Spec, step: int) -> dict[str, Tensor]:
+    """The batch of a step: images and labels, counting sequences for LMs, the reverse task for seq2seq."""
+    gen = torch.Generator().manual_seed(step)
+    if spec.model == "encoder":
+        return {
+            "x": torch.randn(BATCH, 1, 16, 16, generator=gen),
+            "y": torch.randint(0, 4, (BATCH,), generator=gen),
+        }
+    vocab = next(iter(spec.stacks.values())).input.vocab
+    tokens = torch.randint(2, vocab, (BATCH, SEQ + 1), generator=gen)
+    if spec.model == "decoder":
+        return {"x": tokens[:, :-1], "y": tokens[:, 1:]}
+    src = tokens[:, :SEQ]
+    tgt = src.flip(1)
+    return {
+        "src": src,
+        "tgt_in": torch.cat((torch.ones(BATCH, 1, dtype=torch.long), tgt[:, :-1]), 1),
+        "y": tgt,
+    }
+
+
+def loss_of(model: nn.Module, spec: specvit.Spec, b: dict[str, Tensor]) -> Tensor:
+    """Cross-entropy of the logits (plus the load-balancing loss of an MoE model)."""
+    out = model(b["src"], b["tgt_in"]) if spec.model == "encoder_decoder" else model(b["x"])
+    loss = F.cross_entropy(logits_of(out).flatten(0, -2), b["y"].flatten())
+    return loss + ROUTER_LOSS * out["router_loss"] if isinstance(out, dict) else loss
+
+
+def build(text: str) -> SpecModel:
+    """The model of a spec under seed 0: the same weights on every rank and in the test process."""
+    torch.manual_seed(0)
+    return specvit.build_model(specvit.parse_spec(text))
+
+
+def train(model: nn.Module, spec: specvit.Spec) -> list[float]:
+    """STEPS AdamW steps on whole batches; the loss of each step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        loss = loss_of(model, spec, batch(spec, step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def facts(model: nn.Module) -> dict[str, Any]:
+    """What a rank holds: local head counts, local shapes of split parameters, their placements."""
+    from torch.distributed.tensor import DTensor
+
+    heads = {n: [m.num_heads, m.num_kv_heads] for n, m in model.named_modules() if hasattr(m, "num_kv_heads")}
+    local = {
+        n: [list(p.to_local().shape), str(p.placements[0])]
+        for n, p in model.named_parameters()
+        if isinstance(p, DTensor)
+    }
+    return {"heads": heads, "local": local}
+
+
+def main(out: Path) -> None:
+    from safetensors.torch import save_file
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from specvit.parallel import full_state_dict, parallelize
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    results: dict[str, Any] = {"world": world}
+    for name, text in SPECS.items():
+        model = build(text)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        parallelize(model, mesh)
+        gathered = full_state_dict(model)
+        if rank == 0:
+            results[f"{name}/state_equal"] = gathered.keys() == before.keys() and all(
+                torch.equal(gathered[k], before[k]) for k in before
+            )
+        results[f"{name}/facts"] = facts(model)
+        results[f"{name}/losses"] = train(model, model.spec)
+        try:
+            parallelize(model, mesh)
+        except TypeError as exc:
+            results[f"{name}/twice"] = str(exc)
+        trained = full_state_dict(model)
+        if rank == 0:
+            save_file({k: v.contiguous() for k, v in trained.items()}, out / f"state_{name}.safetensors")
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+    # As tests/dist_worker.py: everything is written and the group destroyed; leave without the interpreter's
+    # finalisation, during which gloo's worker threads can abort the process (pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
