@@ -133,9 +133,10 @@ def _attention(d: _Derivation, path: str, attn: Attention) -> None:
     if not ok or found:
         return
     n = d.ranks
-    d.entries[path] = HeadSplit(
-        h // n, hkv // n, f"heads {h} -> {h // n}, key/value heads {hkv} -> {hkv // n} per rank"
-    )
+    norms = any(True for m in (attn.q_norm, attn.k_norm) for _ in m.parameters())
+    note = f"heads {h} -> {h // n}, key/value heads {hkv} -> {hkv // n} per rank"
+    note += "; QK-norm weights whole, their gradients summed" if norms else ""
+    d.entries[path] = HeadSplit(h // n, hkv // n, note)
     q, k, v = h * hd, hkv * hd, hkv * vd
     if hasattr(attn, "qkv"):
         d.entries[f"{path}.qkv"] = PackedColwise(
@@ -196,8 +197,9 @@ def _module_role(d: _Derivation, path: str, module: nn.Module, vocabs: set[int])
         _mlp(d, path, module)
     elif isinstance(module, MoeMlp):
         e = module.experts
+        shared = "; the shared expert whole on every rank" if module.shared is not None else ""
         if d.divides(path, "experts", e):
-            d.entries[path] = ExpertSplit(f"experts {e} -> {e // n} per rank, routed outputs summed")
+            d.entries[path] = ExpertSplit(f"experts {e} -> {e // n} per rank, routed outputs summed" + shared)
     elif isinstance(module, TokenEmbed):
         v = module.num_embeddings
         if d.divides(path, "vocabulary", v, f"pad the vocabulary to a multiple of {n}; "):
@@ -286,12 +288,14 @@ def describe(model: SpecModel, split: Plan) -> str:
     """
     width = max(len(p) for p in split) if split else 0
     lines = [f"{path.ljust(width)}  {_note(style)}" for path, style in split.items()]
-    patterns = [re.compile(re.escape(p).replace(r"\*", r"\d+") + r"(\..*)?") for p in split]
-    kept = [
-        path
-        for path, a in model.graph.nx.nodes(data=True)
-        if a["module"] and a["params"] and not any(p.fullmatch(path) for p in patterns)
-    ]
+    keys = [re.compile(re.escape(p).replace(r"\*", r"\d+")) for p in split]
+    covered = [m for m, _ in model.named_modules() if any(k.fullmatch(m) for k in keys)]
+
+    def split_in(path: str) -> bool:  # the module, a module inside it or one around it is split
+        return any(c == path or c.startswith(path + ".") or path.startswith(c + ".") for c in covered)
+
+    nodes = model.graph.nx.nodes(data=True)
+    kept = [path for path, a in nodes if a["module"] and a["params"] and not split_in(path)]
     folded = list(dict.fromkeys(re.sub(r"\.blocks\.\d+\.", ".blocks.*.", p) for p in kept))
     return "\n".join([*lines, "replicated: " + (", ".join(folded) or "nothing")])
 

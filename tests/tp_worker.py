@@ -6,7 +6,9 @@ the batch, each computes its heads, hidden channels, experts and vocabulary rows
 
 - ``results.json``: the loss of each step per spec, the local head counts and shards seen on a rank, and
   whether ``full_state_dict`` of the split model before training equals the model it was split from
-  (packed projections are stored rank-major and must come back in one process's order);
+  (packed projections are stored rank-major and must come back in one process's order), and whether the
+  untrained weights loaded back after training (``set_model_state_dict``, one process's order) gather to
+  the same again;
 - ``state_<spec>.safetensors``: the full state dict after training, gathered.
 
 The helpers (specs, batches, the loss) are imported by the test process for its one-process references.
@@ -171,8 +173,23 @@ def facts(model: nn.Module) -> dict[str, Any]:
     return {"heads": heads, "local": local}
 
 
+def _unsummed(mesh: Any) -> list[float]:
+    """The control: the Llama decoder split without summing its QK-norm weights' gradients over the ranks."""
+    from specvit import parallel_styles
+    from specvit.parallel import parallelize
+
+    summed = parallel_styles._summed
+    parallel_styles._summed = lambda grad, group: grad  # each rank keeps only its own heads' part
+    try:
+        model = parallelize(build(LM), mesh)
+    finally:
+        parallel_styles._summed = summed
+    return train(model, model.spec)
+
+
 def main(out: Path) -> None:
     from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
     from specvit.parallel import full_state_dict, parallelize
@@ -199,6 +216,14 @@ def main(out: Path) -> None:
         trained = full_state_dict(model)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in trained.items()}, out / f"state_{name}.safetensors")
+        load = {
+            k: v.clone() for k, v in before.items()
+        }  # set_model_state_dict replaces the values it is given
+        set_model_state_dict(model, load, options=StateDictOptions(full_state_dict=True))  # packed order
+        again = full_state_dict(model)
+        if rank == 0:
+            results[f"{name}/reloaded_equal"] = all(torch.equal(again[k], before[k]) for k in before)
+    results["llama/unsummed/losses"] = _unsummed(mesh)
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()

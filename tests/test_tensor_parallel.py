@@ -1,0 +1,251 @@
+"""Tensor parallelism derived from the graph: the plan of a preset, refusals with their numbers, the identity on
+one rank, and (slow) training on 2 and 4 gloo ranks that follows one process, via tests/tp_worker.py."""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import specvit
+from specvit.errors import SpecError
+from specvit.parallel import parallelize, plan
+from specvit.parallel_styles import ExpertSplit, HeadSplit, PackedColwise, Rowwise, TiedHead, rank_major
+from specvit.tensor_parallel import describe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tp_worker as worker  # tests/ is not a package: import the worker from beside this file
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+TIMEOUT = 600  # seconds per launch; 2 ranks take about 30 s, 4 ranks about 80 s on two loaded cores
+# Split vs one process: the same fp32 maths, but a row-wise layer sums its ranks' partial products (and the
+# gradients of the inputs of column-wise layers) in another order, so values differ in the last bits. Seen
+# over 5 AdamW steps: at most 4.8e-7 (two ulps of losses near 2.8) on 2 and on 4 ranks. The bound allows
+# about 40 ulps; the control below (QK-norm gradients not summed over the ranks) misses by 1e-4 to 7e-4.
+LOSS_TOL = 2e-5
+
+
+def _meta(source: str | Path) -> specvit.SpecModel:
+    """A model built on the meta device (nothing allocated) from spec text or a spec file."""
+    spec = specvit.parse_spec(source) if isinstance(source, str) else specvit.load_spec(source)
+    return specvit.build_model(spec, device="meta")
+
+
+# ------------------------------------------------------------------------------------------- the plan
+
+
+def test_plan_of_a_gqa_preset_over_three_ranks() -> None:
+    """SmolLM-135M: 9 query and 3 key/value heads, SwiGLU, a tied head; every block alike, folded to ``*``."""
+    model = _meta(ROOT / "specs" / "llama_smollm_135m.yaml")
+    split = plan(model, 3)
+    kinds = {path: type(style).__name__ for path, style in split.items()}
+    assert kinds == {
+        "decoder.tok_embed": "Rowwise",
+        "decoder.blocks.*.attn": "HeadSplit",
+        "decoder.blocks.*.attn.qkv": "PackedColwise",
+        "decoder.blocks.*.attn.proj": "Rowwise",
+        "decoder.blocks.*.mlp.fc1": "PackedColwise",
+        "decoder.blocks.*.mlp.fc2": "Rowwise",
+        "head.fc": "TiedHead",
+    }
+    attn, qkv, glu = (
+        split["decoder.blocks.*.attn"],
+        split["decoder.blocks.*.attn.qkv"],
+        split["decoder.blocks.*.mlp.fc1"],
+    )
+    assert isinstance(attn, HeadSplit) and (attn.heads, attn.kv_heads) == (3, 1)
+    assert isinstance(qkv, PackedColwise) and qkv.parts == (576, 192, 192)  # 9 and 3 and 3 heads of 64
+    assert isinstance(glu, PackedColwise) and glu.parts == (1536, 1536)  # gate | value
+    assert isinstance(split["head.fc"], TiedHead)
+    embed = split["decoder.tok_embed"]
+    assert isinstance(embed, Rowwise) and "rows 49152 -> 16384 per rank" in embed.note
+    text = describe(model, split)
+    assert text.splitlines()[-1] == "replicated: decoder.blocks.*.norm1, decoder.blocks.*.norm2, decoder.norm"
+    # a model whose blocks differ is not folded: block 0 of the MoE decoder dense, the others experts
+    dense_first = "  overrides:\n    - {layers: [0], block: {mlp: {moe: null}}}\nhead:"
+    moe = _meta(worker.MOE.replace("head:", dense_first))
+    split = plan(moe, 2)
+    assert isinstance(split["decoder.blocks.1.mlp"], ExpertSplit) and "decoder.blocks.0.mlp.fc1" in split
+    assert "decoder.blocks.*.mlp" not in split and "decoder.blocks.*.attn" in split
+
+
+def test_plan_refuses_what_does_not_divide_with_the_numbers() -> None:
+    vit = ROOT / "specs" / "vit_base_patch16_224.yaml"
+    with pytest.raises(SpecError) as caught:
+        plan(_meta(vit), 5)
+    text = str(caught.value)
+    assert "vit_base_patch16_224.yaml:16:14: encoder.blocks.*.attn: heads 12 over 5 ranks" in text
+    assert "encoder.blocks.*.mlp: MLP hidden width 3072 over 5 ranks" in text
+    assert "the rank counts dividing every split count: 1, 2, 3, 4, 6, 12" in text
+    assert len(caught.value.problems) == 3  # heads, key/value heads, hidden: once for the 12 blocks
+    assert plan(_meta(vit), 4)  # the control: 4 divides all of them
+    lm = worker.LM  # 8 heads, 4 key/value heads
+    with pytest.raises(SpecError, match=r"key/value heads 1 over 2 ranks"):
+        plan(_meta(lm.replace("kv_heads: 4", "kv_heads: 1")), 2)  # MQA: one key/value head is not split
+    assert plan(_meta(lm), 4)
+    with pytest.raises(SpecError, match=r"decoder.blocks.\*.mlp: experts 4 over 3 ranks") as caught:
+        plan(_meta(worker.MOE.replace("heads: 4", "heads: 6").replace("width: 32", "width: 48")), 3)
+    assert "heads" not in str(caught.value)  # 6 heads split over 3 ranks: only the experts refused
+    with pytest.raises(
+        SpecError, match=r"decoder.tok_embed: vocabulary 50257 over 2 ranks \(pad the vocabulary"
+    ):
+        plan(_meta(ROOT / "specs" / "gpt2_small.yaml"), 2)
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("specs/cait_xxs24_224.yaml", "talking heads mix all heads"),
+        ("docs/examples/alibi_lm.yaml", "an additive per-head 'bias' input for all heads"),
+        ("specs/swin_tiny_patch4_window7_224.yaml", "a relative position bias table over all heads"),
+        ("specs/sagan_attn1_64.yaml", "1x1-conv projections over a map"),
+        ("specs/beit_base_patch16_224.yaml", "separate q/v biases of a bias-less qkv"),
+    ],
+    ids=["talking-heads", "alibi", "swin", "sagan", "beit"],
+)
+def test_plan_refuses_parts_that_span_heads(source: str, reason: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        plan(_meta(ROOT / source), 2)
+    assert f"attention heads cannot be split: {reason}" in str(caught.value)
+    assert "shard it with FSDP2 instead" in str(caught.value)
+
+
+def test_rank_major_order_gives_each_rank_whole_parts() -> None:
+    """q|k|v of 4|2|2 rows over 2 ranks: rank 0 takes q rows 0-1, k row 4, v row 6; rank 1 the others."""
+    assert rank_major((4, 2, 2), 2).tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
+    assert rank_major((4, 2, 2), 1).tolist() == list(range(8))  # one rank: the packed order itself
+
+
+@pytest.fixture
+def one_rank() -> Iterator[Any]:
+    """A gloo process group of one rank in this process, and its mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("name", ["llama", "encdec", "moe"])
+def test_parallelize_over_one_rank_is_the_identity(name: str, one_rank: Any) -> None:
+    """Split over one rank: the same state dict and the same loss and gradients as the plain model."""
+    from specvit.parallel import full_state_dict
+
+    spec = specvit.parse_spec(worker.SPECS[name])
+    plain, split = worker.build(worker.SPECS[name]), worker.build(worker.SPECS[name])
+    parallelize(split, one_rank)
+    assert any(isinstance(p, torch.distributed.tensor.DTensor) for p in split.parameters())
+    state = full_state_dict(split)
+    assert state.keys() == plain.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in plain.state_dict().items())
+    b = worker.batch(spec, 0)
+    want, got = worker.loss_of(plain, spec, b), worker.loss_of(split, spec, b)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    with pytest.raises(TypeError, match="already split over 1 ranks"):
+        parallelize(split, one_rank)
+
+
+# ---------------------------------------------------------------------------------- torchrun, 2 and 4
+
+
+@functools.cache
+def _single(name: str) -> list[float]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs
+    try:
+        model = worker.build(worker.SPECS[name])
+        return worker.train(model, model.spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
+def _launch(world: int, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        str(ROOT / "tests" / "tp_worker.py"),
+        str(out),
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]  # every run exits 0
+    return dict(json.loads((out / "results.json").read_text()))
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def tp_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _launch(request.param, tmp_path_factory.mktemp(f"tp_{request.param}"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(worker.SPECS))
+def test_split_training_follows_one_process(name: str, tp_run: dict[str, Any]) -> None:
+    single = _single(name)
+    assert len(set(single)) == worker.STEPS  # the loss moves: the steps are not no-ops
+    split = tp_run[f"{name}/losses"]
+    diff = max(abs(a - b) for a, b in zip(split, single, strict=True))
+    print(f"{name} on {tp_run['world']} ranks vs one process, max |loss difference| over 5 steps: {diff:.2e}")
+    assert diff <= LOSS_TOL, (split, single)
+    assert tp_run[f"{name}/state_equal"]  # gathered before training: the very weights it was split from
+    assert tp_run[f"{name}/reloaded_equal"]  # loaded back in one process's order: the same again
+    assert tp_run[f"{name}/twice"] == f"the model is already split over {tp_run['world']} ranks"
+
+
+@pytest.mark.slow
+def test_split_shapes_and_the_control(tp_run: dict[str, Any]) -> None:
+    n = tp_run["world"]
+    llama = tp_run["llama/facts"]
+    assert llama["heads"]["decoder.blocks.0.attn"] == [8 // n, 4 // n]  # the layer computes its local heads
+    assert llama["local"]["decoder.blocks.0.attn.qkv.weight"] == [
+        [128 // n, 64],
+        "S(0)",
+    ]  # (8 + 4 + 4) x 8 rows
+    assert llama["local"]["decoder.blocks.0.attn.proj.weight"] == [[64, 64 // n], "S(1)"]
+    assert llama["local"]["head.fc.weight"] == [[16 // n, 64], "S(0)"]  # untied LM head: vocabulary split
+    moe = tp_run["moe/facts"]["local"]
+    assert moe["decoder.blocks.0.mlp.fc1"] == [[4 // n, 64, 32], "S(0)"]  # whole experts per rank
+    assert moe["decoder.tok_embed.weight"] == [
+        [16 // n, 32],
+        "S(0)",
+    ]  # tied: the head has no weight of its own
+    assert "head.fc.weight" not in moe
+    # the control: QK-norm weights' gradients left per rank -> the curve leaves one process's
+    control = tp_run["llama/unsummed/losses"]
+    assert max(abs(a - b) for a, b in zip(control, _single("llama"), strict=True)) > 5 * LOSS_TOL
+
+
+# ----------------------------------------------------------------------------------------------- docs
+
+
+def test_plan_in_the_docs_is_the_generators() -> None:
+    doc = (ROOT / "docs" / "distributed.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "describe(" in b]
+    assert len(blocks) == 1
+    printed = io.StringIO()
+    namespace: dict[str, Any] = {"print": lambda *a: print(*a, file=printed)}
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        exec(blocks[0], namespace)
+    finally:
+        os.chdir(cwd)
+    text = printed.getvalue().strip()
+    assert text.count("\n") >= 7 and f"```\n{text}\n```" in doc
