@@ -2,11 +2,13 @@
 
     python examples/train.py specs/mnist_vit.yaml --steps 200
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --parallel fsdp
+    torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --tp 2
 
 The data is synthetic unless ``--data`` names a safetensors file, and every batch is drawn from
 (seed, step) alone, so a run resumed with ``--resume DIR`` sees the batches the uninterrupted run would
 have seen, and dropout draws from (seed, step, rank): the resumed run continues the same loss curve.
-The global batch is the same for any number of ranks; each rank takes its slice of it.
+The global batch is the same for any number of ranks; each rank takes its slice of it (with ``--tp N``,
+tensor parallelism, every rank takes the whole batch and computes 1/N of every layer).
 
 Synthetic tasks, by model:
 
@@ -401,6 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="none: one process; ddp: DistributedDataParallel; fsdp: FSDP2 (specvit.parallel.shard)",
     )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split every layer over N ranks, N processes under torchrun (specvit.parallel.parallelize)",
+    )
     p.add_argument("--checkpointing", action="store_true", help="recompute block activations in backward")
     p.add_argument(
         "--bf16",
@@ -423,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _setup(parallel: str) -> tuple[torch.device, bool]:
+def _setup(parallel: str, tp: int = 1) -> tuple[torch.device, bool]:
     """This rank's device, starting the process group when one is needed and none is running.
 
     Returns:
@@ -434,9 +443,15 @@ def _setup(parallel: str) -> tuple[torch.device, bool]:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if parallel == "none":
+    if tp != world and tp > 1:
+        raise TrainError(
+            f"--tp {tp} splits over {tp} processes, {world} were started: torchrun --nproc_per_node {tp}"
+        )
+    if parallel == "none" and tp == 1:
         if world > 1:
-            raise TrainError(f"{world} processes were started: pass --parallel ddp or --parallel fsdp")
+            raise TrainError(
+                f"{world} processes were started: pass --parallel ddp, --parallel fsdp or --tp {world}"
+            )
         return device, False
     if dist.is_initialized():  # a caller's group (a script that runs train() several times)
         return device, False
@@ -477,12 +492,28 @@ def train(args: argparse.Namespace) -> None:
     data = load_data(args.data, spec) if args.data else None
     if data is None:
         synthetic_batch(spec, 1, args.seq_len, torch.Generator())  # refuse a model without a task now
-    device, started = _setup(args.parallel)
+    _check_tp(args)
+    device, started = _setup(args.parallel, args.tp)
     try:
         _train(args, spec, data, save, device)
     finally:
         if started:
             dist.destroy_process_group()
+
+
+def _check_tp(args: argparse.Namespace) -> None:
+    """Refuse what tensor parallelism does not combine with yet (issue #31's next parts)."""
+    if args.tp < 1:
+        raise TrainError("--tp must be at least 1")
+    if args.tp == 1:
+        return
+    if args.parallel != "none":
+        raise TrainError(
+            f"--tp with --parallel {args.parallel} (a 2-D mesh) is not supported yet: use one of them"
+        )
+    for flag in ("save", "resume", "bf16", "checkpointing"):
+        if getattr(args, flag):
+            raise TrainError(f"--{flag} with --tp is not supported yet")
 
 
 def _train(
@@ -495,6 +526,8 @@ def _train(
     from specvit.compile import build_model
 
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    if args.tp > 1:  # every rank computes its part of every layer on the whole batch
+        world, rank = 1, 0
     if args.batch % world:
         raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
     torch.manual_seed(args.seed)
@@ -516,6 +549,12 @@ def _train(
     else:
         model = build_model(spec, device=device, checkpointing=args.checkpointing)
         net = model
+        if args.tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from specvit.parallel import parallelize
+
+            parallelize(model, init_device_mesh(device.type, (args.tp,)))
         if args.parallel == "ddp":
             ids = [device.index] if device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
@@ -527,15 +566,16 @@ def _train(
     per = args.batch // world
     params = sum(p.numel() for p in model.parameters())  # a sharded DTensor counts its whole size
     log = None
-    if rank == 0:
+    if _rank() == 0:
+        mode = f"tensor parallel on {args.tp} ranks" if args.tp > 1 else f"{args.parallel} on {world} rank(s)"
         print(
-            f"{spec.name}: {params:,} parameters, {args.parallel} on {world} rank(s) ({device.type}), "
+            f"{spec.name}: {params:,} parameters, {mode} ({device.type}), "
             f"batch {args.batch} ({per} per rank), steps {start + 1}..{args.steps}",
             flush=True,
         )
         if args.log:
             log = open(args.log, "a" if args.resume else "w")  # noqa: SIM115 (closed below)
-    progress = Progress(args.steps, args.every, sys.stdout, log, args.quiet) if rank == 0 else None
+    progress = Progress(args.steps, args.every, sys.stdout, log, args.quiet) if _rank() == 0 else None
     try:
         for step in range(start, args.steps):
             torch.manual_seed(mix(args.seed, 1, step, rank))  # dropout, the same after a resume

@@ -187,7 +187,7 @@ def _launch(world: int, out: Path) -> dict[str, Any]:
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]  # every run exits 0
-    return dict(json.loads((out / "results.json").read_text()))
+    return {**json.loads((out / "results.json").read_text()), "out": out}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
@@ -230,6 +230,37 @@ def test_split_shapes_and_the_control(tp_run: dict[str, Any]) -> None:
     # the control: QK-norm weights' gradients left per rank -> the curve leaves one process's
     control = tp_run["llama/unsummed/losses"]
     assert max(abs(a - b) for a, b in zip(control, _single("llama"), strict=True)) > 5 * LOSS_TOL
+
+
+@pytest.mark.slow
+def test_train_script_with_tp_follows_one_process(tp_run: dict[str, Any], tmp_path: Path) -> None:
+    """examples/train.py --tp N (every rank the whole batch) vs the same command on one process."""
+    assert tp_run["train_tp_exit"] == 0
+    assert tp_run["train_tp_refused_exit"] == 2  # heads 1 over N ranks: refused with the spec's message
+    script = worker.load_train_script()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert script.main([*worker.TRAIN_ARGS, "--log", str(tmp_path / "one.jsonl")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    losses = [
+        [json.loads(line)["loss"] for line in (path).read_text().splitlines()]
+        for path in (tmp_path / "one.jsonl", tp_run["out"] / "train_tp.jsonl")
+    ]
+    assert len(losses[0]) == 3 and len(set(losses[0])) == 3
+    assert max(abs(a - b) for a, b in zip(*losses, strict=True)) <= LOSS_TOL
+
+
+def test_train_script_refuses_tp_without_its_processes(capsys: pytest.CaptureFixture[str]) -> None:
+    script = worker.load_train_script()
+    assert script.main([*worker.TRAIN_ARGS, "--tp", "2"]) == 2
+    assert (
+        "--tp 2 splits over 2 processes, 1 were started: torchrun --nproc_per_node 2"
+        in capsys.readouterr().err
+    )
+    assert script.main([*worker.TRAIN_ARGS, "--tp", "2", "--parallel", "fsdp"]) == 2
+    assert "--tp with --parallel fsdp (a 2-D mesh) is not supported yet" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------- docs

@@ -9,7 +9,9 @@ the batch, each computes its heads, hidden channels, experts and vocabulary rows
   (packed projections are stored rank-major and must come back in one process's order), and whether the
   untrained weights loaded back after training (``set_model_state_dict``, one process's order) gather to
   the same again;
-- ``state_<spec>.safetensors``: the full state dict after training, gathered.
+- ``state_<spec>.safetensors``: the full state dict after training, gathered;
+- ``train_tp.jsonl``: the losses of examples/train.py run with ``--tp N`` (and its exit status, and that of
+  a run refused because 1 head does not split, in results.json).
 
 The helpers (specs, batches, the loss) are imported by the test process for its one-process references.
 
@@ -107,6 +109,26 @@ decoder:
 head: {kind: lm, tied: true}
 """
 """A Qwen2-MoE-style decoder: 4 experts, 2 per token, a gated shared expert, tied head."""
+
+TRAIN_ARGS = [
+    str(Path(__file__).resolve().parents[1] / "specs" / "mnist_vit.yaml"),
+    *("--set", "encoder.width=32", "--set", "encoder.block.mlp.hidden=64", "--set", "encoder.block.heads=4"),
+    *("--batch", "8", "--every", "1", "--steps", "3"),
+]
+"""examples/train.py on a small MNIST ViT, run with ``--tp N`` by the worker and on one process by the test."""
+
+
+def load_train_script() -> Any:
+    """examples/train.py as a module."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    spec = importlib.util.spec_from_file_location("specvit_train_example_tp", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 SPECS = {"vit": VIT, "llama": LM, "encdec": ENCDEC, "moe": MOE}
 ROUTER_LOSS = 0.02
@@ -224,6 +246,12 @@ def main(out: Path) -> None:
         if rank == 0:
             results[f"{name}/reloaded_equal"] = all(torch.equal(again[k], before[k]) for k in before)
     results["llama/unsummed/losses"] = _unsummed(mesh)
+    script = load_train_script()
+    results["train_tp_exit"] = script.main(
+        [*TRAIN_ARGS, "--tp", str(world), "--log-file", str(out / "train_tp.jsonl")]
+    )
+    refused = [*TRAIN_ARGS, "--set", "encoder.block.heads=1", "--tp", str(world)]  # 1 head over N ranks
+    results["train_tp_refused_exit"] = script.main(refused)
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
