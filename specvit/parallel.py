@@ -1,10 +1,13 @@
-"""Training past one process: FSDP2 sharding of a compiled model, full state dicts, memory per rank.
+"""Training past one process: FSDP2 sharding, tensor-parallel plans, full state dicts, memory per rank.
 
 :func:`shard` applies PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``) to every block of every
 stack, then to the root, whose group holds the rest: embeddings, prefix tokens, positions, final norms
 and the head. Tied LM heads (:class:`~specvit.model.TiedLinear`) and shared embeddings
 (:class:`~specvit.model.SharedEmbedding`) only hold a reference to a ``TokenEmbed`` of a stack, never
 inside a block, so the one weight they share lives in the root group and is gathered once per forward.
+
+Tensor parallelism: :func:`plan` derives a ``torch.distributed.tensor.parallel`` plan from the model's graph
+and :func:`parallelize` applies it (both in :mod:`specvit.tensor_parallel`).
 
 DDP needs nothing from here: wrap the plain model in ``torch.nn.parallel.DistributedDataParallel``.
 See ``docs/distributed.md``.
