@@ -1,4 +1,4 @@
-"""Tensor parallelism derived from a model's graph: which layer is split how, and the styles that split it.
+"""Tensor parallelism derived from a model's graph: which layer is split how, or why it cannot be.
 
 :func:`plan` walks the graph's module nodes and reads each module's role from its kind (attention, MLP,
 experts, token embedding, LM head), never from a family name, and returns a plan for
@@ -17,6 +17,7 @@ experts, token embedding, LM head), never from a family name, and returns a plan
 - everything else replicated: norms, positions, patch embeddings, routers, classifier heads.
 
 Whatever cannot be split is refused up front, all at once, with its numbers (``heads 12 over 5 ranks``).
+The styles are in :mod:`specvit.parallel_styles`.
 """
 
 from __future__ import annotations
@@ -119,11 +120,9 @@ def _attention(d: _Derivation, path: str, attn: Attention) -> None:
     found += ["QK-norm over all heads at once"] * any(
         getattr(n, "heads", None) for n in (attn.q_norm, attn.k_norm)
     )
-    found += [
-        f"an additive per-head '{p}' input for all heads"
-        for p in ("bias", "pos")
-        if p in _ports(d.model, path)
-    ]
+    ports = _ports(d.model, path)
+    found += ["a per-head bias of all heads from outside the layer (ALiBi, T5 buckets)"] * ("bias" in ports)
+    found += ["positions added to queries and keys only (DETR)"] * bool({"pos", "memory_pos"} & ports)
     for why in found:
         d.refuse(
             path,

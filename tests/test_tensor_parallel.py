@@ -108,12 +108,16 @@ def test_plan_refuses_what_does_not_divide_with_the_numbers() -> None:
     ("source", "reason"),
     [
         ("specs/cait_xxs24_224.yaml", "talking heads mix all heads"),
-        ("docs/examples/alibi_lm.yaml", "an additive per-head 'bias' input for all heads"),
+        (
+            "docs/examples/alibi_lm.yaml",
+            "a per-head bias of all heads from outside the layer (ALiBi, T5 buckets)",
+        ),
+        ("specs/detr_resnet50.yaml", "positions added to queries and keys only (DETR)"),
         ("specs/swin_tiny_patch4_window7_224.yaml", "a relative position bias table over all heads"),
         ("specs/sagan_attn1_64.yaml", "1x1-conv projections over a map"),
         ("specs/beit_base_patch16_224.yaml", "separate q/v biases of a bias-less qkv"),
     ],
-    ids=["talking-heads", "alibi", "swin", "sagan", "beit"],
+    ids=["talking-heads", "alibi", "detr", "swin", "sagan", "beit"],
 )
 def test_plan_refuses_parts_that_span_heads(source: str, reason: str) -> None:
     with pytest.raises(SpecError) as caught:

@@ -130,21 +130,39 @@ def load_train_script() -> Any:
     return module
 
 
-SPECS = {"vit": VIT, "llama": LM, "encdec": ENCDEC, "moe": MOE}
+BERT = """specvit: 1
+name: tp_bert
+model: encoder
+encoder:
+  input: {kind: tokens, vocab: 20, padding_idx: 0, type_vocab: 2}
+  position: {kind: learned, max_len: 16}
+  width: 32
+  depth: 2
+  embed_norm: true
+  block: {heads: 4, norm: {placement: post}}
+head: {kind: lm}
+"""
+"""A BERT-like encoder: padding index, token types, post-norm, an untied LM head over its tokens."""
+
+SPECS = {"vit": VIT, "bert": BERT, "llama": LM, "encdec": ENCDEC, "moe": MOE}
 ROUTER_LOSS = 0.02
 """The load-balancing loss's coefficient (Mixtral's), so that the router's gradient has both parts."""
 
 
 def batch(spec: specvit.Spec, step: int) -> dict[str, Tensor]:
-    """The batch of a step: images and labels, counting sequences for LMs, the reverse task for seq2seq."""
+    """The batch of a step: images and labels, next tokens for decoders, the reverse task for token encoders
+    and encoder-decoders."""
     gen = torch.Generator().manual_seed(step)
-    if spec.model == "encoder":
+    inp = next(iter(spec.stacks.values())).input
+    if inp.kind == "image":
         return {
             "x": torch.randn(BATCH, 1, 16, 16, generator=gen),
             "y": torch.randint(0, 4, (BATCH,), generator=gen),
         }
-    vocab = next(iter(spec.stacks.values())).input.vocab
-    tokens = torch.randint(2, vocab, (BATCH, SEQ + 1), generator=gen)
+    if spec.model == "encoder":  # padding (id 0) among the tokens
+        tokens = torch.randint(0, inp.vocab, (BATCH, SEQ), generator=gen)
+        return {"x": tokens, "y": tokens.flip(1)}
+    tokens = torch.randint(2, inp.vocab, (BATCH, SEQ + 1), generator=gen)
     if spec.model == "decoder":
         return {"x": tokens[:, :-1], "y": tokens[:, 1:]}
     src = tokens[:, :SEQ]
