@@ -178,6 +178,7 @@ def test_typing_marks_problems_at_their_lines_then_redraws_and_saves(
     if os.environ.get("SPECVIT_SCREENSHOT") == "1":
         ed.replace("heads: 3", "heads: 5")  # the picture: a typo marked, the last good diagram greyed
         ed.page.wait_for_selector(".sp-mark")
+        ed.page.locator(".sv-zoom button", has_text="fit").click()
         ed.page.screenshot(path=str(SCREENSHOT))
     refused = "Failed to load resource: the server responded with a status of"
     assert ed.errors == [f"{refused} 409 (Conflict)", f"{refused} 403 (Forbidden)"]  # the two refusals above
@@ -210,7 +211,13 @@ def _timed(ed: Editor, kind: str, old: str, new: str) -> dict[str, Any]:
     return dict(ed.js(last, kind))
 
 
-@pytest.mark.parametrize("name", ["vit.yaml", "deep.yaml"], ids=["12-layers", "96-layers"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("vit.yaml", id="12-layers"),
+        pytest.param("deep.yaml", id="96-layers", marks=pytest.mark.slow),
+    ],
+)
 def test_keystroke_to_markers_and_to_diagram_latency(
     browser: Any, served: tuple[Server, Path], name: str
 ) -> None:
