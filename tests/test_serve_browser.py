@@ -95,15 +95,11 @@ class Editor:
         self.page.keyboard.type(new)
         return line + 1
 
-    def settled(self, checks: int) -> None:
-        """Wait for a check after the ``checks`` already done, and for no check to be pending."""
-        self.page.wait_for_function(
-            "n => { const s = window.specvitServe.state; return s.checks > n && s.pending === null; }",
-            arg=checks,
+    def settled(self) -> None:
+        """Wait until the page shows the answer for the editor's text, and no check is pending."""
+        self.wait(
+            "() => { const w = window.specvitServe; return w.state.checked === w.cm.getValue() && !w.state.pending; }"
         )
-
-    def checks(self) -> int:
-        return int(self.js("window.specvitServe.state.checks"))
 
     def marks(self) -> list[tuple[int, str]]:
         return [
@@ -120,11 +116,11 @@ def test_typing_marks_problems_at_their_lines_then_redraws_and_saves(
     assert ed.text() == VIT and ed.marks() == []
     assert "encoder.blocks.0-11" in ed.page.locator(".sv-run").first.inner_text()
 
-    n = ed.checks()  # two typos at once: a key misspelled and a depth that is no number
+    # two typos at once: a key misspelled and a depth that is no number
     depth = ed.replace("depth: 12", "depth: 1x")
     key = ed.replace("qkv_bias", "qkv_bais")
     ed.page.wait_for_selector(".sp-mark")
-    ed.settled(n)
+    ed.settled()
     marks = ed.marks()
     assert sorted(line for line, _ in marks) == [depth, key], marks
     titles = dict(marks)
@@ -136,22 +132,22 @@ def test_typing_marks_problems_at_their_lines_then_redraws_and_saves(
     assert ed.page.locator("g.node[data-path]").count() > 0  # the last good diagram stays, greyed
     assert ed.page.locator("#sp-banner").is_visible()
 
-    n = ed.checks()  # the typos fixed, a rule broken: 5 heads do not divide the width
+    # the typos fixed, a rule broken: 5 heads do not divide the width
     ed.replace("depth: 1x", "depth: 12")
     ed.replace("qkv_bais", "qkv_bias")
     heads = ed.replace("heads: 3", "heads: 5")
     ed.wait(
         "l => [...document.querySelectorAll('.sp-mark')].map(m => m.dataset.line).join() === String(l)", heads
     )
-    ed.settled(n)
+    ed.settled()
     ((line, title),) = ed.marks()
     assert line == heads and "192" in title and "fix:" in title
 
-    n = ed.checks()  # fixed, and 6 blocks instead of 12: the diagram and the table follow
+    # fixed, and 6 blocks instead of 12: the diagram and the table follow
     ed.replace("heads: 5", "heads: 3")
     ed.replace("depth: 12", "depth: 6")
     ed.wait("() => (document.querySelector('.sv-run') || {}).textContent.includes('encoder.blocks.0-5')")
-    ed.settled(n)
+    ed.settled()
     assert ed.marks() == [] and ed.page.locator(".sp-problem").count() == 0
     assert "sp-stale" not in (ed.page.locator("#sp-diagram-wrap").get_attribute("class") or "")
     assert ed.page.locator(".sp-table td", has_text="encoder.blocks.0-5.attn").count() == 1
@@ -179,6 +175,7 @@ def test_typing_marks_problems_at_their_lines_then_redraws_and_saves(
         ed.replace("heads: 3", "heads: 5")  # the picture: a typo marked, the last good diagram greyed
         ed.page.wait_for_selector(".sp-mark")
         ed.page.locator(".sv-zoom button", has_text="fit").click()
+        ed.page.locator(".sv-zoom button", has_text="−").click()  # "fit" reads the SVG's pt as px
         ed.page.screenshot(path=str(SCREENSHOT))
     refused = "Failed to load resource: the server responded with a status of"
     assert ed.errors == [f"{refused} 409 (Conflict)", f"{refused} 403 (Forbidden)"]  # the two refusals above

@@ -12,12 +12,12 @@
 
 (function () {
   const DEBOUNCE = 80; // ms after the last keystroke before the text is checked
-  const PAUSE = 600; // ms without typing before the expanded pictures are asked for
+  const PAUSE = 1000; // ms without typing before the expanded pictures (seconds of Graphviz when deep) are asked for
   const $ = (id) => document.getElementById(id);
   const state = {
     name: null, version: null, saved: null, files: [], presets: [], seq: 0, pending: null, timer: null,
     keyAt: 0, signature: null, data: null, view: null, valid: null, timings: [], marks: [], lines: [],
-    checks: 0, wanted: null, later: null,
+    checks: 0, checked: null, wanted: null, later: null,
   };
 
   function el(tag, cls, text) {
@@ -106,6 +106,8 @@
     if (!found.ok) {
       state.pending = null;
       state.checks += 1;
+      state.checked = text;
+    state.checked = text; // the text the page now shows the answer for
       state.valid = false;
       $("sp-diagram-wrap").classList.add("sp-stale");
       const n = found.problems.length;
@@ -116,6 +118,7 @@
     if (!res) return;
     state.pending = null;
     state.checks += 1;
+    state.checked = text; // the text the page now shows the answer for
     state.valid = res.ok;
     if (!res.ok) {
       // valid, yet lowering it failed: said as its problems
