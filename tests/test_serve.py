@@ -170,6 +170,24 @@ def test_extends_resolves_beside_the_file_and_stays_in_the_folder(running: tuple
     assert "outside the folder being served" in problem["message"]
 
 
+def test_load_text_reads_unsaved_text_as_the_file_it_will_be(folder: Path) -> None:
+    from specvit.spec.loader import load_text
+
+    child = folder / "sub" / "child.yaml"
+    text = "extends: ../tiny.yaml\nname: unsaved\nencoder:\n  depth: 2\n"
+    spec = load_text(text, child, shown="sub/child.yaml")  # not the file on disk (depth 3, name child)
+    assert (spec.name, spec.encoder.depth) == ("unsaved", 2)
+    assert spec.locate("encoder.depth") == specvit.errors.Location("sub/child.yaml", 4, 10)
+    outside = "extends: ../../outside.yaml\nname: x\n"
+    assert load_text(outside, child).name == "x"  # anywhere, as load_spec reads a file
+    with pytest.raises(
+        specvit.SpecError, match=r"sub/child.yaml:1:10: extends: extends names '../../outside.yaml', outside"
+    ):
+        load_text(outside, child, shown="sub/child.yaml", within=folder)
+    with pytest.raises(specvit.SpecError, match=r"over the 1,048,576-byte limit"):
+        load_text("#" * (MAX_BYTES + 1), child, within=folder)
+
+
 # ------------------------------------------------------------------------------------------ checking
 
 
