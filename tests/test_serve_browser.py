@@ -196,6 +196,29 @@ def test_extends_completes_preset_names(browser: Any, served: tuple[Server, Path
     assert "\nextends: vit_small_patch16_224.yaml\n" in ed.text()
 
 
+def test_download_and_diff_buttons(browser: Any, served: tuple[Server, Path], tmp_path: Path) -> None:
+    server, _ = served
+    ed = Editor(browser, server, "vit.yaml")
+    ed.replace("depth: 12", "depth: 4")
+    ed.settled()
+    with ed.page.expect_download() as info:
+        ed.page.locator('[data-format="svg"]').click()
+    download = info.value
+    assert download.suggested_filename == "vit.svg"
+    saved = tmp_path / "got.svg"
+    download.save_as(saved)
+    assert "encoder.blocks.0&#45;3 &#160;x4" in saved.read_text()  # the edited text's diagram, not the file's
+    ed.page.locator("#sp-diff-with").fill("vit_tiny_patch16_224")
+    ed.page.locator("#sp-diff-form button").click()
+    ed.page.wait_for_selector(".sp-diff-table")
+    rows = ed.page.locator(".sp-diff-table tr").all_inner_texts()
+    assert any("removed" in r and "encoder.blocks.4-11" in r for r in rows), rows
+    assert (
+        "vit_tiny_patch16_224 → vit_tiny_patch16_224 (this spec)" in ed.page.locator("#sp-diff").inner_text()
+    )
+    assert ed.errors == []
+
+
 def _timed(ed: Editor, kind: str, old: str, new: str) -> dict[str, Any]:
     """Type ``new`` over ``old`` and wait for the page's timing of ``kind`` (``problems`` marked, or the
     ``diagram`` redrawn) of the text typed, from its last keystroke; that timing."""
