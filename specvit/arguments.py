@@ -16,6 +16,7 @@ __all__ = [
     "add_view",
     "at_least_2",
     "key_value",
+    "port",
     "positive",
 ]
 
@@ -36,6 +37,17 @@ def positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{escape(text)!s} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{escape(text)!s} is not an integer") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 (any free one) to 65535, got {value}")
     return value
 
 

@@ -25,7 +25,7 @@ from specvit.arguments import (
     at_least_2,
     positive,
 )
-from specvit.commands import add_import, cmd_presets
+from specvit.commands import add_import, add_serve, cmd_presets
 from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
 from specvit.process import describe, named_stdout
 from specvit.text import escape
@@ -407,6 +407,7 @@ def _add_writing(sub: Any) -> None:
     p.set_defaults(func=cmd_export)
 
     add_import(sub)
+    add_serve(sub)
 
     p = sub.add_parser(
         "eject",

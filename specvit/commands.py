@@ -9,7 +9,9 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["add_import", "cmd_import", "cmd_presets"]
+from specvit.arguments import port
+
+__all__ = ["add_import", "add_serve", "cmd_import", "cmd_presets", "cmd_serve"]
 
 EXIT_IO_ERROR = 1
 
@@ -54,6 +56,52 @@ def add_import(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .yaml spec to write")
     p.add_argument("--name", help="the spec's name (default: <model_type>_from_hf)")
     p.set_defaults(func=cmd_import)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the live editor's server on ``args.spec`` (a file, a folder or the working directory) until Ctrl-C."""
+    from specvit.serve import ServeError, serve
+
+    try:
+        serve(args.spec, host=args.host, port=args.port)
+    except ServeError as exc:
+        print(f"specvit serve: {exc}", file=sys.stderr)
+        return EXIT_IO_ERROR
+    except KeyboardInterrupt:  # how the server is stopped: not an error
+        print("specvit serve: stopped", file=sys.stderr)
+    return 0
+
+
+def add_serve(sub: Any) -> None:
+    """Add the ``serve`` subcommand (the live editor in the browser) to the CLI's subparsers."""
+    p = sub.add_parser(
+        "serve",
+        help="edit a spec in the browser: errors at their line, diagram and table as you type",
+        description="Start a local web server and print its address: the page edits the spec (or the specs "
+        "of a folder) with the problems marked at their lines as you type, the interactive diagram and the "
+        "summary table beside it, saving atomically (never over a file changed on disk since it was "
+        "loaded), downloads of the diagram (SVG, PNG, HTML) and of the ejected PyTorch file, and a diff with "
+        "another spec or preset. It listens on 127.0.0.1 only unless --host says otherwise, and serves only "
+        "its own files and the spec files under the folder. Ctrl-C stops it.",
+    )
+    p.add_argument(
+        "spec",
+        metavar="SPEC",
+        nargs="?",
+        help="a spec file (.yaml; a new one is created on save) or a folder of specs (default: the "
+        "working directory)",
+    )
+    p.add_argument(
+        "--port", type=port, default=8765, metavar="N", help="the port (default 8765; 0: any free one)"
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address to listen on (default 127.0.0.1: this machine only; another address lets other "
+        "machines read and overwrite the specs, and prints a warning)",
+    )
+    p.set_defaults(func=cmd_serve)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

@@ -39,12 +39,25 @@ from typing import Any
 
 import specvit.diagram.graphviz as drawing
 from specvit.diagram.graphviz import Direction, RenderError, View, scene_to_dot
-from specvit.diagram.scene import plan
+from specvit.diagram.scene import Scene, plan
 from specvit.diagram.viewdata import Run, runs, view_data
 from specvit.graph.ir import ArchGraph, Fold
 from specvit.units import FLOPS, FlopUnit
 
-__all__ = ["BUDGET", "COMBINED", "Pictures", "asset", "key", "layouts", "page", "to_html", "variants"]
+__all__ = [
+    "BUDGET",
+    "COMBINED",
+    "Pictures",
+    "asset",
+    "draw_svg",
+    "folded_dot",
+    "folded_scene",
+    "key",
+    "layouts",
+    "page",
+    "to_html",
+    "variants",
+]
 
 COMBINED = 3
 """Up to this many folded runs, every combination of expanded runs is laid out (8 layouts at most)."""
@@ -188,6 +201,48 @@ def layouts(
         if svg is not None:
             out.svg[name] = _svg(svg)
     return out
+
+
+def folded_scene(graph: ArchGraph, unit: FlopUnit = FLOPS) -> Scene:
+    """The view's folded scene (every run folded, a stage's blocks as runs): what :func:`layouts` lays out
+    first and :func:`~specvit.diagram.viewdata.view_data` maps nodes onto.
+
+    Args:
+        graph: the lowered spec.
+        unit: what the title's FLOPs are printed in.
+    """
+    return plan(graph, "collapsed", unit, stages=False)
+
+
+def folded_dot(scene: Scene, direction: Direction = "TB") -> str:
+    """The DOT source of the folded picture; a live editor lays out only this one while the user types,
+    caching it by its text.
+
+    Args:
+        scene: :func:`folded_scene`.
+        direction: ``TB`` or ``LR``.
+    """
+    return scene_to_dot(scene, direction)
+
+
+def draw_svg(dot: str) -> str:
+    """DOT text laid out into the SVG the view shows (its ``layouts`` values), in this process.
+
+    Args:
+        dot: the Graphviz source (:func:`folded_dot`).
+
+    Raises:
+        RenderError: no Graphviz engine, or the engine failed.
+    """
+    engine = drawing._engine()
+    if engine is None:
+        raise RenderError(
+            "no Graphviz to lay out the diagram: install pygraphviz (its wheel bundles Graphviz) or Graphviz"
+        )
+    try:
+        return _svg(engine(dot, "svg").decode("utf-8"))
+    except Exception as exc:
+        raise RenderError(f"Graphviz failed to lay out the diagram: {exc}") from exc
 
 
 def asset(name: str) -> str:

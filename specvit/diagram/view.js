@@ -5,8 +5,8 @@
  * of the data came from a spec and is written as text (textContent), never as markup; the SVG is parsed as
  * XML and stripped of scripts, event handlers and outside links before it is shown. Nothing is fetched.
  *
- * Returns {reveal(path), select(path), toggle(run), update(data)}; update redraws with new data (a live
- * editor's), keeping the expanded runs, the selection and the zoom where they still exist.
+ * Returns {reveal(path), select(path), toggle(run), expanded(), update(data)}; update redraws with new data
+ * (a live editor's), keeping the expanded runs, the selection and the zoom where they still exist.
  */
 "use strict";
 
@@ -35,6 +35,9 @@ function specvitView(root, data, kept) {
   }
   const count = (n) => Number(n).toLocaleString("en-US");
   const keyOf = (set) => groups.filter((g) => set.has(g.id)).map((g) => g.id).join("\n");
+  // new data (update) may lack the layout of the runs kept expanded (a live editor sends the folded one
+  // first): show it folded then
+  if (!(keyOf(state.expanded) in data.layouts)) state.expanded = new Set();
 
   // -- the page's parts ----------------------------------------------------------------------------
   root.replaceChildren();
@@ -363,6 +366,7 @@ function specvitView(root, data, kept) {
     reveal,
     select,
     toggle,
+    expanded: () => [...state.expanded],
     update: (next) => specvitView(root, next, { expanded: [...state.expanded], selected: state.selected, zoom: state.zoom }),
   };
   root.specvit = api;

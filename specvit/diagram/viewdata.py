@@ -150,12 +150,14 @@ def _node(graph: ArchGraph, path: str, unit: FlopUnit, lines: _Lines) -> dict[st
     }
 
 
-def view_data(graph: ArchGraph, unit: FlopUnit = FLOPS) -> dict[str, Any]:
+def view_data(graph: ArchGraph, unit: FlopUnit = FLOPS, *, scene: Scene | None = None) -> dict[str, Any]:
     """What the interactive view shows of ``graph``, as JSON-ready data.
 
     Args:
         graph: the lowered spec.
         unit: what FLOPs are counted in (:data:`~specvit.units.FLOPS` or :data:`~specvit.units.MACS`).
+        scene: the view's folded scene, ``plan(graph, "collapsed", unit, stages=False)``, when the caller has
+            it already (a live editor draws it too); planned here otherwise.
 
     Returns:
         ``title``, ``description``, ``subtitle`` (the totals); ``unit`` (``name``, ``note``, ``key``);
@@ -167,7 +169,8 @@ def view_data(graph: ArchGraph, unit: FlopUnit = FLOPS) -> dict[str, Any]:
         ``count``, ``blocks``, ``reps``, ``members``); ``edges`` (``src``, ``dst``, ``port``).
     """
     fold = graph.fold()
-    scene = plan(graph, "collapsed", unit, stages=False)  # runs to expand, not stage boxes
+    if scene is None:
+        scene = plan(graph, "collapsed", unit, stages=False)  # runs to expand, not stage boxes
     boxes = _boxes(scene, graph, fold)
     lines = _Lines()
     nodes = {path: _node(graph, path, unit, lines) for path in graph}

@@ -12,7 +12,7 @@ from typing import Any
 
 from specvit.errors import Location, SpecError, SpecFileError
 from specvit.io import Unreadable, read_regular
-from specvit.spec.presets import preset_path, suggest
+from specvit.spec.presets import preset_dir, preset_path, suggest
 from specvit.spec.yamlread import (
     MAX_BYTES,
     MAX_NESTING,
@@ -106,7 +106,7 @@ def _too_big(shown: str, files: int, total: int, at: Location | None) -> SpecErr
     )
 
 
-def _chain_too_big(path: Path, raw: bytes, shown: str) -> SpecError | None:
+def _chain_too_big(path: Path, raw: bytes, shown: str, within: Path | None = None) -> SpecError | None:
     """The chain's bytes counted before any of its files is parsed (parsing is what costs: a chain of files
     each under the limit must not be parsed whole to be refused), following plain top-level ``extends:``
     lines; a chain written otherwise is counted file by file as :func:`load_tree` parses it.
@@ -115,6 +115,7 @@ def _chain_too_big(path: Path, raw: bytes, shown: str) -> SpecError | None:
         path: the spec file, resolved.
         raw: its bytes.
         shown: its name as the user gave it.
+        within: the folder the chain's files must be in (besides presets), or None for anywhere.
     """
     chain, total = [path], len(raw)
     while len(chain) < MAX_EXTENDS and (match := _PLAIN_EXTENDS.search(raw)) is not None:
@@ -122,8 +123,8 @@ def _chain_too_big(path: Path, raw: bytes, shown: str) -> SpecError | None:
         base = resolve(path.parent / ref)
         if not base.exists() and (preset := preset_path(ref)) is not None:
             base = resolve(preset)
-        if base in chain or not base.is_file():
-            return None  # a cycle or a file that is not there: the parse says so, where it is
+        if base in chain or not base.is_file() or _outside(base, within):
+            return None  # a cycle, a file that is not there or not allowed: the parse says so, where it is
         at = Location(shown, raw[: match.start()].count(b"\n") + 1, match.start(1) - match.start() + 1)
         path, shown = base, shown_path(base, absolute=Path(shown).is_absolute())
         try:
@@ -137,8 +138,29 @@ def _chain_too_big(path: Path, raw: bytes, shown: str) -> SpecError | None:
     return None
 
 
+def _outside(path: Path, within: Path | None) -> bool:
+    """Whether the resolved ``path`` is outside the folder ``within`` (never, for None) and not a preset."""
+    if within is None or path.is_relative_to(within):
+        return False
+    folder = _preset_folder()
+    return folder is None or not path.is_relative_to(folder)
+
+
+def _preset_folder() -> Path | None:
+    """The bundled presets' folder, resolved."""
+    folder = preset_dir()
+    return resolve(folder) if folder is not None else None
+
+
 def load_tree(
-    path: Path, shown: str, chain: tuple[Path, ...], at: Location | None, total: int = 0
+    path: Path,
+    shown: str,
+    chain: tuple[Path, ...],
+    at: Location | None,
+    total: int = 0,
+    *,
+    raw: bytes | None = None,
+    within: Path | None = None,
 ) -> tuple[Any, SourceMap]:
     """Read ``path`` and, through ``extends``, every base it names, merged; with where each value came from.
 
@@ -151,11 +173,15 @@ def load_tree(
         chain: the files read so far, this one included.
         at: where the file was named (the ``extends`` of the file before), or None for the spec itself.
         total: the bytes of the files before it in the chain.
+        raw: the file's bytes when they are not to be read from ``path`` (an editor's unsaved text).
+        within: the resolved folder every base must be in, presets aside (``specvit serve``'s folder), or
+            None for anywhere.
     """
-    raw = _read_file(path, shown, at=at)
+    if raw is None:
+        raw = _read_file(path, shown, at=at)
     if total + len(raw) > MAX_BYTES:
         raise _too_big(shown, len(chain), total + len(raw), at)
-    if at is None and (error := _chain_too_big(path, raw, shown)) is not None:
+    if at is None and (error := _chain_too_big(path, raw, shown, within)) is not None:
         raise error
     data, source = read_yaml(raw, shown)
     source.files.append(str(path))
@@ -180,6 +206,13 @@ def load_tree(
     base_path = resolve(path.parent / base_ref)
     if not base_path.exists() and (preset := preset_path(base_ref)) is not None:
         base_path = resolve(preset)  # a bundled preset, by name, from a spec anywhere
+    if _outside(base_path, within):
+        raise SpecError.at(
+            f"extends names '{base_ref}', outside the folder being served ({within})",
+            path="extends",
+            hint="extend a preset or a spec in that folder, or serve a folder that holds both files",
+            location=ref_at,
+        )
     if base_path in chain:
         cycle = " -> ".join(p.name for p in (*chain, base_path))
         raise SpecError.at(
@@ -189,7 +222,9 @@ def load_tree(
             location=ref_at,
         )
     base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
-    base_data, base_source = load_tree(base_path, base_shown, (*chain, base_path), ref_at, total + len(raw))
+    base_data, base_source = load_tree(
+        base_path, base_shown, (*chain, base_path), ref_at, total + len(raw), within=within
+    )
     if not isinstance(base_data, dict):
         raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)
     merged = _deep_merge(base_data, data)

@@ -29,9 +29,19 @@ from specvit.spec.yamlread import (
     dotted,
     dump_yaml,
     read_yaml,
+    too_big,
 )
 
-__all__ = ["MAX_BYTES", "SourceMap", "dump_yaml", "load_spec", "parse_overrides", "parse_spec", "read_yaml"]
+__all__ = [
+    "MAX_BYTES",
+    "SourceMap",
+    "dump_yaml",
+    "load_spec",
+    "load_text",
+    "parse_overrides",
+    "parse_spec",
+    "read_yaml",
+]
 
 
 def _validate(data: Any, source: SourceMap) -> Spec:
@@ -162,6 +172,37 @@ def load_spec(
         shown = shown_path(preset)
     resolved = resolve(Path(shown))
     data, source = load_tree(resolved, shown, (resolved,), None)
+    return _validate(apply_overrides(data, source, _plain(overrides), _shorthand(data)), source)
+
+
+def load_text(
+    text: str | bytes,
+    path: str | os.PathLike[str],
+    *,
+    shown: str | None = None,
+    within: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Spec:
+    """Validate ``text`` as the content of the spec file ``path``, which is not read (an editor's unsaved
+    text): ``extends`` resolves relative to ``path``, as :func:`load_spec` would after saving it.
+
+    Args:
+        text: the YAML text (str or UTF-8 bytes; at most :data:`MAX_BYTES`).
+        path: the file the text is (or will be) saved as.
+        shown: its name in error locations (default: ``path`` as given).
+        within: a folder every ``extends`` base must be in (bundled presets aside), or None for anywhere.
+        overrides: dotted-key overrides applied last, as for :func:`load_spec`.
+
+    Raises:
+        SpecError: with every problem found, each at its file:line:col.
+    """
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    label = shown if shown is not None else os.fspath(path)
+    if len(raw) > MAX_BYTES:
+        raise too_big(len(raw), label)
+    resolved = resolve(Path(os.fspath(path)))
+    folder = resolve(Path(os.fspath(within))) if within is not None else None
+    data, source = load_tree(resolved, label, (resolved,), None, raw=raw, within=folder)
     return _validate(apply_overrides(data, source, _plain(overrides), _shorthand(data)), source)
 
 

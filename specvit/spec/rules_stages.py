@@ -90,13 +90,20 @@ def _reduction(role: str, s: StackSpec) -> list[Problem]:
     stage_of = [si for si, d in enumerate(s.stage_depths) for _ in range(d)]
     grids = s.stage_grids
     for i, b in enumerate(s.layer_blocks):
-        r, at = b.spatial_reduction, _key(role, s, i, "spatial_reduction")
+        r = b.spatial_reduction
         if isinstance(r, list) and len(r) != len(s.stage_depths):
             why = f"{len(r)} stages of spatial_reduction, but depth has {len(s.stage_depths)}"
-            return [Problem(at, why, "give one ratio per stage, or one number for all")]
+            return [
+                Problem(
+                    _key(role, s, i, "spatial_reduction"),
+                    why,
+                    "give one ratio per stage, or one number for all",
+                )
+            ]
         r = per_stage_value(r, stage_of[i])
         if r == 1:
             continue
+        at = _key(role, s, i, "spatial_reduction")  # found only where needed: each call walks the depth
         why, fix = "", "remove spatial_reduction"
         if not grids:
             why = f"a spatial reduction reduces the token grid of an image stack, and the {role} reads {s.input.kind}"
