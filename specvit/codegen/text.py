@@ -134,7 +134,10 @@ def generate_source(graph: ArchGraph, template: str | None) -> list[str]:
 
 
 def _header(graph: ArchGraph, origin: str, generates: bool) -> str:
-    where = f" from {origin}" if origin else ""
+    # the path is the user's text: backslashes, quotes and control characters written as escapes, so no file
+    # name ('a"""b.yaml', 'C:\\Users\\x.yaml') can end the docstring or make an invalid escape
+    shown = origin.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+    where = f" from {shown}" if origin else ""
     lines = [
         f'"""{graph.name}, ejected by specvit{where}.',
         "",
