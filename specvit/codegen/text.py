@@ -109,7 +109,8 @@ def class_doc(graph: ArchGraph, scope: str, children: list[str], scopes: dict[st
     """The docstring of a generated class: what it is, what it holds, and its spec lines."""
     parts = ", ".join(children)
     if not scope:
-        summary = f"{graph.name}: the {graph.kind.replace('_', '-')} model ({parts})"
+        kind = graph.kind.replace("_", "-")
+        summary = f"{graph.name}, {'an' if kind[0] in 'aeiou' else 'a'} {kind} model: {parts}"
     elif (container := block_container(scope)) is not None:
         summary = f"A block of the {container[0].split('.')[0]}: {parts}"
     else:
