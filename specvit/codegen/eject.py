@@ -25,6 +25,7 @@ from specvit.codegen.build import class_names, compile_graph, helper_names, reso
 from specvit.codegen.emit import methods, wrap
 from specvit.codegen.fold import unparse
 from specvit.codegen.functions import reachable, specialise_helpers
+from specvit.codegen.lines import split_line
 from specvit.codegen.scopes import analyse, attr_path, block_container
 from specvit.codegen.sources import UNWRAP, dependencies, import_block, renames
 from specvit.codegen.specialise import Facts, rewrite_function, specialise
@@ -37,7 +38,7 @@ from specvit.codegen.text import (
     spec_note,
     with_doc,
 )
-from specvit.codegen.tidy import dead_attributes, drop_attributes, drop_unused_params, split_line
+from specvit.codegen.tidy import dead_attributes, drop_attributes, drop_unused_params
 from specvit.graph.ir import ArchGraph
 from specvit.ops.embed import Ref
 

@@ -363,6 +363,8 @@ class Fold(ast.NodeTransformer):
         self.generic_visit(node)
         if isinstance(node.func, ast.Name) and node.func.id in self.unwrap and len(node.args) == 1:
             return node.args[0]
+        if (known := self._isinstance(node)) is not None:
+            return ast.copy_location(ast.Constant(known), node)
         if _is_self(node.func) and isinstance(node.func, ast.Attribute) and node.func.attr in self.bound:
             params, folded = self.bound[node.func.attr]  # a private method called with constants: dropped
             node.args = [a for i, a in enumerate(node.args) if i >= len(params) or params[i] not in folded]
@@ -384,6 +386,20 @@ class Fold(ast.NodeTransformer):
             )
         ]
         return node
+
+    def _isinstance(self, node: ast.Call) -> bool | None:
+        """``isinstance(False, bool)`` (a folded argument) as its value; None when not known."""
+        if not (isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2):
+            return None
+        plain = self.module is None and "isinstance" not in self.names  # a helper's names: builtins
+        if not (plain or self._callee(node.func) is builtins.isinstance) or node.keywords:
+            return None
+        value = self.value(node.args[0])
+        kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        types_ = [getattr(builtins, k.id, None) if isinstance(k, ast.Name) else None for k in kinds]
+        if value is UNKNOWN or not all(isinstance(t, type) for t in types_):
+            return None
+        return isinstance(value, tuple(types_))  # type: ignore[arg-type]
 
     def _callee(self, func: ast.expr) -> Any:
         """The object a call's function names (``nn.Linear``, ``F.scaled_dot_product_attention``), or None."""

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specvit.codegen.fold import UNKNOWN, Fold, is_flag, unparse
-from specvit.codegen.tidy import reflow, rejoin_lines, signature, tidy_class
+from specvit.codegen.lines import reflow, rejoin_lines
+from specvit.codegen.tidy import signature, tidy_class
 
 __all__ = [
     "Facts",
@@ -215,10 +216,13 @@ class Renderer:
                 + (f"  # {comment}" if comment else "")
             ]
         out = [_dedent(line, indent) for line in head]
+        entry = dict(self.fold.names), dict(self.fold.aliases)  # what is known where each branch starts
         out += self.block(stmt.body, indent)
         orelse = getattr(stmt, "orelse", [])
         if not orelse:
             return out
+        if isinstance(stmt, ast.If):  # a name the body stores is still its constant in the else/elif
+            self.fold.names, self.fold.aliases = dict(entry[0]), dict(entry[1])
         if isinstance(stmt, ast.If) and self._is_elif(orelse):
             branch = self.statement(orelse[0], indent)
             if not branch or branch[0].lstrip().startswith("elif"):

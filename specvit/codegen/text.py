@@ -12,8 +12,8 @@ import sys
 import textwrap
 from collections.abc import Callable
 
+from specvit.codegen.lines import WIDTH
 from specvit.codegen.scopes import Scope, block_container
-from specvit.codegen.tidy import WIDTH
 from specvit.graph.ir import ArchGraph
 
 __all__ = ["class_doc", "container_source", "format_file", "generate_source", "spec_note", "with_doc"]
@@ -75,7 +75,9 @@ def _docstring(summary: str, note: str, indent: str = "    ") -> str:
     one = f'{indent}"""{summary} ({note})."""' if note else f'{indent}"""{summary}."""'
     if len(one) <= WIDTH:
         return one
-    body = textwrap.wrap(f"{summary}.", WIDTH - len(indent) - 3)
+    literal = re.compile(r"``.*?``")  # ``start + offset .. N - 1`` is not broken across lines
+    glued = literal.sub(lambda m: m.group(0).replace(" ", "\0"), f"{summary}.")
+    body = [line.replace("\0", " ") for line in textwrap.wrap(glued, WIDTH - len(indent) - 3)]
     lines = [f'{indent}"""{body[0]}', *(indent + b for b in body[1:])]
     if note:
         lines += ["", f"{indent}{note[0].upper()}{note[1:]}."]
@@ -85,8 +87,11 @@ def _docstring(summary: str, note: str, indent: str = "    ") -> str:
 def _summary(doc: str) -> str:
     """The first sentence of a docstring."""
     first = " ".join(doc.strip().split("\n\n")[0].split())
-    match = re.match(r"(.+?\.)(\s|$)", first)
-    return match.group(1) if match else first
+    for match in re.finditer(r"(?<!\.)\.(?=\s|$)", first):  # a full stop, not an ellipsis's ``a .. b``
+        sentence = first[: match.end()]
+        if sentence.count("``") % 2 == 0:  # not inside ``literal text``
+            return sentence
+    return first
 
 
 def with_doc(source: str, note: str) -> str:

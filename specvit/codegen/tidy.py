@@ -2,104 +2,25 @@
 
 Local stores nothing reads (``past = 0`` once ``past`` is folded), private methods nothing calls, attributes
 nothing reads (``self.causal = True`` once every ``self.causal`` is folded), constructor parameters the body
-no longer reads; and lines an edit made longer than the line width are split the way ruff's formatter splits
-them (one argument per line, a trailing comma).
+no longer reads. Lines are split and joined as ruff's formatter writes them by :mod:`specvit.codegen.lines`.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
-import re
 
 from specvit.codegen.fold import unparse
+from specvit.codegen.lines import WIDTH, rejoin, split_line
 
 __all__ = [
-    "WIDTH",
     "dead_attributes",
     "drop_attributes",
     "drop_unused_params",
-    "reflow",
     "signature",
-    "split_args",
     "tidy_class",
+    "tidy_function",
 ]
-
-WIDTH = 110
-"""The line width of the ejected file (specvit's own, ``ruff format --line-length 110``)."""
-
-
-def split_args(text: str) -> list[str]:
-    """Top-level comma-separated parts of an argument list."""
-    parts, depth, start, quote = [], 0, 0, ""
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote else quote
-            continue
-        if ch in "\"'":
-            quote = ch
-        depth += ch in "([{"
-        depth -= ch in ")]}"
-        if ch == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return [p for p in parts if p]
-
-
-def _closing(text: str, i: int) -> int:
-    """The index of the bracket closing the one at ``i``, or -1 (strings are skipped)."""
-    depth, quote = 0, ""
-    for j in range(i, len(text)):
-        ch = text[j]
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return j
-    return -1
-
-
-def split_line(code: str, indent: str, suffix: str = "") -> list[str]:
-    """``indent + code + suffix`` as ruff's formatter writes it: as is if it fits in :data:`WIDTH`, else
-    split at the last bracket that closes at its end: the contents on one indented line when they fit,
-    otherwise one item a line, each with a trailing comma (so the split is stable), split again as needed.
-
-    Args:
-        code: one statement or expression, on one line, without its comment.
-        indent: its indentation.
-        suffix: what follows it (a comma, a comment).
-    """
-    if len(indent) + len(code) + len(suffix) <= WIDTH:
-        return [indent + code + suffix]
-    opening = next(
-        (i for i in range(len(code)) if code[i] in "([{" and _closing(code, i) == len(code) - 1), -1
-    )
-    if opening < 0:  # a bracket closing before the end: split at the last one that opens a call at the end
-        return [indent + code + suffix]
-    head, body, tail = code[: opening + 1], code[opening + 1 : -1], code[-1]
-    inner = indent + "    "
-    if len(inner) + len(body) <= WIDTH:
-        return [indent + head, inner + body, indent + tail + suffix]
-    lines = [indent + head]
-    for item in split_args(body):
-        lines += split_line(item, inner, ",")
-    return [*lines, indent + tail + suffix]
-
-
-def reflow(lines: list[str]) -> list[str]:
-    """A one-line statement longer than :data:`WIDTH` split as ruff splits it (:func:`split_line`)."""
-    if len(lines) != 1 or len(lines[0]) <= WIDTH:
-        return lines
-    line = lines[0]
-    indent = line[: len(line) - len(line.lstrip())]
-    code, _, comment = line.strip().partition("  # ")
-    return split_line(code, indent, f"  # {comment}" if comment else "")
 
 
 def _drop_unused_methods(source: str, keep: frozenset[str]) -> str:
@@ -172,57 +93,6 @@ def _plain_attribute_stores(source: str) -> str:
                 head = line[: node.col_offset] + f"self.{t.attr} = "
                 lines[node.lineno - 1] = head + line[node.value.col_offset :]
     return rejoin("\n".join(lines) + "\n")
-
-
-def _joined(lines: list[str]) -> str:
-    """Lines of one bracketed statement joined into one, as ruff writes it when it fits (without the
-    parentheses that only split a value: ``return (a if b else c)`` is ``return a if b else c``)."""
-    out = lines[0].rstrip()
-    for line in lines[1:]:
-        part = line.strip()
-        glue = "" if out.endswith(("(", "[", "{")) or part.startswith((")", "]", "}")) else " "
-        out += glue + part
-    match = re.fullmatch(r"(\s*(?:return|[\w.]+ =) )\((.*)\)(\s*#.*)?", out)
-    if match and _closing(out, len(match.group(1))) == len(out) - len(match.group(3) or "") - 1:
-        bare = match.group(1) + match.group(2) + (match.group(3) or "")
-        try:
-            if ast.dump(ast.parse(bare.strip())) == ast.dump(ast.parse(out.strip())):
-                return bare
-        except SyntaxError:
-            pass
-    return out
-
-
-def rejoin_lines(lines: list[str]) -> list[str]:
-    """One statement's lines joined when they fit on one line and nothing (a magic trailing comma, a comment)
-    keeps them apart."""
-    if (
-        len(lines) < 2
-        or any("#" in line for line in lines[:-1])
-        or any(x.rstrip().endswith(",") for x in lines)
-    ):
-        return lines
-    joined = _joined(lines)
-    return [joined] if len(joined) <= WIDTH else lines
-
-
-def rejoin(source: str) -> str:
-    """Statements split over lines that fit on one (after an edit shortened them) joined, unless a magic
-    trailing comma or a comment keeps them split."""
-    lines = source.splitlines()
-    for node in sorted(ast.walk(ast.parse(source)), key=lambda n: -getattr(n, "lineno", 0)):
-        if not isinstance(node, ast.Assign | ast.AnnAssign | ast.Expr | ast.Return):
-            continue
-        first, last = node.lineno, node.end_lineno or node.lineno
-        if last == first:
-            continue
-        span = lines[first - 1 : last]
-        if any("#" in line for line in span[:-1]) or any(line.rstrip().endswith(",") for line in span):
-            continue
-        joined = _joined(span)
-        if len(joined) <= WIDTH:
-            lines[first - 1 : last] = [joined]
-    return "\n".join(lines) + "\n"
 
 
 def _ternaries(source: str) -> str:
@@ -364,34 +234,59 @@ def dead_attributes(sources: list[str]) -> set[str]:
 
 
 def _attribute_stores(fn: ast.FunctionDef) -> list[tuple[str, ast.Assign | ast.AnnAssign]]:
-    """The one-line ``self.name = value`` statements of ``fn`` whose value calls nothing."""
+    """The ``self.name = value`` statements of ``fn`` whose value calls nothing, and the items of parallel
+    stores (``self.dim, self.base = dim, base``), each with its statement."""
     out: list[tuple[str, ast.Assign | ast.AnnAssign]] = []
     for stmt in ast.walk(fn):
-        t: ast.expr
-        if isinstance(stmt, ast.AnnAssign) and stmt.value is not None and stmt.lineno == stmt.end_lineno:
-            t = stmt.target
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.lineno == stmt.end_lineno:
-            t = stmt.targets[0]
-        else:
+        if not isinstance(stmt, ast.Assign | ast.AnnAssign):
             continue
-        value = stmt.value
-        on_self = isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
-        if on_self and value is not None and not any(isinstance(n, ast.Call) for n in ast.walk(value)):
-            out.append((getattr(t, "attr", ""), stmt))
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) != 1:
+            continue
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+        for t, value in _pairs(target, stmt.value):
+            plain = value is not None and not any(isinstance(n, ast.Call) for n in ast.walk(value))
+            if isinstance(t, ast.Attribute) and _is_self_name(t.value) and plain:
+                out.append((t.attr, stmt))
     return out
 
 
+def _pairs(target: ast.expr, value: ast.expr | None) -> list[tuple[ast.expr, ast.expr | None]]:
+    """A store's (target, value) pairs: one, or each item of ``a, b = x, y``."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        return list(zip(target.elts, value.elts, strict=True))
+    return [(target, value)]
+
+
 def drop_attributes(source: str, dead: set[str]) -> str:
-    """``source`` without the stores of attributes ``dead`` in its ``__init__`` methods."""
+    """``source`` without the stores of attributes ``dead`` in its ``__init__`` methods (a parallel store
+    keeps its other items, on one line if they fit)."""
     lines = source.splitlines()
-    drop = {
-        stmt.lineno
+    stores = {
+        id(stmt): stmt
         for fn in ast.walk(ast.parse(source))
         if isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
         for name, stmt in _attribute_stores(fn)
         if name in dead
     }
-    return "\n".join(line for i, line in enumerate(lines, start=1) if i not in drop) + "\n"
+    for stmt in sorted(stores.values(), key=lambda s: -s.lineno):
+        first, last = stmt.lineno, stmt.end_lineno or stmt.lineno
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+        kept = [
+            (ast.get_source_segment(source, t) or "", ast.get_source_segment(source, v) if v else "")
+            for t, v in _pairs(target, stmt.value)
+            if not (isinstance(t, ast.Attribute) and _is_self_name(t.value) and t.attr in dead)
+        ]
+        if any("\n" in t + (v or "") for t, v in kept):
+            continue  # an item over lines: the store stays as it is
+        indent, comment = lines[first - 1][: stmt.col_offset], lines[last - 1][stmt.end_col_offset or 0 :]
+        targets, values = ", ".join(t for t, _ in kept), ", ".join(v or "" for _, v in kept)
+        new = split_line(f"{targets} = {values}", indent, comment) if kept else []
+        lines[first - 1 : last] = new  # self.dim, self.start = dim, start; or one item: self.dim = dim
+    return "\n".join(lines) + "\n"
+
+
+def _is_self_name(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _param(arg: ast.arg, default: ast.expr | None) -> str:
