@@ -223,6 +223,10 @@ class Fold(ast.NodeTransformer):
     ):
         self.names, self.attrs, self.module = names, attrs, module
         self.renames, self.unwrap, self.always = renames or {}, unwrap, always
+        self.initial = dict(names)  # the values the names started as
+        self.dropped: set[str] = set(always)  # parameters that leave the signature
+        self.assigned: set[str] = set()  # names bound on every path to the statement folded
+        self.exposed: set[str] = set()  # dropped parameters read where they may be unbound
         self.aliases: dict[str, str] = {}  # a local name -> the name it stands for (``kv_inner = inner``)
         self.bound: dict[str, tuple[list[str], set[str]]] = {}  # method -> its parameters, those folded
         self.functions: dict[str, tuple[list[str], set[str]]] = {}  # helper function -> the same
@@ -267,6 +271,8 @@ class Fold(ast.NodeTransformer):
             return ast.copy_location(ast.Name(self.aliases[node.id], ast.Load()), node)
         if node.id in self.names and (is_flag(self.names[node.id]) or node.id in self.always):
             return ast.copy_location(ast.Constant(self.names[node.id]), node)
+        if node.id in self.dropped and node.id not in self.assigned:
+            self.exposed.add(node.id)  # a branch stored it, another left the parameter's value
         if node.id in self.renames and self._resolves(node.id):
             return ast.copy_location(ast.parse(self.renames[node.id], mode="eval").body, node)
         return node

@@ -104,7 +104,8 @@ def specialise_function(
     if ast.get_docstring(fn) is not None:
         out += docstring(fn, set(folded), r.lines)
         body = body[1:]
-    out += r.block(body, 0) or ["    pass"]
+    lines = r.block(body, 0)
+    out += [*r.initialisers("    "), *lines] if lines else ["    pass"]
     return tidy_function("\n".join(out) + "\n")
 
 

@@ -175,14 +175,18 @@ class Renderer:
         if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.FunctionDef):
             if isinstance(stmt, ast.For | ast.While):
                 self._forget_within(stmt)  # what a loop assigns is not known at its start either
+            entry = set(self.fold.assigned)
             lines = self.compound(stmt, indent, as_if)
             self._forget_within(stmt)
+            if not isinstance(stmt, ast.If | ast.With):  # a loop's body may not run
+                self.fold.assigned = entry
             return lines
         if isinstance(stmt, ast.Try):
             self._forget_within(stmt)
         lines = [_dedent(line, indent) for line in self.text(stmt)]
         lines = rejoin_lines(lines) if indent else lines  # dedented out of a folded branch, it may fit a line
         self.fold.forget(stmt)
+        self.fold.assigned |= _stored(stmt)
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             name = stmt.targets[0].id
             value = self.fold.value(self.fold.visit(_copy(stmt.value)))
@@ -217,14 +221,19 @@ class Renderer:
             ]
         out = [_dedent(line, indent) for line in head]
         entry = dict(self.fold.names), dict(self.fold.aliases)  # what is known where each branch starts
+        assigned = set(self.fold.assigned)  # the names bound on every path to here
+        body_ends = any(self.ends(s) for s in stmt.body)
         out += self.block(stmt.body, indent)
         orelse = getattr(stmt, "orelse", [])
         if not orelse:
+            self.fold.assigned = assigned if isinstance(stmt, ast.If) else self.fold.assigned
             return out
         if isinstance(stmt, ast.If):  # a name the body stores is still its constant in the else/elif
             self.fold.names, self.fold.aliases = dict(entry[0]), dict(entry[1])
+        after_body, self.fold.assigned = self.fold.assigned, set(assigned)
         if isinstance(stmt, ast.If) and self._is_elif(orelse):
             branch = self.statement(orelse[0], indent)
+            self._join(after_body, body_ends, any(self.ends(s) for s in orelse))
             if not branch or branch[0].lstrip().startswith("elif"):
                 return [*out, *branch]
             return [*out, f"{_indent_of(out[0])}else:", *("    " + line if line else line for line in branch)]
@@ -233,7 +242,28 @@ class Renderer:
             for i in range(stmt.body[-1].end_lineno, orelse[0].lineno)
             if self.lines[i].strip().startswith("else:")
         )
-        return [*out, _dedent(self.lines[else_line], indent), *self.block(orelse, indent)]
+        out += [_dedent(self.lines[else_line], indent), *self.block(orelse, indent)]
+        self._join(after_body, body_ends, any(self.ends(s) for s in orelse))
+        return out
+
+    def _join(self, after_body: set[str], body_ends: bool, else_ends: bool) -> None:
+        """The names bound after an if/else: those both branches bind (a branch that returns binds all)."""
+        if body_ends and not else_ends:
+            return  # only the else's path goes on
+        self.fold.assigned = after_body if else_ends else after_body & self.fold.assigned
+
+    def initialisers(self, indent: str) -> list[str]:
+        """``window = None`` for each dropped parameter read where a branch may have left it unassigned: the
+        value it was folded to, bound as the parameter was."""
+        return [
+            f"{indent}{n} = {unparse(ast.Constant(self.fold.initial[n]))}" for n in sorted(self.fold.exposed)
+        ]
+
+
+def _stored(stmt: ast.stmt) -> set[str]:
+    """The names a simple statement binds."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    return {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
 def _span(node: ast.expr) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -405,6 +435,10 @@ def _once(source: str, facts: Facts) -> str:
         drop |= set(folded)
         r.fold, r.single = facts.fold(item.name, folded), single_names(item)
         r.fold.always |= set(folded)
+        r.fold.dropped, r.fold.initial = (
+            set(drop),
+            {**r.fold.initial, **dict.fromkeys(drop - set(r.fold.initial))},
+        )
         r.fold.bound = {m: ([a.arg for a in methods[m].args.args[1:]], set(v)) for m, v in bound.items()}
         out += r.lines[start - 1 : item.lineno - 1]  # decorators
         out += signature(item, drop, r.lines, 0)
@@ -412,7 +446,9 @@ def _once(source: str, facts: Facts) -> str:
         if ast.get_docstring(item) is not None:
             out += docstring(item, drop, r.lines)
             body = body[1:]
-        out += r.block(body, 0) or [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
+        lines = r.block(body, 0)
+        out += r.initialisers(_indent_of(r.lines[item.lineno - 1]) + "    ") + lines
+        out += [] if lines else [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
     while out and not out[-1].strip():
         out.pop()
     return tidy_class("\n".join(out) + "\n", facts.keep)
