@@ -143,3 +143,17 @@ def test_a_summary_ends_at_a_full_stop_and_keeps_its_literals_whole() -> None:
     assert "``start + offset .. start + offset + N - 1``" in text.replace("\n    ", " ")
     assert any(line.strip().startswith("``start") for line in text.splitlines())  # moved whole to a line
     assert all(len(line) <= 110 for line in text.splitlines())
+
+
+def test_a_folded_value_loses_the_parentheses_that_grouped_it() -> None:
+    source = (
+        "def f(q: int, flag: bool | None) -> tuple[int, int]:\n    return (q if flag is None else 2 * q), q\n"
+    )
+    text = specialise_function(source, {"flag": None}, {})
+    assert text.splitlines()[1] == "    return q, q"
+    control = specialise_function(source, {}, {})  # nothing folds: the grouping stays
+    assert control.splitlines()[1] == "    return (q if flag is None else 2 * q), q"
+    call = "def g(x: int, flag: bool | None) -> int:\n    return abs(x if flag is None else -x)\n"
+    assert (
+        specialise_function(call, {"flag": None}, {}).splitlines()[1] == "    return abs(x)"
+    )  # a call's stay

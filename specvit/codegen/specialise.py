@@ -15,6 +15,8 @@ import ast
 import copy
 import dataclasses
 import inspect
+import keyword
+import re
 import textwrap
 import types
 from collections import Counter
@@ -110,6 +112,8 @@ class Renderer:
                 ):
                     i, j = len(before) - 1, len(text) - len(after) + 1
                     replacement = (" " if not before[:-1].endswith(" ") else "") + replacement
+            if _grouping(text, i, j) and _paren(replacement) == replacement:  # (q if c else x) -> q, not (q)
+                i, j = i - 1, j + 1
             text = text[:i] + replacement + text[j:]
         out = text.splitlines()
         return reflow(rejoin_lines(out)) if edits else out
@@ -258,6 +262,17 @@ class Renderer:
         return [
             f"{indent}{n} = {unparse(ast.Constant(self.fold.initial[n]))}" for n in sorted(self.fold.exposed)
         ]
+
+
+def _grouping(text: str, i: int, j: int) -> bool:
+    """Whether ``text[i:j]`` is enclosed in parentheses that only group it (not a call's, not a tuple's)."""
+    if i < 1 or j >= len(text) or text[i - 1] != "(" or text[j] != ")":
+        return False
+    before = text[: i - 1].rstrip()
+    word = re.search(r"\w*$", before)
+    if word and word.group(0) and keyword.iskeyword(word.group(0)):
+        return True  # return (x), not (x)
+    return not before or not (before[-1].isalnum() or before[-1] in "_)]}'\"")
 
 
 def _stored(stmt: ast.stmt) -> set[str]:
