@@ -15,6 +15,7 @@ from specvit.codegen.lines import WIDTH, rejoin, split_line
 
 __all__ = [
     "dead_attributes",
+    "docstring",
     "drop_attributes",
     "drop_unused_params",
     "signature",
@@ -366,3 +367,38 @@ def _drop_arg_docs(lines: list[str], names: set[str]) -> list[str]:
         skipping = False
         out.append(line)
     return out
+
+
+def docstring(node: ast.FunctionDef | ast.ClassDef, drop: set[str], lines: list[str]) -> list[str]:
+    """``node``'s docstring lines without the ``Args:`` entries of the parameters ``drop``."""
+    first = node.body[0]
+    out: list[str] = []
+    skipping, depth = False, 0
+    for line in lines[first.lineno - 1 : first.end_lineno]:
+        name = line.strip().split(":", 1)[0]
+        if ":" in line and name in drop:
+            skipping, depth = True, _indent(line)
+            continue
+        if skipping and line.strip() and _indent(line) > depth:
+            continue
+        skipping = False
+        out.append(line)
+    return _empty_sections(out)
+
+
+def _empty_sections(doc: list[str]) -> list[str]:
+    """Docstring lines without an ``Args:`` header that no entry follows any more (and its blank line)."""
+    for i, line in enumerate(doc):
+        if line.strip() == "Args:":
+            rest = [x.strip() for x in doc[i + 1 :]]
+            if all(x in ("", '"""') for x in rest):
+                before = doc[: i - 1] if i and not doc[i - 1].strip() else doc[:i]
+                doc = [*before, *doc[i + 1 :]]
+                break
+    if len(doc) == 2 and doc[1].strip() == '"""' and doc[0].rstrip().endswith(tuple(".:)")):
+        return [doc[0].rstrip() + '"""']  # a docstring of one line
+    return doc
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
