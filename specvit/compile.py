@@ -147,10 +147,12 @@ def eject(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> str:
-    """The model of a spec as one standalone PyTorch file: generated from its graph, importing only torch.
+    """The model of a spec as one standalone, plain PyTorch file: generated from its graph, importing only
+    torch (no private API, no fast paths), formatted as ruff formats it.
 
     ``Model()`` in the file takes no arguments, has the compiled model's state_dict keys and computes the
-    same outputs; each layer class is specialised to the features the spec uses.
+    same outputs; each layer class is written once, specialised to the features the spec uses, with a
+    docstring naming its spec lines; a token decoder's ``Model`` has ``generate()``.
 
     Args:
         source: a Spec, an ArchGraph, or the path of a spec file.

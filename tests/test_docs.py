@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import specvit
+from specvit.codegen.eject import eject_source
 from specvit.codegen.emit import forward_source
 from specvit.codegen.scopes import analyse
 from specvit.docs import spec_reference
@@ -50,6 +52,25 @@ def test_generated_code_in_the_docs_is_what_the_compiler_writes(
     graph = specvit.build_graph(specvit.load_spec(ROOT / spec))
     scopes = analyse(graph)
     assert forward_source(graph, scopes, scopes[scope]) + "\n" == code
+
+
+def _ejected() -> list[tuple[str, str, str, str]]:
+    """Blocks fenced as ```python ejected SPEC CLASS: a class of the ejected file, as the docs show it."""
+    out = []
+    for doc in DOCS:
+        for spec, name, code in re.findall(
+            r"```python ejected (\S+) (\S+)\n(.*?)```", doc.read_text(), flags=re.S
+        ):
+            out.append((f"{doc.name}:{name}", spec, name, code))
+    return out
+
+
+@pytest.mark.parametrize(("where", "spec", "name", "code"), _ejected(), ids=[w for w, *_ in _ejected()])
+def test_ejected_code_in_the_docs_is_what_eject_writes(where: str, spec: str, name: str, code: str) -> None:
+    text = eject_source(specvit.build_graph(specvit.load_spec(ROOT / spec)), spec, use_ruff=False)
+    found = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"{spec}'s file has no class {name}"
+    assert ast.get_source_segment(text, found[0]) + "\n" == code
 
 
 FOREIGN = re.compile(r"^(import|from) (timm|transformers)\b", flags=re.M)

@@ -59,3 +59,14 @@ def test_any_other_identifier_builds_and_ejects_the_same_model(name: str) -> Non
     (x,) = example_inputs(model, batch=2)
     with torch.no_grad():
         assert torch.equal(model(x), ejected(x))
+
+
+@pytest.mark.parametrize("name", ['a"""b.yaml', "C:\\Users\\x.yaml", "tab\there\\N{x}.yaml", "quote'\".yaml"])
+def test_a_spec_path_reaches_the_ejected_docstring_as_text(name: str, tmp_path: Path) -> None:
+    """The path the spec came from is quoted into the file's docstring: it compiles and reads back as the path
+    (a path holding \"\"\" ended the docstring, and a Windows path made an invalid \\U escape)."""
+    path = tmp_path / name
+    path.write_text(SAGAN)
+    namespace: dict[str, object] = {}
+    exec(compile(specvit.eject(path), "ejected.py", "exec"), namespace)
+    assert str(namespace["__doc__"]).splitlines()[0] == f"sagan_attn1_64, ejected by specvit from {path}."

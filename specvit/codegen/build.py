@@ -263,6 +263,11 @@ class _Filler:
                     (self.zeros if getattr(m, "unit_offset", False) else self.ones)(m.weight)
                 if getattr(m, "bias", None) is not None:
                     self.zeros(m.bias)  # type: ignore[arg-type]
+                if isinstance(
+                    m, nn.BatchNorm1d | nn.BatchNorm2d
+                ):  # built on the meta device: no statistics yet
+                    with torch.no_grad():
+                        m.reset_running_stats()
 
 
 def _fill_full(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:

@@ -1,42 +1,50 @@
 """``specvit eject``: a model's graph as one standalone, readable PyTorch file.
 
 The file holds the generated classes (one per block kind, one per stack, the head, ``Model``) with the
-very forwards a compiled model runs, an ``__init__`` that constructs each layer with the arguments the
-compiler uses, and the source of every layer class and helper they call, specialised to this model
-(:mod:`specvit.codegen.specialise`). It imports only torch and the standard library; ``Model()`` takes no
-arguments and has the compiled model's state_dict keys.
+very forwards a compiled model runs, an ``__init__`` that constructs each layer, and the source of every
+layer class and helper they call, specialised to this model (:mod:`specvit.codegen.specialise`). A layer
+is written plainly where :mod:`specvit.codegen.templates` has a counterpart computing it (``nn.Linear``,
+``F.scaled_dot_product_attention``), else from its own source with the fast paths written as plain torch.
+A decoder's ``Model`` gets ``generate()``. It imports only torch and the standard library; ``Model()``
+takes no arguments and has the compiled model's state_dict keys.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import importlib
 import inspect
 import textwrap
-import types
-from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from specvit.codegen.build import class_names, compile_graph, helper_names, resolve
 from specvit.codegen.emit import methods, wrap
+from specvit.codegen.fold import unparse
+from specvit.codegen.functions import reachable, specialise_helpers
+from specvit.codegen.lines import split_line
 from specvit.codegen.scopes import analyse, attr_path, block_container
-from specvit.codegen.specialise import Facts, specialise
+from specvit.codegen.sources import UNWRAP, dependencies, import_block, renames
+from specvit.codegen.specialise import Facts, rewrite_function, specialise
+from specvit.codegen.templates import DecoderGenerate, EncoderDecoderGenerate, decoding, template_for
+from specvit.codegen.text import (
+    class_doc,
+    container_source,
+    format_file,
+    generate_source,
+    spec_note,
+    with_doc,
+)
+from specvit.codegen.tidy import dead_attributes, drop_attributes, drop_unused_params
 from specvit.graph.ir import ArchGraph
 from specvit.ops.embed import Ref
 
 __all__ = ["eject_source"]
 
-_CONTAINER = '''
-def _container(**children: nn.Module) -> nn.Module:
-    """A module that only holds others (a stage of blocks, a downsampling step)."""
-    module = nn.Module()
-    for name, child in children.items():
-        module.add_module(name, child)
-    return module
-'''
+_TEMPLATES = "specvit.codegen.templates"
 
 
 class _Root(nn.Module):
@@ -44,87 +52,190 @@ class _Root(nn.Module):
         super().__init__()
 
 
-def _ctor(
-    graph: ArchGraph, path: str, refs: dict[str, str], varying: dict[str, str], folded: set[str]
-) -> str:
-    """The constructor call of module node ``path``: ``nn.Linear(in_features=768, ...)``, without the
-    arguments ``folded`` into the specialised class."""
-    op, p = graph.op(path), graph[path]["p"]
-    cls = resolve(op.module_for(p))
-    name = f"nn.{cls.__name__}" if cls.__module__.startswith("torch.") else cls.__name__
-    args = []
-    for key, value in op.ctor(p).items():
-        if key in folded:
-            continue
-        if isinstance(value, Ref):
-            args.append(f"{key}={refs[value.path]}")
-        elif key in varying:
-            args.append(f"{key}={varying[key]}")
-        else:
-            args.append(f"{key}={value!r}")
-    return f"{name}({', '.join(args)})"
+def _is_torch(cls: type) -> bool:
+    return cls.__module__.startswith("torch.")
+
+
+def _plain_value(v: Any) -> bool:
+    """A value an attribute or argument folds on: a Python scalar, a string, None, or a tuple of them."""
+    if isinstance(v, tuple):
+        return all(_plain_value(x) for x in v)
+    return isinstance(v, bool | int | float | str | type(None))
+
+
+def _common(dicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The items every dict has with the same plain value."""
+    first = dicts[0]
+    return {
+        k: v
+        for k, v in first.items()
+        if _plain_value(v) and all(k in d and type(d[k]) is type(v) and d[k] == v for d in dicts)
+    }
 
 
 class _Ejector:
-    """Collects the classes, layer sources and imports of one ejected file."""
+    """Chooses, specialises and calls the layer classes of one ejected file."""
 
-    def __init__(self, graph: ArchGraph):
+    def __init__(self, graph: ArchGraph, general: set[str]):
         self.graph = graph
+        self.general = general  # layer classes other code builds too: the library's, written whole
         self.scopes = analyse(graph)
         self.names = class_names(graph, self.scopes)
         self.model = compile_graph(graph, _Root, nn.Module, None)
-        self._facts: dict[type, Facts] = {}
-        self.leaf_classes: dict[type, list[str]] = {}  # class -> its module nodes
-        self.general: set[str] = (
-            set()
-        )  # layer classes other code also builds: written in full, not specialised
-        for n in graph.module_nodes():
-            self.leaf_classes.setdefault(resolve(graph.op(n).module_for(graph[n]["p"])), []).append(n)
+        self.leaves = self._choose()  # module node -> (class, constructor arguments)
+        self.users: dict[type, list[str]] = {}  # each written class -> its module nodes
+        for path, (cls, _) in self.leaves.items():
+            if not _is_torch(cls):
+                self.users.setdefault(cls, []).append(path)
+        self.sources = {cls: self._source(cls) for cls in self.users}
+        self._varying: dict[str, dict[str, dict[str, list[Any]]]] = {}
+
+    def _source(self, cls: type) -> str:
+        """A layer class's source: specialised to this model, or whole when other code builds it too."""
+        if cls.__name__ not in self.general:
+            return specialise(cls, self.facts(cls))
+        module = inspect.getmodule(cls)
+        assert module is not None
+        source = textwrap.dedent(inspect.getsource(cls))
+        return rewrite_function(source, module, renames(module), UNWRAP, _called_from_outside())
+
+    def _choose(self) -> dict[str, tuple[type, dict[str, Any]]]:
+        """Each module node's class: torch's own, a plain template, or the library's (every node of a library
+        class takes a template, or none does: one class of a name in the file)."""
+        uses: dict[str, list[str]] = {}
+        for n in self.graph.module_nodes():
+            uses.setdefault(self.graph.op(n).module_for(self.graph[n]["p"]) or "", []).append(n)
+        out: dict[str, tuple[type, dict[str, Any]]] = {}
+        for target, nodes in uses.items():
+            ctors = [self.graph.op(n).ctor(self.graph[n]["p"]) for n in nodes]
+            plain = [template_for(target, kw) for kw in ctors]
+            if any(t is not None and t[0].__name__ in self.general for t in plain):
+                plain = [None]  # a library class of that name is built by other code: the library's
+            for n, kw, t in zip(nodes, ctors, plain, strict=True):
+                out[n] = t if t is not None and all(plain) else (resolve(target), kw)
+        return out
+
+    def facts(self, cls: type) -> Facts:
+        """What is constant in ``cls`` across this model."""
+        paths = self.users[cls]
+        kwargs = [self.leaves[p][1] for p in paths]
+        template = cls.__module__.startswith(_TEMPLATES)
+        if template:
+            with torch.device("meta"):
+                modules = [cls(**kw) for kw in kwargs]
+        else:
+            modules = [self.model.get_submodule(p) for p in paths]
+        attrs = _common([{k: v for k, v in vars(m).items() if not k.startswith("_")} for m in modules])
+        wired = {d["port"] for p in paths for _, _, d in self.graph.nx.in_edges(p, data=True)}
+        forward = inspect.signature(cls.forward).parameters  # type: ignore[attr-defined]
+        absent = {
+            k: v.default
+            for k, v in forward.items()
+            if v.kind is v.KEYWORD_ONLY and v.default is not v.empty and k not in wired
+        }
+        init = _common(kwargs)
+        params = inspect.signature(cls).parameters
+        init |= {k: None for k in ("device", "dtype") if k in params}  # built where torch builds
+        unsaid = {
+            k: p.default for k, p in params.items() if p.default is not p.empty and _plain_value(p.default)
+        }
+        init |= {
+            k: v for k, v in unsaid.items() if all(k not in kw for kw in kwargs)
+        }  # every use: the default
+        module = inspect.getmodule(cls)
+        if template:
+            return Facts(attrs, absent, init, module, renames(module))
+        return Facts(attrs, absent, init, module, renames(module), UNWRAP, _called_from_outside())
+
+    def tidy(self, others: list[str]) -> set[str]:
+        """Drop the attributes no source reads, then the constructor parameters nothing reads; the attributes
+        dropped."""
+        dead = dead_attributes([*self.sources.values(), *others])
+        for cls, source in self.sources.items():
+            self.sources[cls] = drop_unused_params(drop_attributes(source, dead))
+        return dead
+
+    def args(self, path: str, defaults: bool = False) -> dict[str, Any]:
+        """The constructor arguments of module node ``path``'s class as written, in its parameters' order:
+        those its (specialised) ``__init__`` takes, at their defaults too if ``defaults``, else not."""
+        cls, kwargs = self.leaves[path]
+        own = not _is_torch(cls) and _has_init(self.sources[cls])
+        params = _init_defaults(self.sources[cls]) if own else _defaults(cls)  # else torch's (inherited)
+        return {
+            k: kwargs.get(k, d)
+            for k, d in params.items()
+            if (k in kwargs or (defaults and d is not _NO_DEFAULT)) and (defaults or not _same(d, kwargs[k]))
+        }
+
+    def ctor(self, path: str, refs: dict[str, str], varying: dict[str, str]) -> str:
+        """The constructor call of module node ``path``: ``nn.Linear(768, 1000)``, ``Attention(dim=768, ...)``.
+        A torch module takes its leading arguments positionally, as people write them."""
+        cls, _ = self.leaves[path]
+        name = f"nn.{cls.__name__}" if _is_torch(cls) else cls.__name__
+        params = list(inspect.signature(cls).parameters.values())
+        parts, positional = [], _is_torch(cls)
+        args = self.args(path)
+        args |= {k: v for k, v in self.args(path, defaults=True).items() if k in varying}
+        args = {k: args[k] for k in self.args(path, defaults=True) if k in args}
+        for i, (key, value) in enumerate(args.items()):
+            text = refs[value.path] if isinstance(value, Ref) else varying.get(key) or _literal(value)
+            p = params[i] if i < len(params) else None
+            positional = positional and p is not None and p.name == key and (p.default is p.empty or i == 0)
+            parts.append(text if positional else f"{key}={text}")
+        return f"{name}({', '.join(parts)})"
 
     # -- the generated classes ---------------------------------------------------------------------
 
     def varying(self, name: str) -> dict[str, dict[str, list[Any]]]:
         """For block class ``name``: leaf -> constructor argument -> its value in each instance, when they differ."""
-        instances = [s for s, n in self.names.items() if n == name]
+        if name not in self._varying:
+            self._varying[name] = self._find_varying(name)
+        return self._varying[name]
+
+    def _find_varying(self, name: str) -> dict[str, dict[str, list[Any]]]:
+        instances = self.instances(name)
         out: dict[str, dict[str, list[Any]]] = {}
         for leaf in (n for n in self.graph.module_nodes() if self.graph[n]["scope"] == instances[0]):
             rel = leaf[len(instances[0]) + 1 :]
-            per = [self.graph.op(f"{s}.{rel}").ctor(self.graph[f"{s}.{rel}"]["p"]) for s in instances]
+            per = [self.args(f"{s}.{rel}", defaults=True) for s in instances]
             for key in per[0]:
-                values = [kw[key] for kw in per]
+                values = [kw.get(key) for kw in per]
                 if any(v != values[0] for v in values):
                     out.setdefault(rel, {})[key] = values
         return out
+
+    def instances(self, name: str) -> list[str]:
+        """The scopes of generated class ``name``, blocks in their order (``blocks.2`` before ``blocks.10``)."""
+        found = [s for s, n in self.names.items() if n == name]
+        return sorted(found, key=lambda s: (c[0], c[1]) if (c := block_container(s)) else (s, 0))
+
+    def param_names(self, name: str) -> dict[tuple[str, str], str]:
+        """(leaf, argument) -> the block class's parameter for it: the argument's name, or ``leaf_argument``
+        where two leaves vary one of the same name."""
+        varying = self.varying(name)
+        keys = [k for keys in varying.values() for k in keys]
+        return {
+            (rel, k): k if keys.count(k) == 1 else f"{rel.replace('.', '_')}_{k}"
+            for rel, ks in varying.items()
+            for k in ks
+        }
 
     def refs_of(self, scope: str) -> list[str]:
         """The modules of other scopes that leaves of ``scope`` use (tied and shared weights)."""
         found = []
         for n in self.graph.module_nodes():
-            if self.graph[n]["scope"] != scope:
-                continue
-            for value in self.graph.op(n).ctor(self.graph[n]["p"]).values():
-                if isinstance(value, Ref) and self.graph[value.path]["scope"] != scope:
-                    found.append(value.path)
+            if self.graph[n]["scope"] == scope:
+                for value in self.leaves[n][1].values():
+                    if isinstance(value, Ref) and self.graph[value.path]["scope"] != scope:
+                        found.append(value.path)
         return found
 
     def construct(self, scope: str, module: nn.Module, path: str, refs: dict[str, str]) -> str:
         """The expression building ``module`` (at graph path ``path``) inside scope ``scope``'s ``__init__``."""
-        g = self.graph
-        if path in g.nx and g[path]["module"]:
-            params = self.varying(self.names[scope]) if block_container(scope) else {}
+        if path in self.leaves:
             rel = path[len(scope) + 1 :]
-            cls = resolve(g.op(path).module_for(g[path]["p"]))
-            folded = (  # constants the specialiser folds into the class's own __init__
-                set(self.facts(cls).init)
-                if cls in self.leaf_classes
-                and cls.__name__ not in self.general
-                and not cls.__module__.startswith("torch.")
-                and "__init__" in vars(cls)
-                else set()
-            )
-            return _ctor(
-                g, path, refs, {k: f"{rel.replace('.', '_')}_{k}" for k in params.get(rel, {})}, folded
-            )
+            named = self.param_names(self.names[scope]) if block_container(scope) else {}
+            return self.ctor(path, refs, {k: v for (r, k), v in named.items() if r == rel})
         if path in self.scopes:
             return self.call(path, refs)
         children = [
@@ -132,44 +243,45 @@ class _Ejector:
             for name, child in module.named_children()
         ]
         if isinstance(module, nn.ModuleList):
-            return self.module_list(scope, path, [c for _, c in children])
+            return self.module_list(path, [c for _, c in children])
         return "_container(" + ", ".join(f"{name}={expr}" for name, expr in children) + ")"
 
     def call(self, scope: str, refs: dict[str, str]) -> str:
         """The constructor call of a generated class for scope ``scope``."""
         args = [f"{p.replace('.', '_')}={refs.get(p, 'self.' + attr_path(p))}" for p in self.refs_of(scope)]
-        instance = [s for s, n in self.names.items() if n == self.names[scope]]
-        for rel, keys in self.varying(self.names[scope]).items() if block_container(scope) else []:
-            for key, values in keys.items():
-                args.append(f"{rel.replace('.', '_')}_{key}={values[instance.index(scope)]!r}")
+        instance = self.instances(self.names[scope])
+        if block_container(scope):
+            named = self.param_names(self.names[scope])
+            for rel, keys in self.varying(self.names[scope]).items():
+                for key, values in keys.items():
+                    args.append(f"{named[rel, key]}={_literal(values[instance.index(scope)])}")
         return f"{self.names[scope]}({', '.join(args)})"
 
-    def module_list(self, scope: str, path: str, items: list[str]) -> str:
+    def module_list(self, path: str, items: list[str]) -> str:
         blocks = [f"{path}.{i}" for i in range(len(items))]
         if items and all(b in self.scopes for b in blocks) and len({self.names[b] for b in blocks}) == 1:
-            varying = self.varying(self.names[blocks[0]])
-            progression = _progressions(varying, len(blocks))
+            name = self.names[blocks[0]]
+            progression = _progressions(self.varying(name), self.param_names(name), len(blocks))
             if progression is not None:
-                call = f"{self.names[blocks[0]]}({', '.join(progression)})"
+                index = "i" if progression else "_"
                 return (
-                    f"nn.ModuleList([{call} for i in range({len(blocks)})])"
-                    if progression
-                    else f"nn.ModuleList([{call} for _ in range({len(blocks)})])"
+                    f"nn.ModuleList([{name}({', '.join(progression)}) for {index} in range({len(blocks)})])"
                 )
-        inner = "".join(f"\n            {item}," for item in items)
-        return f"nn.ModuleList([{inner}\n        ])"
+        return "nn.ModuleList([" + ", ".join(items) + "])"
 
-    def scope_class(self, scope: str, written: set[str]) -> str:
+    def scope_class(self, scope: str) -> str:
         name = self.names[scope]
         module = self.model.get_submodule(scope) if scope else self.model
         refs = self.refs_of(scope)
         params = [f"{r.replace('.', '_')}: nn.Module" for r in refs]
         ref_names = {r: r.replace(".", "_") for r in refs}
-        for rel, keys in (self.varying(name) if block_container(scope) else {}).items():
-            params += [f"{rel.replace('.', '_')}_{k}: {type(v[0]).__name__}" for k, v in keys.items()]
+        if block_container(scope):
+            named = self.param_names(name)
+            for rel, keys in self.varying(name).items():
+                params += [f"{named[rel, k]}: {type(v[0]).__name__}" for k, v in keys.items()]
         for n in self.graph.module_nodes():  # a leaf using a module of its own scope
             if self.graph[n]["scope"] == scope:
-                for value in self.graph.op(n).ctor(self.graph[n]["p"]).values():
+                for value in self.leaves[n][1].values():
                     if isinstance(value, Ref) and value.path not in ref_names:
                         ref_names[value.path] = "self." + attr_path(
                             value.path[len(scope) + 1 :] if scope else value.path
@@ -179,45 +291,99 @@ class _Ejector:
             path = f"{scope}.{child_name}" if scope else child_name
             body.append(f"self.{child_name} = {self.construct(scope, child, path, ref_names)}")
         signature = "self" + (", *, " + ", ".join(params) if params else "")
-        doc = _class_doc(self.graph, scope)
         lines = wrap(f"def __init__({signature}) -> None:", "    ")
         for line in body:
-            lines += wrap(line, "        ")
-        init = "\n".join(lines)
-        generated = "\n\n".join(m.source for m in methods(self.graph, self.scopes, self.scopes[scope]))
-        written.add(name)
-        return f'class {name}(nn.Module):\n    """{doc}"""\n\n{init}\n\n{generated}\n'
-
-    # -- the layer classes and helpers --------------------------------------------------------------
-
-    def facts(self, cls: type) -> Facts:
-        """What is constant in layer class ``cls`` across this model (cached)."""
-        if cls not in self._facts:
-            self._facts[cls] = self._find_facts(cls)
-        return self._facts[cls]
-
-    def _find_facts(self, cls: type) -> Facts:
-        nodes = self.leaf_classes[cls]
-        modules = [self.model.get_submodule(n) for n in nodes]
-        attrs = _common([{k: v for k, v in vars(m).items() if not k.startswith("_")} for m in modules])
-        ctors = [self.graph.op(n).ctor(self.graph[n]["p"]) for n in nodes]
-        wired = {d["port"] for n in nodes for _, _, d in self.graph.nx.in_edges(n, data=True)}
-        forward = inspect.signature(cls.forward).parameters  # type: ignore[attr-defined]
-        absent = {
-            k for k, v in forward.items() if v.kind is v.KEYWORD_ONLY and v.default is None and k not in wired
-        }
-        return Facts(attrs, absent, _common(ctors))
+            lines += split_line(line, "        ")
+        generated = [m.source for m in methods(self.graph, self.scopes, self.scopes[scope])]
+        if not scope:
+            generated += generate_source(self.graph, _generate_template(self.graph))
+        doc = class_doc(self.graph, scope, [c for c, _ in module.named_children()], self.scopes)
+        return (
+            f"class {name}(nn.Module):\n{doc}\n\n" + "\n".join(lines) + "\n\n" + "\n\n".join(generated) + "\n"
+        )
 
 
-def _common(dicts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The items every dict has with the same value."""
-    first = dicts[0]
-    return {
-        k: v for k, v in first.items() if all(k in d and d[k] == v and type(d[k]) is type(v) for d in dicts)
-    }
+def _generate_template(graph: ArchGraph) -> str | None:
+    """The source of the ``generate`` a model of ``graph``'s kind gets: a decoder of tokens (its forward takes
+    a KV cache and the decoding offset) gets one; others (an encoder, MAE's decoder of pixels) none."""
+    args = {graph[n]["p"].arg for n in graph.placeholders()}
+    owner = {"decoder": DecoderGenerate, "encoder_decoder": EncoderDecoderGenerate}.get(graph.kind)
+    if not {"cache", "offset"} <= args or owner is None:
+        return None
+    return textwrap.dedent(inspect.getsource(owner.generate))  # type: ignore[attr-defined]
 
 
-def _progressions(varying: dict[str, dict[str, list[Any]]], n: int) -> list[str] | None:
+_NO_DEFAULT = object()
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """A torch module's constructor parameters and their defaults (``_NO_DEFAULT`` for the required)."""
+    params = inspect.signature(cls).parameters.values()
+    return {p.name: _NO_DEFAULT if p.default is p.empty else p.default for p in params}
+
+
+@functools.cache
+def _called_from_outside() -> frozenset[str]:
+    """Private methods specvit's layers call on other objects (``owner._attend(...)``): a layer class keeps
+    them whole."""
+    import specvit.nn
+
+    found = set()
+    for path in Path(specvit.nn.__file__).parent.glob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            private = isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+            if private and not (isinstance(n.value, ast.Name) and n.value.id == "self"):  # type: ignore[attr-defined]
+                found.add(n.attr)  # type: ignore[attr-defined]
+    return frozenset(found)
+
+
+def _has_init(source: str) -> bool:
+    klass = ast.parse(source).body[0]
+    return isinstance(klass, ast.ClassDef) and any(
+        isinstance(f, ast.FunctionDef) and f.name == "__init__" for f in klass.body
+    )
+
+
+@functools.cache
+def _init_defaults(source: str) -> dict[str, Any]:
+    """The ``__init__`` parameters of a class's source and their literal defaults (``_NO_DEFAULT``)."""
+    klass = ast.parse(source).body[0]
+    assert isinstance(klass, ast.ClassDef)
+    init = next((f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None:
+        return {}
+    args = init.args
+    out: dict[str, Any] = {a.arg: _NO_DEFAULT for a in args.args[1:]}
+    for a, d in zip(args.args[len(args.args) - len(args.defaults) :], args.defaults, strict=True):
+        out[a.arg] = _literal_default(d)
+    for a, kd in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        out[a.arg] = _NO_DEFAULT if kd is None else _literal_default(kd)
+    return out
+
+
+def _literal_default(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return _NO_DEFAULT
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def _literal(value: Any) -> str:
+    """A constructor argument as source, strings double-quoted."""
+    return (
+        unparse(ast.Constant(value))
+        if not isinstance(value, tuple)
+        else unparse(ast.parse(repr(value), mode="eval"))
+    )
+
+
+def _progressions(
+    varying: dict[str, dict[str, list[Any]]], named: dict[tuple[str, str], str], n: int
+) -> list[str] | None:
     """``key=a * i + b`` for each varying argument, if every one is an integer progression; else None."""
     out = []
     for rel, keys in varying.items():
@@ -230,152 +396,87 @@ def _progressions(varying: dict[str, dict[str, list[Any]]], n: int) -> list[str]
             expr = " + ".join(
                 t for t in (f"{step} * i" if step != 1 else "i", str(values[0]) if values[0] else "") if t
             )
-            out.append(f"{rel.replace('.', '_')}_{key}={expr}")
+            out.append(f"{named[rel, key]}={expr}")
     return out
 
 
-def _class_doc(graph: ArchGraph, scope: str) -> str:
-    if not scope:
-        return f"{graph.name}: {graph.kind.replace('_', '-')} model."
-    container = block_container(scope)
-    if container is not None:
-        return f"A block of {container[0]}."
-    return "The head." if scope == "head" else f"The {scope}."
+def _names(source: str) -> set[str]:
+    return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
 
 
-def _dependencies(
-    sources: Iterable[tuple[str, types.ModuleType]], leaves: set[str], helpers: Iterable[str] = ()
-) -> tuple[list[str], list[str], set[str]]:
-    """The definitions (source text) and import lines the given sources need, in dependency order, and
-    which of the layer classes named ``leaves`` (written separately) they call; the ``helpers`` are among
-    the sources (functions a layer may call too, such as ``to_map``), so never defined again."""
-    definitions: dict[str, str] = {}
-    imports: set[str] = set()
-    order: list[str] = []
-    called: set[str] = set()
-
-    def visit(source: str, module: types.ModuleType, own: str) -> None:
-        tree = ast.parse(source)
-        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        called.update((used & leaves) - {own})
-        for name in sorted(used - {own}):
-            value = module.__dict__.get(name)
-            if value is None or name in definitions or name in leaves or name in helpers:
-                continue
-            origin = getattr(value, "__module__", "") or ""
-            if isinstance(value, types.ModuleType):
-                imports.add(_import_module(name, value))
-                continue
-            home = module
-            if (constant := _constant(module, name)) is not None:  # MASKED = -100.0, QkNorm = Literal[...]
-                definitions[name], home = constant
-            elif origin.startswith("specvit.") and (inspect.isfunction(value) or inspect.isclass(value)):
-                definitions[name] = textwrap.dedent(inspect.getsource(value))
-                home = inspect.getmodule(value) or module  # its own names are resolved where it is defined
-            elif origin:
-                imports.add(f"from {origin} import {name}")
-                continue
-            else:
-                continue
-            visit(definitions[name], home, name)
-            order.append(name)
-
-    for source, module in sources:
-        visit(source, module, "")
-    return [definitions[n] for n in order], sorted(imports), called
+def _defined(source: str) -> str:
+    node = ast.parse(source).body[0]
+    return getattr(node, "name", "") or ast.unparse(getattr(node, "targets", [node])[0])
 
 
-def _import_block(lines: set[str]) -> str:
-    """Import lines merged per module, the standard library first, then torch."""
-    plain = sorted(line for line in lines if line.startswith("import "))
-    names: dict[str, set[str]] = {}
-    for line in lines:
-        if line.startswith("from "):
-            module, _, imported = line[5:].partition(" import ")
-            names.setdefault(module, set()).update(n.strip() for n in imported.split(","))
-    froms = [f"from {m} import {', '.join(sorted(n))}" for m, n in sorted(names.items())]
-    stdlib = [line for line in plain + froms if line.split()[1].split(".")[0] != "torch"]
-    third = [line for line in plain + froms if line.split()[1].split(".")[0] == "torch"]
-    return "\n".join(stdlib) + ("\n\n" if stdlib else "") + "\n".join(third)
+def _document(definitions: list[str], layers: dict[str, list[str]], graph: ArchGraph) -> list[str]:
+    """The definitions, each class among them with a docstring naming the spec lines of the layers that use
+    it (directly, or through the functions they call)."""
+    by_name = {_defined(d): d for d in definitions}
+    users: dict[str, list[str]] = {}
+    for source, paths in layers.items():
+        seen, todo = set(), list(_names(source))
+        while todo:
+            name = todo.pop()
+            if name in by_name and name not in seen:
+                seen.add(name)
+                users.setdefault(name, []).extend(paths)
+                todo += _names(by_name[name])
+    return [
+        with_doc(d, spec_note(graph, users.get(_defined(d), []))) if d.startswith("class ") else d
+        for d in definitions
+    ]
 
 
-def _import_module(name: str, module: types.ModuleType) -> str:
-    if module.__name__ == name:
-        return f"import {name}"
-    head, _, tail = module.__name__.rpartition(".")
-    return f"from {head} import {tail}" if tail == name else f"import {module.__name__} as {name}"
-
-
-def _constant(module: types.ModuleType, name: str) -> tuple[str, types.ModuleType] | None:
-    """The assignment defining ``name`` in ``module``, or in the specvit module it imports it from, and that
-    module."""
-    if name in _module_constants(module):
-        return _module_constants(module)[name], module
-    origin = _specvit_imports(module).get(name)
-    return _constant(importlib.import_module(origin), name) if origin else None
-
-
-@functools.cache
-def _specvit_imports(module: types.ModuleType) -> dict[str, str]:
-    """The names ``module`` imports from other specvit modules, and the module of each."""
-    out = {}
-    for stmt in ast.parse(inspect.getsource(module)).body:
-        if isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith("specvit."):
-            out.update({alias.name: stmt.module or "" for alias in stmt.names if alias.asname is None})
-    return out
-
-
-@functools.cache
-def _module_constants(module: types.ModuleType) -> dict[str, str]:
-    """Module-level assignments of ``module`` (``MASKED = -100.0``, type aliases), by name."""
-    source = inspect.getsource(module)
-    out = {}
-    for stmt in ast.parse(source).body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            out[stmt.targets[0].id] = ast.get_source_segment(source, stmt) or ""
-    return out
-
-
-def eject_source(graph: ArchGraph, origin: str = "") -> str:
+def eject_source(graph: ArchGraph, origin: str = "", *, use_ruff: bool = True) -> str:
     """The standalone PyTorch source of ``graph``'s model.
 
     Args:
         graph: the lowered spec.
         origin: where the spec came from, for the file's docstring.
+        use_ruff: pass the text through ``ruff format`` when ruff is installed (specvit writes it formatted
+            already: the tests check the text without).
     """
-    e = _Ejector(graph)
-    own = [cls for cls in e.leaf_classes if not cls.__module__.startswith("torch.")]
-    general = e.general
-    while True:
-        layers: list[tuple[str, types.ModuleType]] = []
-        for cls in own:
-            source = (
-                textwrap.dedent(inspect.getsource(cls))
-                if cls.__name__ in general
-                else specialise(cls, e.facts(cls))
-            )
-            layers.append((source, inspect.getmodule(cls)))  # type: ignore[arg-type]
-        helpers = helper_names(graph)
-        for fn in helpers.values():
-            layers.append((textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)))  # type: ignore[arg-type]
-        definitions, imports, called = _dependencies(layers, {cls.__name__ for cls in own}, set(helpers))
-        if called <= general:
+    general: set[str] = set()
+    while True:  # until no layer class is also built by other code (then written whole, the library's)
+        e = _Ejector(graph, general)
+        rank = {"": 3, "head": 2}  # blocks, stacks, the head, the model
+        order = sorted(e.scopes, key=lambda s: (0 if block_container(s) else rank.get(s, 1), s))
+        forwards = "\n".join(m.source for s in order for m in methods(graph, e.scopes, e.scopes[s]))
+        helpers = {h: fn for h, fn in helper_names(graph).items() if f"{h}(" in forwards}
+        helper_sources = [
+            (textwrap.dedent(inspect.getsource(fn)), inspect.getmodule(fn)) for fn in helpers.values()
+        ]
+        generate = _generate_template(graph)
+        sources = [(e.sources[cls], inspect.getmodule(cls)) for cls in e.users] + helper_sources
+        sources += [(generate, decoding)] if generate else []
+        if "KVCache" in forwards:
+            sources.append(("KVCache", decoding))
+        defined = {cls.__name__ for cls in e.users} | set(helpers)
+        definitions, imports = dependencies(sources, defined)  # type: ignore[arg-type]
+        layers = {cls.__name__ for cls in e.users}
+        built = {n for d in [*definitions, *(src for src, _ in sources)] for n in _names(d) - {_defined(d)}}
+        if built & layers <= general:
             break
-        general |= called
-    written: set[str] = set()
-    generated = []
-    order = {"": 3, "head": 2}  # blocks, stacks, the head, the model
-    for scope in sorted(e.scopes, key=lambda s: (0 if block_container(s) else order.get(s, 1), s)):
-        if e.names[scope] not in written:
-            generated.append(e.scope_class(scope, written))
-    uses_container = "_container(" in "".join(generated)
-    header = f'"""{graph.name}, generated by specvit{" from " + origin if origin else ""}.\n\nStandalone: it needs only PyTorch. Build it with ``Model()``; load weights with ``load_state_dict``.\n"""'
-    parts = [
-        header + "\n\nfrom __future__ import annotations\n",
-        _import_block({"import torch", "from torch import Tensor, nn", *imports}),
-        *definitions,
-        *(source for source, _ in layers),
-        *([_CONTAINER.strip()] if uses_container else []),
-        *generated,
+        general |= built & layers
+    others = [src for src, _ in helper_sources] + ([generate] if generate else [])
+    classes = list(e.users)
+    layer_sources = [e.sources[c] for c in classes]
+    keep = _called_from_outside()
+    definitions, layer_sources = specialise_helpers(definitions, layer_sources, others, set(), keep)
+    e.sources = dict(zip(classes, layer_sources, strict=True))
+    definitions = reachable(definitions, [*layer_sources, *others, f"class _Forwards:\n{forwards}"])
+    dead = e.tidy([*definitions, *(s for s, _ in helper_sources)])
+    definitions = [drop_attributes(d, dead) for d in definitions]
+    generated: dict[str, str] = {}
+    for scope in order:
+        if e.names[scope] not in generated:
+            generated[e.names[scope]] = e.scope_class(scope)
+    body = [
+        *_document(definitions, {e.sources[c]: paths for c, paths in e.users.items()}, graph),
+        *(s for s, _ in helper_sources),
+        *(with_doc(e.sources[cls], spec_note(graph, paths)) for cls, paths in e.users.items()),
+        *([container_source()] if any("_container(" in s for s in generated.values()) else []),
+        *generated.values(),
     ]
-    return "\n\n\n".join(p.strip() for p in parts).replace("annotations\n\n\n", "annotations\n\n") + "\n"
+    return format_file(graph, origin, body, imports, import_block, use_ruff)

@@ -3,8 +3,9 @@
 An ejected file carries the source of each layer class it uses. The classes serve every model, so they
 branch on features (``if rope is not None``, ``if self.causal``); for one model many of these are
 constant: an attribute every instance sets to the same value, a keyword argument no call passes, a
-constructor argument every call passes the same. :func:`specialise` substitutes those constants, folds
-the tests that become constant and keeps only the branches taken. It edits the original text, so
+constructor argument every call passes the same. :func:`specialise` substitutes those constants
+(:mod:`specvit.codegen.fold`), folds the tests that become constant and keeps only the branches taken, then
+tidies what is left (:mod:`specvit.codegen.tidy`), until nothing changes. It edits the original text, so
 comments (the shape comments at reshapes) and layout survive.
 """
 
@@ -12,115 +13,83 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import inspect
+import keyword
+import re
 import textwrap
+import types
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Facts", "specialise"]
+from specvit.codegen.fold import UNKNOWN, Fold, is_flag, unparse
+from specvit.codegen.lines import reflow, rejoin_lines
+from specvit.codegen.tidy import docstring, signature, tidy_class
 
-_UNKNOWN = object()
+__all__ = [
+    "Facts",
+    "Renderer",
+    "docstring",
+    "rewrite_function",
+    "single_names",
+    "specialise",
+    "specialise_source",
+]
+
 _MUTABLE = {"training"}  # attributes that change after construction
 
 
-def _is_flag(v: Any) -> bool:
-    """Flags and kinds (``True``, ``None``, ``"conv"``) are folded; sizes stay arguments, as written."""
-    return isinstance(v, bool | str | type(None))
-
-
+@dataclass
 class Facts:
     """What is constant in one class for one model.
 
     Args:
         attrs: ``self.<name>`` -> its value in every instance.
-        absent: keyword arguments of ``forward`` no call passes (always their default, None).
+        absent: keyword arguments of ``forward`` no call passes -> their default.
         init: constructor arguments every call passes with the same value.
+        module: where the class's names are defined.
+        renames: names to write otherwise (``Linear`` -> ``nn.Linear``: no fast paths in an ejected file).
+        unwrap: functions whose call is replaced by its argument.
+        keep: private methods other code calls (``owner._attend``): kept whole, with their parameters.
+        functions: helper functions whose calls drop arguments: name -> (its parameters, those folded).
     """
 
-    def __init__(self, attrs: dict[str, Any], absent: set[str], init: dict[str, Any]):
-        self.attrs = {k: v for k, v in attrs.items() if _is_flag(v) and k not in _MUTABLE}
-        self.absent = set(absent)
-        self.init = {k: v for k, v in init.items() if _is_flag(v)}
+    attrs: dict[str, Any]
+    absent: dict[str, Any]
+    init: dict[str, Any]
+    module: types.ModuleType | None = None
+    renames: dict[str, str] = field(default_factory=dict)
+    unwrap: frozenset[str] = frozenset()
+    keep: frozenset[str] = frozenset()
+    functions: dict[str, tuple[list[str], set[str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.attrs = {k: v for k, v in self.attrs.items() if k not in _MUTABLE}
+
+    @property
+    def folded(self) -> set[str]:
+        """The constructor arguments substituted into the class: no longer its parameters."""
+        return {k for k, v in self.init.items() if is_flag(v)}
+
+    def fold(self, method: str, single: dict[str, Any] | None = None) -> Fold:
+        """The folding of one method's body."""
+        names = dict(self.absent) if method == "forward" else dict(self.init) if method == "__init__" else {}
+        attrs = self.attrs if method != "__init__" else {}
+        always = frozenset(self.absent) if method == "forward" else frozenset()
+        fold = Fold({**names, **(single or {})}, attrs, self.module, self.renames, self.unwrap, always)
+        fold.functions = self.functions
+        return fold
 
 
-class _Fold(ast.NodeTransformer):
-    """Substitutes known names and attributes in an expression and evaluates what becomes constant."""
-
-    def __init__(self, names: dict[str, Any], attrs: dict[str, Any]):
-        self.names, self.attrs = names, attrs
-
-    def forget(self, stmt: ast.stmt) -> None:
-        """A kept statement assigns these names: they are no longer the constants they started as."""
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-        for target in targets:
-            for node in ast.walk(target) if target is not None else ():
-                if isinstance(node, ast.Name):
-                    self.names.pop(node.id, None)
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        if isinstance(node.ctx, ast.Load) and node.id in self.names:
-            return ast.copy_location(ast.Constant(self.names[node.id]), node)
-        return node
-
-    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
-        self.generic_visit(node)
-        is_self = isinstance(node.value, ast.Name) and node.value.id == "self"
-        if is_self and isinstance(node.ctx, ast.Load) and node.attr in self.attrs:
-            return ast.copy_location(ast.Constant(self.attrs[node.attr]), node)
-        return node
-
-    def visit_Compare(self, node: ast.Compare) -> ast.AST:
-        self.generic_visit(node)
-        value = _compare(node)
-        return ast.copy_location(ast.Constant(value), node) if value is not _UNKNOWN else node
-
-    def visit_BoolOp(self, node: ast.BoolOp) -> ast.AST:
-        self.generic_visit(node)
-        is_and = isinstance(node.op, ast.And)
-        kept = []
-        for v in node.values:
-            if isinstance(v, ast.Constant):
-                if bool(v.value) != is_and:  # False in `and`, True in `or` decides
-                    return ast.copy_location(ast.Constant(not is_and), node)
-                continue
-            kept.append(v)
-        if not kept:
-            return ast.copy_location(ast.Constant(is_and), node)
-        return kept[0] if len(kept) == 1 else ast.copy_location(ast.BoolOp(node.op, kept), node)
-
-    def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.AST:
-        self.generic_visit(node)
-        if isinstance(node.op, ast.Not) and isinstance(node.operand, ast.Constant):
-            return ast.copy_location(ast.Constant(not node.operand.value), node)
-        return node
-
-    def visit_IfExp(self, node: ast.IfExp) -> ast.AST:
-        self.generic_visit(node)
-        if isinstance(node.test, ast.Constant):
-            return node.body if node.test.value else node.orelse
-        return node
-
-
-def _compare(node: ast.Compare) -> Any:
-    """The value of a comparison of constants (``None is not None``, ``"conv" == "linear"``), if decidable."""
-    if len(node.ops) != 1 or not isinstance(node.left, ast.Constant):
-        return _UNKNOWN
-    a, op, right = node.left.value, node.ops[0], node.comparators[0]
-    if isinstance(right, ast.Tuple | ast.List) and all(isinstance(e, ast.Constant) for e in right.elts):
-        options = [e.value for e in right.elts if isinstance(e, ast.Constant)]
-        return {ast.In: a in options, ast.NotIn: a not in options}.get(type(op), _UNKNOWN)
-    if not isinstance(right, ast.Constant):
-        return _UNKNOWN
-    b = right.value
-    return {ast.Is: a is b, ast.IsNot: a is not b, ast.Eq: a == b, ast.NotEq: a != b}.get(type(op), _UNKNOWN)
-
-
-class _Renderer:
+class Renderer:
     """Re-emits a class's source line by line, folding constant tests and substituting constants."""
 
     def __init__(self, source: str, facts: Facts):
         self.lines = source.splitlines()
         self.facts = facts
-        self.fold = _Fold({}, {})
+        self.fold = Fold({}, {})
+        self.single: set[str] = set()  # local names assigned once: a constant they are assigned is known
 
     def text(self, stmt: ast.stmt) -> list[str]:
         """The original lines of ``stmt`` (trailing comments included), constants substituted and folded."""
@@ -130,10 +99,24 @@ class _Renderer:
         for line in lines:
             offsets.append(offsets[-1] + len(line) + 1)
         text = "\n".join(lines)
-        for (a, b), replacement in sorted(self._edits(stmt), reverse=True):
+        edits = self._edits(stmt)
+        value = getattr(stmt, "value", None)
+        for (a, b), replacement in sorted(edits, reverse=True):
             i, j = offsets[a[0] - first] + a[1], offsets[b[0] - first] + b[1]
+            if value is not None and (a, b) == _span(value):  # a statement's whole value: its parentheses go
+                before, after = text[:i].rstrip(), text[j:].lstrip()
+                if (
+                    before.endswith("(")
+                    and after.startswith(")")
+                    and before[:-1].rstrip().endswith(("=", "return"))
+                ):
+                    i, j = len(before) - 1, len(text) - len(after) + 1
+                    replacement = (" " if not before[:-1].endswith(" ") else "") + replacement
+            if _grouping(text, i, j) and _paren(replacement) == replacement:  # (q if c else x) -> q, not (q)
+                i, j = i - 1, j + 1
             text = text[:i] + replacement + text[j:]
-        return text.splitlines()
+        out = text.splitlines()
+        return reflow(rejoin_lines(out)) if edits else out
 
     def _edits(self, node: ast.AST) -> list[tuple[tuple[tuple[int, int], tuple[int, int]], str]]:
         """Text replacements inside ``node``: the outermost sub-expressions that fold or are substituted."""
@@ -142,12 +125,19 @@ class _Renderer:
             if isinstance(child, ast.JoinedStr | ast.stmt):
                 continue
             if isinstance(child, ast.expr) and not isinstance(getattr(child, "ctx", None), ast.Store):
-                before = ast.unparse(child)
-                after = ast.unparse(self.fold.visit(_copy(child)))
-                if after != before and not isinstance(child, ast.Tuple):  # a tuple's items fold one by one
+                folded = self.fold.visit(_copy(child))
+                if ast.unparse(folded) != ast.unparse(child) and not isinstance(child, ast.Tuple):
                     end = (child.end_lineno or child.lineno, child.end_col_offset or 0)
-                    out.append((((child.lineno, child.col_offset), end), _paren(after)))
-                    continue
+                    after = unparse(folded)
+                    if isinstance(folded, ast.GeneratorExp) and _sole_argument(node, child):
+                        after = after[1:-1]  # f(x for x in y)
+                    out.append(
+                        (
+                            ((child.lineno, child.col_offset), end),
+                            after if _bare(node, child) else _paren(after),
+                        )
+                    )
+                    continue  # a tuple's items fold one by one
             out += self._edits(child)
         return out
 
@@ -164,31 +154,59 @@ class _Renderer:
                 break
         return out
 
+    def test(self, stmt: ast.If) -> bool | None:
+        """Whether ``stmt``'s branch is known to be taken (True), skipped (False), or not known (None)."""
+        return self.fold.truth(self.fold.visit(_copy(stmt.test)))
+
     def ends(self, stmt: ast.stmt) -> bool:
         """Whether control never passes ``stmt``: a return, a raise, or a folded ``if`` whose branch ends so."""
         if isinstance(stmt, ast.Return | ast.Raise):
             return True
-        if isinstance(stmt, ast.If):
-            test = self.fold.visit(_copy(stmt.test))
-            if isinstance(test, ast.Constant):
-                taken = stmt.body if test.value else stmt.orelse
-                return bool(taken) and any(self.ends(s) for s in taken)
+        if isinstance(stmt, ast.If) and (taken := self.test(stmt)) is not None:
+            branch = stmt.body if taken else stmt.orelse
+            return bool(branch) and any(self.ends(s) for s in branch)
         return False
 
     def statement(self, stmt: ast.stmt, indent: int, as_if: bool = False) -> list[str]:
         """The lines of ``stmt``; ``as_if``: an ``elif`` whose ``if`` folded away starts a chain itself."""
-        if isinstance(stmt, ast.If):
-            test = self.fold.visit(_copy(stmt.test))
-            if isinstance(test, ast.Constant):
-                taken = stmt.body if test.value else stmt.orelse
-                if not test.value and self._is_elif(taken):  # the elif becomes the chain's if
-                    return self.statement(taken[0], indent, as_if=True)
-                return self.block(taken, indent + _inner(stmt, self.lines)) if taken else []
+        if isinstance(stmt, ast.If) and (taken := self.test(stmt)) is not None:
+            branch = stmt.body if taken else stmt.orelse
+            if not taken and self._is_elif(branch):  # the elif becomes the chain's if
+                return self.statement(branch[0], indent, as_if=True)
+            return self.block(branch, indent + _inner(stmt, self.lines)) if branch else []
+        if isinstance(stmt, ast.Expr) and _is_check(stmt):
+            return []  # a validation of constructor arguments: the spec was validated
         if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.FunctionDef):
-            return self.compound(stmt, indent, as_if)
+            if isinstance(stmt, ast.For | ast.While):
+                self._forget_within(stmt)  # what a loop assigns is not known at its start either
+            entry = set(self.fold.assigned)
+            lines = self.compound(stmt, indent, as_if)
+            self._forget_within(stmt)
+            if not isinstance(stmt, ast.If | ast.With):  # a loop's body may not run
+                self.fold.assigned = entry
+            return lines
+        if isinstance(stmt, ast.Try):
+            self._forget_within(stmt)
         lines = [_dedent(line, indent) for line in self.text(stmt)]
+        lines = rejoin_lines(lines) if indent else lines  # dedented out of a folded branch, it may fit a line
         self.fold.forget(stmt)
+        self.fold.assigned |= _stored(stmt)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            name = stmt.targets[0].id
+            value = self.fold.value(self.fold.visit(_copy(stmt.value)))
+            if name in self.single and value is not UNKNOWN and not isinstance(value, tuple):
+                self.fold.names[name] = value  # the later reads fold, and the store is dropped as dead
+            elif name in self.single and isinstance(stmt.value, ast.Name) and stmt.value.id in self.single:
+                self.fold.aliases[name] = stmt.value.id  # kv_inner = inner: read as inner
+            elif is_flag(value):  # `visible = None`: so until the next statement assigning it
+                self.fold.names[name] = value
         return lines
+
+    def _forget_within(self, stmt: ast.stmt) -> None:
+        """Names a compound statement assigns somewhere inside: after it (or in a loop) they are not known."""
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id not in self.single:
+                self.fold.names.pop(node.id, None)
 
     def _is_elif(self, orelse: list[ast.stmt]) -> bool:
         return len(orelse) == 1 and self.lines[orelse[0].lineno - 1].lstrip().startswith("elif")
@@ -200,21 +218,141 @@ class _Renderer:
             elif_ = self.lines[stmt.lineno - 1].lstrip().startswith("elif") and not as_if
             kw = "elif" if elif_ else "if"
             pad = " " * (len(head[0]) - len(head[0].lstrip()))
-            head = [f"{pad}{kw} {ast.unparse(self.fold.visit(_copy(stmt.test)))}:"]
+            comment = head[0].partition("  # ")[2] if len(head) == 1 else ""
+            head = [
+                f"{pad}{kw} {unparse(self.fold.visit(_copy(stmt.test)))}:"
+                + (f"  # {comment}" if comment else "")
+            ]
         out = [_dedent(line, indent) for line in head]
+        entry = dict(self.fold.names), dict(self.fold.aliases)  # what is known where each branch starts
+        assigned = set(self.fold.assigned)  # the names bound on every path to here
+        body_ends = any(self.ends(s) for s in stmt.body)
         out += self.block(stmt.body, indent)
         orelse = getattr(stmt, "orelse", [])
         if not orelse:
+            self.fold.assigned = assigned if isinstance(stmt, ast.If) else self.fold.assigned
             return out
+        if isinstance(stmt, ast.If):  # a name the body stores is still its constant in the else/elif
+            self.fold.names, self.fold.aliases = dict(entry[0]), dict(entry[1])
+        after_body, self.fold.assigned = self.fold.assigned, set(assigned)
         if isinstance(stmt, ast.If) and self._is_elif(orelse):
             branch = self.statement(orelse[0], indent)
+            self._join(after_body, body_ends, any(self.ends(s) for s in orelse))
             if not branch or branch[0].lstrip().startswith("elif"):
                 return [*out, *branch]
             return [*out, f"{_indent_of(out[0])}else:", *("    " + line if line else line for line in branch)]
         else_line = next(
-            i for i in range(stmt.body[-1].end_lineno, orelse[0].lineno) if self.lines[i].strip() == "else:"
+            i
+            for i in range(stmt.body[-1].end_lineno, orelse[0].lineno)
+            if self.lines[i].strip().startswith("else:")
         )
-        return [*out, _dedent(self.lines[else_line], indent), *self.block(orelse, indent)]
+        out += [_dedent(self.lines[else_line], indent), *self.block(orelse, indent)]
+        self._join(after_body, body_ends, any(self.ends(s) for s in orelse))
+        return out
+
+    def _join(self, after_body: set[str], body_ends: bool, else_ends: bool) -> None:
+        """The names bound after an if/else: those both branches bind (a branch that returns binds all)."""
+        if body_ends and not else_ends:
+            return  # only the else's path goes on
+        self.fold.assigned = after_body if else_ends else after_body & self.fold.assigned
+
+    def initialisers(self, indent: str) -> list[str]:
+        """``window = None`` for each dropped parameter read where a branch may have left it unassigned: the
+        value it was folded to, bound as the parameter was."""
+        return [
+            f"{indent}{n} = {unparse(ast.Constant(self.fold.initial[n]))}" for n in sorted(self.fold.exposed)
+        ]
+
+
+def _grouping(text: str, i: int, j: int) -> bool:
+    """Whether ``text[i:j]`` is enclosed in parentheses that only group it (not a call's, not a tuple's)."""
+    if i < 1 or j >= len(text) or text[i - 1] != "(" or text[j] != ")":
+        return False
+    before = text[: i - 1].rstrip()
+    word = re.search(r"\w*$", before)
+    if word and word.group(0) and keyword.iskeyword(word.group(0)):
+        return True  # return (x), not (x)
+    return not before or not (before[-1].isalnum() or before[-1] in "_)]}'\"")
+
+
+def _stored(stmt: ast.stmt) -> set[str]:
+    """The names a simple statement binds."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+    return {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _span(node: ast.expr) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (node.lineno, node.col_offset), (node.end_lineno or node.lineno, node.end_col_offset or 0)
+
+
+def _bare(parent: ast.AST, child: ast.expr) -> bool:
+    """Whether ``child`` of ``parent`` needs no parentheses whatever it becomes (a statement's value, an
+    argument, an item)."""
+    if isinstance(parent, ast.Call):
+        return child is not parent.func
+    return isinstance(parent, ast.stmt | ast.keyword | ast.List | ast.Tuple | ast.Set | ast.Dict)
+
+
+def _sole_argument(parent: ast.AST, child: ast.expr) -> bool:
+    return isinstance(parent, ast.Call) and parent.args == [child] and not parent.keywords
+
+
+def _is_check(stmt: ast.Expr) -> bool:
+    """``check_parts(...)``: a call, as a statement, of a function that validates (``check_*``)."""
+    call = stmt.value
+    return (
+        isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id.startswith("check_")
+    )
+
+
+def _bound(klass: ast.ClassDef) -> dict[str, dict[str, Any]]:
+    """Private method -> the parameters every call of it (``self._memory(memory, None, None)``) passes the
+    same constant, with that constant (a default when a call leaves one out)."""
+    methods = {f.name: f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")}
+    methods = {n: f for n, f in methods.items() if not n.startswith("__")}
+    seen: dict[str, list[dict[str, Any]]] = {n: [] for n in methods}
+    for node in ast.walk(klass):
+        f = node.func if isinstance(node, ast.Call) else None
+        on_self = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+        if on_self and isinstance(f, ast.Attribute) and f.attr in methods and isinstance(node, ast.Call):
+            seen[f.attr].append(_passed(methods[f.attr], node))
+    out = {}
+    for name, calls in seen.items():
+        if calls:
+            common = {k: v for k, v in calls[0].items() if all(k in c and _same(c[k], v) for c in calls)}
+            out[name] = {k: v for k, v in common.items() if is_flag(v)}
+    return {n: v for n, v in out.items() if v}
+
+
+def _passed(fn: ast.FunctionDef, call: ast.Call) -> dict[str, Any]:
+    """The constants a call passes to ``fn``'s parameters (its defaults for those it leaves out)."""
+    params = [a.arg for a in fn.args.args[1:]]
+    defaults = dict(zip(params[len(params) - len(fn.args.defaults) :], fn.args.defaults, strict=True))
+    values: dict[str, ast.expr] = {**defaults, **dict(zip(params, call.args, strict=False))}
+    values |= {k.arg: k.value for k in call.keywords if k.arg}
+    return {k: v.value for k, v in values.items() if isinstance(v, ast.Constant)}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def single_names(fn: ast.FunctionDef) -> set[str]:
+    """Local names ``fn`` assigns exactly once, by a plain ``name = value``, and binds in no other way."""
+    counts: Counter[str] = Counter()
+    plain: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            counts[node.id] += 1
+        elif isinstance(node, ast.arg):
+            counts[node.arg] += 2
+        elif (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        ):
+            plain.add(node.targets[0].id)
+        elif isinstance(node, ast.AugAssign | ast.NamedExpr):
+            counts[getattr(node.target, "id", "")] += 2
+    return {n for n in plain if counts[n] == 1}
 
 
 def _indent_of(line: str) -> str:
@@ -234,7 +372,9 @@ def _dedent(line: str, indent: int) -> str:
 def _paren(text: str) -> str:
     """Keep a replaced sub-expression's precedence: parenthesise operators, not atoms and calls."""
     node = ast.parse(text, mode="eval").body
-    atomic = ast.Name | ast.Constant | ast.Call | ast.Attribute | ast.Subscript | ast.List | ast.Dict
+    atomic = (
+        ast.Name | ast.Constant | ast.Call | ast.Attribute | ast.Subscript | ast.List | ast.Dict | ast.Tuple
+    )
     return text if isinstance(node, atomic) else f"({text})"
 
 
@@ -242,139 +382,107 @@ def _copy(node: ast.expr) -> ast.expr:
     return copy.deepcopy(node)  # folding must not touch the original tree
 
 
-def _signature(fn: ast.FunctionDef, drop: set[str], lines: list[str], indent: int) -> list[str]:
-    """The ``def`` line of ``fn`` without the parameters ``drop``."""
-    args = fn.args
-    defaults = [None] * (len(args.args) - len(args.defaults)) + list(args.defaults)
-    parts = [
-        ast.unparse(a) + (f" = {ast.unparse(d)}" if d is not None else "")
-        for a, d in zip(args.args, defaults, strict=True)
-        if a.arg not in drop
-    ]
-    kw = [
-        ast.unparse(a) + (f" = {ast.unparse(d)}" if d is not None else "")
-        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-        if a.arg not in drop
-    ]
-    if kw:
-        parts += ["*", *kw]
-    returns = f" -> {ast.unparse(fn.returns)}" if fn.returns is not None else ""
-    pad = _indent_of(lines[fn.lineno - 1])[indent:]
-    one = f"{pad}def {fn.name}({', '.join(parts)}){returns}:"
-    if len(one) <= 110:
-        return [one]
-    return [f"{pad}def {fn.name}(", *(f"{pad}    {p}," for p in parts), f"{pad}){returns}:"]
+def _once(source: str, facts: Facts) -> str:
+    """One pass of specialisation over a class's source."""
+    tree = ast.parse(source)
+    klass = tree.body[0]
+    assert isinstance(klass, ast.ClassDef)
+    r = Renderer(source, facts)
+    bound = {m: v for m, v in _bound(klass).items() if m not in facts.keep}
+    methods = {f.name: f for f in klass.body if isinstance(f, ast.FunctionDef)}
+    out = r.lines[: klass.lineno]
+    has_doc = ast.get_docstring(klass) is not None
+    if has_doc:
+        out += docstring(klass, facts.folded, r.lines)
+    out += r.lines[klass.body[0].end_lineno : klass.body[1].lineno - 1] if len(klass.body) > 1 else []
+    for k, item in enumerate(klass.body):
+        if k == 0 and has_doc:
+            continue
+        start = min([item.lineno, *(d.lineno for d in getattr(item, "decorator_list", []))])
+        if k > 1 or (k == 1 and not has_doc):
+            out += r.lines[klass.body[k - 1].end_lineno : start - 1]
+        if not isinstance(item, ast.FunctionDef):
+            out += r.lines[item.lineno - 1 : item.end_lineno]
+            continue
+        if item.name == "extra_repr":  # what print(model) shows of a layer: not part of the model
+            while out and not out[-1].strip():
+                out.pop()
+            continue
+        drop = (
+            set(facts.absent)
+            if item.name == "forward"
+            else facts.folded
+            if item.name == "__init__"
+            else set()
+        )
+        folded = bound.get(item.name, {})
+        drop |= set(folded)
+        r.fold, r.single = facts.fold(item.name, folded), single_names(item)
+        r.fold.always |= set(folded)
+        r.fold.dropped, r.fold.initial = (
+            set(drop),
+            {**r.fold.initial, **dict.fromkeys(drop - set(r.fold.initial))},
+        )
+        r.fold.bound = {m: ([a.arg for a in methods[m].args.args[1:]], set(v)) for m, v in bound.items()}
+        out += r.lines[start - 1 : item.lineno - 1]  # decorators
+        out += signature(item, drop, r.lines, 0)
+        body = item.body
+        if ast.get_docstring(item) is not None:
+            out += docstring(item, drop, r.lines)
+            body = body[1:]
+        lines = r.block(body, 0)
+        out += r.initialisers(_indent_of(r.lines[item.lineno - 1]) + "    ") + lines
+        out += [] if lines else [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
+    while out and not out[-1].strip():
+        out.pop()
+    return tidy_class("\n".join(out) + "\n", facts.keep)
 
 
-def _docstring(node: ast.FunctionDef | ast.ClassDef, drop: set[str], lines: list[str]) -> list[str]:
-    """``node``'s docstring lines without the ``Args:`` entries of the parameters ``drop``."""
-    first = node.body[0]
-    out: list[str] = []
-    skipping, depth = False, 0
-    for line in lines[first.lineno - 1 : first.end_lineno]:
-        name = line.strip().split(":", 1)[0]
-        if ":" in line and name in drop:
-            skipping, depth = True, len(_indent_of(line))
-            continue
-        if skipping and line.strip() and len(_indent_of(line)) > depth:
-            continue
-        skipping = False
-        out.append(line)
-    return out
+def specialise_source(source: str, facts: Facts) -> str:
+    """:func:`specialise` of a class's source text."""
+    for _ in range(8):
+        done = _once(source, facts)
+        facts = dataclasses.replace(facts, functions={})  # a call drops its folded arguments once
+        if done == source:
+            break
+        source = done
+    return source
 
 
 def specialise(cls: type, facts: Facts) -> str:
     """The source of ``cls`` with the constants of ``facts`` folded and the branches never taken removed.
 
     Args:
-        cls: a layer class of :mod:`specvit.nn`.
+        cls: a layer class (of :mod:`specvit.nn`, or a plain one of :mod:`specvit.codegen.templates`).
         facts: what is constant for the model being ejected.
     """
-    source = textwrap.dedent(inspect.getsource(cls))
-    tree = ast.parse(source)
-    klass = tree.body[0]
-    assert isinstance(klass, ast.ClassDef)
-    r = _Renderer(source, facts)
-    out = r.lines[: klass.lineno]
-    if ast.get_docstring(klass) is not None:
-        out += _docstring(klass, set(facts.init), r.lines)
-    out += r.lines[klass.body[0].end_lineno : klass.body[1].lineno - 1] if len(klass.body) > 1 else []
-    for k, item in enumerate(klass.body):
-        if k == 0 and ast.get_docstring(klass) is not None:
-            continue
-        start = min([item.lineno, *(d.lineno for d in getattr(item, "decorator_list", []))])
-        if k > 1 or (k == 1 and ast.get_docstring(klass) is None):
-            out += r.lines[klass.body[k - 1].end_lineno : start - 1]
-        if not isinstance(item, ast.FunctionDef):
-            out += r.lines[item.lineno - 1 : item.end_lineno]
-            continue
-        drop = (
-            facts.absent if item.name == "forward" else set(facts.init) if item.name == "__init__" else set()
-        )
-        names = (
-            dict.fromkeys(facts.absent)
-            if item.name == "forward"
-            else facts.init
-            if item.name == "__init__"
-            else {}
-        )
-        attrs = facts.attrs if item.name not in ("__init__", "extra_repr") else {}
-        r.fold = _Fold(dict(names), attrs)
-        out += r.lines[start - 1 : item.lineno - 1]  # decorators
-        out += _signature(item, drop, r.lines, 0)
-        body = item.body
-        if ast.get_docstring(item) is not None:
-            out += _docstring(item, drop, r.lines)
-            body = body[1:]
-        out += r.block(body, 0) or [_indent_of(r.lines[item.lineno - 1]) + "    pass"]
-    return _drop_unused_methods(_drop_dead_stores("\n".join(out) + "\n"))
+    return specialise_source(textwrap.dedent(inspect.getsource(cls)), facts)
 
 
-def _drop_unused_methods(source: str) -> str:
-    """Remove private methods (``_memory``) that no kept line of the class calls any more."""
-    while True:
-        klass = ast.parse(source).body[0]
-        assert isinstance(klass, ast.ClassDef)
-        methods = [f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name.startswith("_")]
-        for fn in methods:
-            if fn.name.startswith("__"):
-                continue
-            used = any(
-                isinstance(n, ast.Attribute) and n.attr == fn.name and isinstance(n.value, ast.Name)
-                for other in klass.body
-                if other is not fn
-                for n in ast.walk(other)
-            )
-            if not used:
-                lines = source.splitlines()
-                first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
-                while first > 1 and not lines[first - 2].strip():  # the blank lines before it
-                    first -= 1
-                source = "\n".join(lines[: first - 1] + lines[fn.end_lineno or fn.lineno :]) + "\n"
-                break
-        else:
-            return source
+def rewrite_function(
+    source: str,
+    module: types.ModuleType,
+    renames: dict[str, str],
+    unwrap: frozenset[str],
+    keep: frozenset[str] = frozenset(),
+) -> str:
+    """A module-level function's or class's source with the names ``renames`` written otherwise and the calls
+    of ``unwrap`` replaced by their argument (an ejected file's plain torch for the fast paths).
 
-
-def _drop_dead_stores(source: str) -> str:
-    """Remove one-line assignments, without calls, to local names no kept line reads (``past = 0``)."""
-    while True:
-        lines = source.splitlines()
-        dead: set[int] = set()
-        for fn in ast.walk(ast.parse(source)):
-            if not isinstance(fn, ast.FunctionDef):
-                continue
-            loaded = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            for stmt in ast.walk(fn):
-                if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
-                    continue
-                target = stmt.targets[0]
-                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])
-                stored = [n.id for n in names if isinstance(n, ast.Name)]
-                pure = not any(isinstance(n, ast.Call) for n in ast.walk(stmt))
-                one_line = stmt.lineno == stmt.end_lineno
-                if stored and len(stored) == len(names) and not set(stored) & loaded and pure and one_line:
-                    dead.add(stmt.lineno)
-        if not dead:
-            return source
-        source = "\n".join(line for i, line in enumerate(lines, start=1) if i not in dead) + "\n"
+    Args:
+        source: the definition's text.
+        module: where its names are defined.
+        renames: name -> the expression it becomes.
+        unwrap: functions whose call is its argument.
+        keep: private methods other code calls.
+    """
+    facts = Facts({}, {}, {}, module, renames, unwrap, keep)
+    node = ast.parse(source).body[0]
+    if isinstance(node, ast.ClassDef):
+        return specialise_source(source, facts)
+    r = Renderer(source, facts)
+    r.fold = Fold({}, {}, module, renames, unwrap)
+    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+    if not isinstance(node, ast.FunctionDef):
+        return source
+    return "\n".join([*r.lines[start - 1 : node.lineno - 1], *r.statement(node, 0)]) + "\n"

@@ -98,7 +98,7 @@ class Output(Op):
     def code(self, p: OutputParams, args: Mapping[str, str]) -> str:
         if not p.keys:
             return args["x"]
-        return "{" + ", ".join(f"{k!r}: {args[k]}" for k in p.keys) + "}"
+        return "{" + ", ".join(f'"{k}": {args[k]}' for k in p.keys) + "}"  # ruff's quotes
 
     def label(self, p: OutputParams) -> tuple[str, ...]:
         return (" + ".join(p.keys),) if p.keys else ()
