@@ -15,13 +15,26 @@ the pooler's dense layer and tanh (RoBERTa's classification head: the same on ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from specvit.interop.layout import batched
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Head, Name, Only, Renamed, Table, count, register
+from specvit.interop.table import (
+    BARE,
+    D,
+    F,
+    Head,
+    Name,
+    Only,
+    Renamed,
+    Table,
+    count,
+    labels,
+    per_token,
+    register,
+)
 
 __all__ = [
     "BERT",
@@ -36,37 +49,6 @@ __all__ = [
     "per_token",
     "sequence",
 ]
-
-
-def labels(exactly: int | None = None) -> D:
-    """The number of a task head's outputs: HF's ``num_labels``, the length of ``id2label``.
-
-    Args:
-        exactly: the one count the class computes with (question answering splits its two outputs into
-            start and end logits); another is refused.
-    """
-
-    def read(c: Config, spec: Mapping[str, Any]) -> int:
-        names = c.get("id2label", kind=dict)
-        n = 2 if names is None else len(names)  # PreTrainedConfig's default: two labels
-        if n < 1 or (exactly is not None and n != exactly):
-            want = f"exactly {exactly}" if exactly is not None else "at least one"
-            raise c.refuse("id2label", names, f"the head needs {want} label(s)", f"give {want} label(s)")
-        return n
-
-    return D(read, ("id2label",))
-
-
-def per_token(module: str, outputs: D | None = None) -> Head:
-    """A task class whose head is one linear layer (with a bias) on every token, not tied to the embedding:
-    written as an ``lm`` head of ``len(id2label)`` outputs.
-
-    Args:
-        module: the head's HF module, outside the backbone (``classifier``, ``qa_outputs``).
-        outputs: the number of outputs (default :func:`labels`).
-    """
-    entries = {"head.kind": "lm", "head.vocab": outputs or labels(), "head.bias": True, "head.tied": False}
-    return Head(entries, {"head.fc": module})
 
 
 TOKENS = per_token("classifier")
@@ -148,7 +130,10 @@ def padding(default: int | None) -> D:
             return None
         return c.get("pad_token_id", default, int)
 
-    return D(read, ("pad_token_id",))
+    def write(value: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        return {"pad_token_id": value}
+
+    return D(read, ("pad_token_id",), write)
 
 
 def dropout(hidden: str, attention: str, default: float, *, projection: bool = True) -> dict[str, F | float]:

@@ -3,7 +3,7 @@ changes: RoBERTa, XLM-RoBERTa, CamemBERT, Data2VecText, ELECTRA, ALBERT and Dist
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.hf_bert import BERT, QA, TOKENS, dropout, encoder_family, masked_lm, padding, sequence
@@ -31,11 +31,20 @@ def _positions(c: Config, spec: Mapping[str, Any]) -> int:
     return int(c.get("max_position_embeddings", 512)) - _first_row(c)
 
 
+def _write_first_row(offset: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {} if offset is None else {"pad_token_id": offset - 1}
+
+
+def _write_rows(rows: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    offset = get("encoder.position.offset")
+    return {} if rows is None or offset is None else {"max_position_embeddings": rows + offset}
+
+
 _ROBERTA = {
     "encoder.input.vocab": F("vocab_size", 30522),
     "encoder.input.padding_idx": padding(1),
-    "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",)),
-    "encoder.position.max_len": D(_positions, ("max_position_embeddings",)),
+    "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",), _write_first_row),
+    "encoder.position.max_len": D(_positions, ("max_position_embeddings",), _write_rows),
 }
 """RoBERTa's positions: token i reads row ``pad_token_id + 1 + i``; the table's rows are
 ``max_position_embeddings``. HF's ``create_position_ids_from_input_ids`` numbers only the tokens that are not
