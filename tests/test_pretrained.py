@@ -421,6 +421,7 @@ else:
 """
 
 
+@pytest.mark.slow  # two loads of 336 MB in child processes: ~2 min on a loaded 2-core machine
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc/self/status")
 def test_weights_larger_than_half_the_memory_left_load(big_llama: tuple[Path, int], tmp_path: Path) -> None:
     """A process allowed 1.5x the weights beyond what it holds (RLIMIT_DATA: the private memory it may map)
