@@ -48,6 +48,7 @@ __all__ = [
     "padding",
     "per_token",
     "sequence",
+    "task_classes",
 ]
 
 
@@ -116,6 +117,24 @@ def sequence(dense: str, fc: str, act: str = "tanh") -> Head:
         "head.ops": [{"kind": "linear"}, {"kind": "act", "fn": act}],
     }
     return Head(spec, {"head.ops.0": dense, "head.fc": fc})
+
+
+def task_classes(lm: Head, seq: Head) -> dict[str, Head]:
+    """The task classes of a BERT-like family: the base model, the token classifier and question answering (one
+    linear layer on every token, the same in every family), and the family's own masked LM and sequence
+    classifier.
+
+    Args:
+        lm: its ``*ForMaskedLM`` head (:func:`masked_lm`).
+        seq: its ``*ForSequenceClassification`` head (:func:`sequence`).
+    """
+    return {
+        "Model": BARE,
+        "ForTokenClassification": TOKENS,
+        "ForQuestionAnswering": QA,
+        "ForMaskedLM": lm,
+        "ForSequenceClassification": seq,
+    }
 
 
 def padding(default: int | None) -> D:
@@ -243,19 +262,16 @@ BERT = register(
             "gradient_checkpointing",  # older config.json files: a memory switch of training
         ),
         names=NAMES,
-        classes={
-            "Model": BARE,
-            "ForTokenClassification": TOKENS,
-            "ForQuestionAnswering": QA,
-            "ForMaskedLM": masked_lm(
+        classes=task_classes(
+            masked_lm(
                 "cls.predictions.transform.dense",
                 "cls.predictions.transform.LayerNorm",
                 "cls.predictions.decoder",
                 F("hidden_act", "gelu", map=ACTIVATIONS),
                 bias="cls.predictions.bias",
             ),
-            "ForSequenceClassification": sequence("bert.pooler.dense", "classifier"),
-        },
+            sequence("bert.pooler.dense", "classifier"),
+        ),
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.(?:position_ids|token_type_ids)",),  # index buffers, not weights
         backbone="bert.",

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.hf_bert import BERT, QA, TOKENS, dropout, encoder_family, masked_lm, padding, sequence
+from specvit.interop.hf_bert import BERT, dropout, encoder_family, masked_lm, padding, sequence, task_classes
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Head, Name, Only, Table, count, register
+from specvit.interop.table import D, F, Name, Only, Table, count, register
 
 __all__: list[str] = []
 
@@ -52,19 +52,7 @@ the pad id, so the two agree where the padding trails the text and is masked (ri
 pad by default); a left-padded batch, or a pad id inside the text, moves HF's positions and not specvit's."""
 
 
-def _classes(lm: Head, seq: Head) -> dict[str, Head]:
-    """A family's task classes: BERT's base model, token classifier and question answering, its own masked
-    LM and sequence classifier."""
-    return {
-        "Model": BARE,
-        "ForTokenClassification": TOKENS,
-        "ForQuestionAnswering": QA,
-        "ForMaskedLM": lm,
-        "ForSequenceClassification": seq,
-    }
-
-
-_RO_CLASSES = _classes(
+_RO_CLASSES = task_classes(
     masked_lm("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "gelu", bias="lm_head.bias"),
     sequence("classifier.dense", "classifier.out_proj"),  # on <s>, with tanh
 )
@@ -107,7 +95,7 @@ ELECTRA = register(
             "summary_last_dropout",
         ),  # MultipleChoice
         names={"encoder.embed_proj": "embeddings_project"},
-        classes=_classes(
+        classes=task_classes(
             masked_lm(  # the generator's: exact GELU, to the embeddings' width, the tied decoder's own bias
                 "generator_predictions.dense",
                 "generator_predictions.LayerNorm",
@@ -189,7 +177,7 @@ ALBERT = register(
         ),
         inert=("classifier_dropout_prob",),
         names=ALBERT_NAMES,
-        classes=_classes(
+        classes=task_classes(
             masked_lm(
                 "predictions.dense",
                 "predictions.LayerNorm",
@@ -242,7 +230,7 @@ DISTILBERT = register(
             _BLOCK + "mlp.fc2": _DISTIL + "ffn.lin2",
             _BLOCK + "norm2": _DISTIL + "output_layer_norm",
         },
-        classes=_classes(
+        classes=task_classes(
             masked_lm(  # its norm's eps is 1e-12, as the blocks'
                 "vocab_transform",
                 "vocab_layer_norm",
