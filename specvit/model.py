@@ -325,7 +325,7 @@ class EncoderDecoderModel(SpecModel):
         """Translate ``src``: the encoder runs once, the decoder one token at a time from ``bos_id``.
 
         Args:
-            src: encoder input.
+            src: encoder input: token ids, or what the encoder's input takes (a signal, features).
             max_new_tokens: the most tokens to generate after BOS.
             bos_id: the first decoder token.
             eos_id: a row stops at this id (its later positions hold ``pad_id``); stop when all rows have.
@@ -341,8 +341,9 @@ class EncoderDecoderModel(SpecModel):
         """
         from specvit.generate import _check_prompt, _integer, decode_loop
 
-        _check_prompt(src)
-        self._check_ids(src, "src", "src")
+        if self._vocab("src") is not None:  # token ids; a signal (Whisper's features) is checked by _check
+            _check_prompt(src)
+            self._check_ids(src, "src", "src")
         vocab = self._vocab("tgt")
         bos_id = _integer(bos_id, "bos_id", low=0, high=argcheck.INT64_MAX)
         self._check_ids(torch.tensor([bos_id]), "tgt", "bos_id")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 from specvit.compile import build_model
 from specvit.convert import Source, convert_state_dict
+from specvit.errors import SpecError
 from specvit.model import SpecModel
 from specvit.spec.schema import Spec
 
@@ -25,15 +28,118 @@ def perturbed(model: nn.Module, seed: int) -> nn.Module:
     return model.eval()
 
 
-def noised(model: nn.Module, seed: int, std: float = 0.08) -> nn.Module:
+def noised(model: nn.Module, seed: int, std: float = 0.08, *, frozen: bool = True) -> nn.Module:
     """``model`` in eval mode with N(0, std) added to every weight and persistent buffer (what a checkpoint
-    holds), as the import issue asks of its references."""
+    holds), as the import issue asks of its references.
+
+    Args:
+        model: the reference.
+        seed: seeds the noise.
+        std: its standard deviation.
+        frozen: noise the parameters without gradient too; False keeps them as computed (the same noise is
+            drawn for the others either way).
+    """
     gen = torch.Generator().manual_seed(seed)
+    kept = (
+        {} if frozen else {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    )
     with torch.no_grad():
         for t in model.state_dict().values():
             if t.is_floating_point():
                 t.add_(torch.randn(t.shape, generator=gen) * std)
+        for name, table in kept.items():
+            model.get_parameter(name).copy_(table)
     return model.eval()
+
+
+def hf_noised(cls: str, config: Any, seed: int = 0, std: float = 0.08, **kwargs: Any) -> nn.Module:
+    """transformers' class ``cls`` of ``config`` with seeded random weights, every weight and buffer moved by
+    N(0, std) (see :func:`noised`) but its frozen tables: parameters without gradient (Whisper's, Marian's and
+    Pegasus' sinusoids) are computed by HF, and by specvit, not learned, and a checkpoint holds them as computed.
+
+    Args:
+        cls: the class's name in ``transformers`` (``WhisperForConditionalGeneration``).
+        config: its config.
+        seed: seeds the weights and the noise.
+        std: the noise's standard deviation.
+        kwargs: more arguments of the class (``add_pooling_layer=False``).
+    """
+    return noised(hf_model(cls, config, seed, **kwargs), seed, std, frozen=False)
+
+
+def hf_model(cls: str, config: Any, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """transformers' class ``cls`` of ``config``, its random weights seeded by ``seed`` (not yet noised).
+
+    Args:
+        cls: the class's name in ``transformers``.
+        config: its config.
+        seed: seeds the weights.
+        kwargs: more arguments of the class.
+    """
+    import transformers
+
+    torch.manual_seed(seed)
+    return getattr(transformers, cls)(config, **kwargs)
+
+
+def hf_config(ref: nn.Module) -> dict[str, Any]:
+    """An HF model's config as its config.json holds it (``architectures`` names the class)."""
+    return ref.config.to_dict() | {"architectures": [type(ref).__name__]}
+
+
+def unswitched(table: Any, switched: Iterable[str], *exempt: Iterable[str]) -> list[str]:
+    """The config fields a family's table reads that no test switches, less the ``exempt`` sets (sizes the
+    cases set, fields that act in training only) and the fields every config has.
+
+    Args:
+        table: the family's :class:`~specvit.interop.table.Table`.
+        switched: the fields the tests switch.
+        exempt: sets of fields switched elsewhere or inert in eval.
+    """
+    from specvit.interop.table import COMMON
+
+    left = table.fields() - set(switched) - set(COMMON)
+    for fields in exempt:
+        left -= set(fields)
+    return sorted(left)
+
+
+def check_table_defaults(table: Any, config_class: str, model_type: str, *, whole: bool = True) -> None:
+    """Each field a table reads has the config class's default, and a config of no fields is the class's own.
+
+    Args:
+        table: the family's table.
+        config_class: the config class's name in ``transformers`` (``WhisperConfig``).
+        model_type: the family's model type.
+        whole: check the spec of a config of no fields too (a config class may write derived fields in:
+            Llama's num_key_value_heads, so a decoder's spec says kv_heads where a config.json leaves it out).
+    """
+    import transformers
+
+    import specvit
+    from specvit.interop.table import F
+
+    defaults = getattr(transformers, config_class)()
+    for key, value in table.entries().items():
+        if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
+            assert value.default == getattr(defaults, value.name), (model_type, key, value.name)
+    if whole:
+        assert specvit.from_hf({"model_type": model_type}) == specvit.from_hf(defaults)
+
+
+def check_refused(config: Mapping[str, Any], change: Mapping[str, Any], message: str) -> None:
+    """``config`` is read, and ``config`` with ``change`` is refused with a SpecError saying ``message``.
+
+    Args:
+        config: a config that reads (the control).
+        change: fields changed or added.
+        message: text the refusal holds, taken literally.
+    """
+    import specvit
+
+    specvit.from_hf(dict(config))
+    with pytest.raises(SpecError, match=re.escape(message)):
+        specvit.from_hf(dict(config) | dict(change))
 
 
 def converted(ref: nn.Module, spec: Spec, source: Source = "hf") -> SpecModel:

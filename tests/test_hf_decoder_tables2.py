@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted, noised
+from reference import check_refused, check_table_defaults, converted, hf_noised, unswitched
 from torch import nn
 
 import specvit
 from specvit.errors import SpecError
-from specvit.interop.table import COMMON, TABLES, F, Table
+from specvit.interop.table import TABLES, F, Table
 
 VOCAB, N, ATOL, NOISE = 97, 16, 1e-4, 0.08
 IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)  # no end token: HF would hold it back
@@ -123,10 +123,7 @@ def _hf(family: str, seed: int = 0, **change: Any) -> nn.Module:
     import transformers
 
     config_name, model_name, kw, _ = CASES[family]
-    config = getattr(transformers, config_name)(**(kw | IDS | change))
-    torch.manual_seed(seed)
-    ref = getattr(transformers, model_name)(config).eval()
-    return noised(ref, seed, NOISE)
+    return hf_noised(model_name, getattr(transformers, config_name)(**(kw | IDS | change)), seed, NOISE)
 
 
 def _tokens(seed: int = 1) -> torch.Tensor:
@@ -179,11 +176,9 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
-    table = _table(family)
     switched = {switch[0] for switch in CASES[family][3]}
-    fields = table.fields()
-    untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - ROPE - CHECKED - COMMON
-    assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
+    untested = unswitched(_table(family), switched, SHAPES_ONLY, TRAINING_ONLY, ROPE, CHECKED)
+    assert not untested, f"{family}: fields read but never switched: {untested}"
 
 
 @pytest.mark.parametrize("family", CASES)
@@ -192,15 +187,9 @@ def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     model type alone) is the spec of the class's defaults, derived values (n_inner, multi_query) included."""
     import transformers
 
-    defaults = getattr(transformers, CASES[family][0])()
-    table = _table(family)
-    entries = table.entries()
-    checked = [v for v in entries.values() if isinstance(v, F) and v.default is not None]
-    assert checked
-    for value in checked:
-        if hasattr(defaults, value.name):
-            assert value.default == getattr(defaults, value.name), (family, value.name)
-    assert _dump({"model_type": family}) == _dump(defaults)
+    assert any(isinstance(v, F) and v.default is not None for v in _table(family).entries().values())
+    check_table_defaults(_table(family), CASES[family][0], family, whole=False)
+    assert _dump({"model_type": family}) == _dump(getattr(transformers, CASES[family][0])())
 
 
 def _dump(config: Any) -> dict[str, Any]:
@@ -215,12 +204,10 @@ def _dump(config: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("family", CASES)
 def test_a_field_no_table_reads_is_refused(family: str) -> None:
-    config = _hf(family).config.to_dict()
-    specvit.from_hf(config)  # the control: every field of the class is accounted for
-    with pytest.raises(
-        SpecError, match=rf"config\.clip_logits: {family} config has clip_logits=4.0: specvit's"
-    ):
-        specvit.from_hf(config | {"clip_logits": 4.0})
+    message = f"config.clip_logits: {family} config has clip_logits=4.0: specvit's"
+    check_refused(
+        _hf(family).config.to_dict(), {"clip_logits": 4.0}, message
+    )  # every field of the class is read
 
 
 @pytest.mark.parametrize(

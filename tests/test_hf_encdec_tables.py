@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted, noised
+from reference import check_refused, check_table_defaults, converted, hf_config, hf_model, noised, unswitched
 from torch import nn
 
 import specvit
 from specvit.convert import convert_state_dict
-from specvit.errors import SpecError
 from specvit.interop.hf import spec_dict
-from specvit.interop.table import COMMON, TABLES, F, Table
+from specvit.interop.table import TABLES, Table
 from specvit.spec.loader import parse_spec
 
 VOCAB, S, T, ATOL, NOISE = 97, 13, 9, 1e-4, 0.08
@@ -109,20 +108,13 @@ def _hf(family: str, suffix: str | None = None, seed: int = 0, **change: Any) ->
 
     prefix, lm, sizes, _ = CASES[family]
     config = getattr(transformers, prefix + "Config")(**(sizes | change))
-    torch.manual_seed(seed)
-    ref = getattr(transformers, prefix + (suffix or lm))(config)
+    ref = hf_model(prefix + (suffix or lm), config, seed)
     if hasattr(ref, "lm_head") and (family == "mt5" or change.get("tie_word_embeddings") is False):
         ref.lm_head.weight = nn.Parameter(ref.lm_head.weight.detach().clone())  # T5 classes tie it regardless
-    frozen = {n: p.detach().clone() for n, p in ref.named_parameters() if not p.requires_grad}
-    ref = noised(ref, seed, NOISE)
-    with torch.no_grad():
-        for name, table in frozen.items():
-            ref.get_parameter(name).copy_(table)
-    return ref
+    return noised(ref, seed, NOISE, frozen=False)
 
 
-def _config(ref: nn.Module) -> dict[str, Any]:
-    return ref.config.to_dict() | {"architectures": [type(ref).__name__]}
+_config = hf_config
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -223,30 +215,20 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     switched = {k for change in CASES[family][3] for k in change}
     switched |= {k for k, by in TOGETHER.items() if by in switched}
-    untested = _table(family).fields() - switched - SHAPES_ONLY - TRAINING_ONLY - COMMON
-    assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
+    untested = unswitched(_table(family), switched, SHAPES_ONLY, TRAINING_ONLY)
+    assert not untested, f"{family}: fields read but never switched: {untested}"
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     """Each field's default is the config class's, and a config that leaves every field out is the class's."""
-    import transformers
-
-    defaults = getattr(transformers, CASES[family][0] + "Config")()
-    for key, value in _table(family).entries().items():
-        if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
-            assert value.default == getattr(defaults, value.name), (family, key, value.name)
-    assert specvit.from_hf({"model_type": family}) == specvit.from_hf(defaults)
+    check_table_defaults(_table(family), CASES[family][0] + "Config", family)
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_a_field_no_table_reads_is_refused(family: str) -> None:
-    config = _config(_hf(family))
-    specvit.from_hf(config)  # the control: every field of the class is accounted for
-    with pytest.raises(
-        SpecError, match=rf"config\.clip_logits: {family} config has clip_logits=4.0: specvit's"
-    ):
-        specvit.from_hf(config | {"clip_logits": 4.0})
+    message = f"config.clip_logits: {family} config has clip_logits=4.0: specvit's"
+    check_refused(_config(_hf(family)), {"clip_logits": 4.0}, message)  # every field of the class is read
 
 
 def test_training_fields_reach_the_spec() -> None:
@@ -255,13 +237,6 @@ def test_training_fields_reach_the_spec() -> None:
     for stack in (spec.encoder, spec.decoder):
         drop = stack.dropout
         assert (drop.embedding, drop.attention, drop.projection, drop.mlp) == (0.25, 0.5, 0.25, 0.25)
-
-
-def _refused(family: str, change: dict[str, Any], message: str) -> None:
-    config = _config(_hf(family))
-    specvit.from_hf(config)  # the control
-    with pytest.raises(SpecError, match=re.escape(message)):
-        specvit.from_hf(config | change)
 
 
 @pytest.mark.parametrize(
@@ -295,7 +270,7 @@ def _refused(family: str, change: dict[str, Any], message: str) -> None:
          "m2m_no_pad", "t5_ff", "t5_act", "mt5_gate", "t5_class", "marian_class"],
 )  # fmt: skip
 def test_values_a_table_cannot_state_are_refused(family: str, change: dict[str, Any], message: str) -> None:
-    _refused(family, change, message)
+    check_refused(_config(_hf(family)), change, message)
 
 
 @pytest.mark.parametrize("family", ["marian", "pegasus"])

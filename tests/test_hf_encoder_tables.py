@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted, noised
+from reference import check_refused, check_table_defaults, converted, hf_config, hf_noised, unswitched
 from torch import nn
 
 import specvit
 from specvit.convert import convert_state_dict
-from specvit.errors import SpecError
-from specvit.interop.table import COMMON, TABLES, F, Table
+from specvit.interop.table import TABLES, Table
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, N, ATOL, NOISE = 97, 12, 1e-4, 0.08
@@ -109,14 +108,10 @@ def _hf(family: str, suffix: str | None = None, seed: int = 0, **change: Any) ->
     config = getattr(transformers, prefix + "Config")(**(sizes | labels | change))
     model_class = getattr(transformers, prefix + suffix)
     pooled = "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
-    torch.manual_seed(seed)
-    ref = model_class(config, add_pooling_layer=False) if pooled else model_class(config)
-    return noised(ref, seed, NOISE)
+    return hf_noised(prefix + suffix, config, seed, NOISE, **({"add_pooling_layer": False} if pooled else {}))
 
 
-def _config(ref: nn.Module) -> dict[str, Any]:
-    """The reference's config as a config.json of its class holds it (``architectures`` names the class)."""
-    return ref.config.to_dict() | {"architectures": [type(ref).__name__]}
+_config = hf_config
 
 
 def _inputs(ref: nn.Module) -> dict[str, torch.Tensor]:
@@ -189,35 +184,22 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
-    table = _table(family)
-    switched = {k for k, *_ in CASES[family][2]}
-    fields = table.fields()
-    untested = fields - switched - SHAPES_ONLY - TRAINING_ONLY - LEGACY - COMMON
-    assert not untested, f"{family}: fields read but never switched: {sorted(untested)}"
+    untested = unswitched(
+        _table(family), {k for k, *_ in CASES[family][2]}, SHAPES_ONLY, TRAINING_ONLY, LEGACY
+    )
+    assert not untested, f"{family}: fields read but never switched: {untested}"
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     """Each field's default is the config class's, and a config that leaves every field out is the class's."""
-    import transformers
-
-    defaults = getattr(transformers, CASES[family][0] + "Config")()
-    table = _table(family)
-    entries = table.entries()
-    for key, value in entries.items():
-        if isinstance(value, F) and value.default is not None and hasattr(defaults, value.name):
-            assert value.default == getattr(defaults, value.name), (family, key, value.name)
-    assert specvit.from_hf({"model_type": family}) == specvit.from_hf(defaults)
+    check_table_defaults(_table(family), CASES[family][0] + "Config", family)
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_a_field_no_table_reads_is_refused(family: str) -> None:
-    config = _config(_hf(family))
-    specvit.from_hf(config)  # the control: every field of the class is accounted for
-    with pytest.raises(
-        SpecError, match=rf"config\.clip_logits: {family} config has clip_logits=4.0: specvit's"
-    ):
-        specvit.from_hf(config | {"clip_logits": 4.0})
+    message = f"config.clip_logits: {family} config has clip_logits=4.0: specvit's"
+    check_refused(_config(_hf(family)), {"clip_logits": 4.0}, message)  # every field of the class is read
 
 
 def test_training_fields_reach_the_spec() -> None:
@@ -250,10 +232,7 @@ def test_older_modernbert_configs_are_read() -> None:
 
 
 def _refused(family: str, suffix: str, change: dict[str, Any], message: str) -> None:
-    config = _config(_hf(family, suffix))
-    specvit.from_hf(config)  # the control
-    with pytest.raises(SpecError, match=re.escape(message)):
-        specvit.from_hf(config | change)
+    check_refused(_config(_hf(family, suffix)), change, message)
 
 
 @pytest.mark.parametrize(

@@ -391,3 +391,55 @@ def test_weights_are_held_once_while_they_load(big_llama: tuple[Path, int], tmp_
     )
     assert 0.9 * weights <= ours < 1.4 * weights
     assert naive >= 1.4 * weights
+
+
+_LIMITED = """
+import resource
+import sys
+import specvit
+from safetensors.torch import load_file
+from specvit.compile import build_model
+from specvit.convert import convert_state_dict
+
+side, big, small, weights = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+specvit.from_pretrained(small)  # imports and one-time set-up
+spec = specvit.from_hf(big + "/config.json")
+with open("/proc/self/status") as f:
+    held = next(int(line.split()[1]) for line in f if line.startswith("VmData:")) * 1024
+# the memory this process may still take: 1.5x the weights, so the weights are 2/3 of it
+resource.setrlimit(resource.RLIMIT_DATA, (held + weights * 3 // 2, resource.RLIM_INFINITY))
+try:
+    if side == "ours":
+        model = specvit.from_pretrained(big)
+    else:
+        model = build_model(spec)
+        model.load_state_dict(convert_state_dict(load_file(big + "/model.safetensors"), "hf", spec))
+except (MemoryError, RuntimeError) as exc:
+    print("out of memory:", str(exc)[:200])
+else:
+    print("loaded", sum(p.numel() for p in model.parameters()))
+"""
+
+
+@pytest.mark.slow  # two loads of 336 MB in child processes: ~2 min on a loaded 2-core machine
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc/self/status")
+def test_weights_larger_than_half_the_memory_left_load(big_llama: tuple[Path, int], tmp_path: Path) -> None:
+    """A process allowed 1.5x the weights beyond what it holds (RLIMIT_DATA: the private memory it may map)
+    loads a model whose weights are two thirds of that: the weights are read once into the model built on the
+    meta device. The control, a model built with its own weights and a state dict loaded into it (two copies),
+    runs out of the same memory."""
+    big, weights = big_llama
+    small = write_hf("llama_gqa", tmp_path / "small")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+
+    def run(side: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, "-c", _LIMITED, side, str(big), str(small), str(weights)]
+        return subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT)
+
+    ours = run("ours")
+    assert ours.returncode == 0 and "loaded" in ours.stdout, ours.stdout + ours.stderr[-2000:]
+    params = int(ours.stdout.split()[-1])
+    assert params * 4 == weights  # every weight, float32
+    naive = run("naive")
+    assert "loaded" not in naive.stdout, naive.stdout  # out of memory (an exception, or the process killed)

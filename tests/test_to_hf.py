@@ -4,6 +4,7 @@ refused with the keys that differ from the closest family, and nothing is writte
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,9 +83,9 @@ def test_sliding_windows_of_some_layers_become_layer_types() -> None:
             "decoder.block.norm.kind is 'layernorm' in the spec, 'rmsnorm' in HF's",
         ),
         (
-            "vit_tiny_patch16_224",
+            "swin_tiny_patch4_window7_224",  # (timm's ViT presets are HF's ViT: their square size is one integer)
             {},
-            "spec 'vit_tiny_patch16_224' is no HF model class specvit's tables state",
+            "spec 'swin_tiny_patch4_window7_224' is no HF model class specvit's tables state",
         ),
     ],
 )
@@ -98,3 +99,44 @@ def test_a_spec_no_family_states_is_refused_and_nothing_written(
         specvit.to_hf(model, tmp_path / "out")
     assert message in str(info.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_transformers_is_named_when_it_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """to_hf reads the class's weights' names from transformers: without it, it says what to install (from_hf
+    reads configs without it) and writes nothing."""
+    spec = specvit.load_spec(ROOT / "docs" / "examples" / "qwen2_tiny.yaml")
+    model = specvit.build_model(spec, device="meta")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    assert specvit.from_hf({"model_type": "qwen2"}).model == "decoder"
+    with pytest.raises(SpecError, match=r"to_hf needs transformers \(pip install transformers\)"):
+        specvit.to_hf(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("family", "cls"),
+    [("bert", "ForMaskedLM"), ("roberta", "ForSequenceClassification"), ("xlm-roberta", "ForTokenClassification"),
+     ("distilbert", "Model"), ("vit", "ViTForImageClassification"), ("deit", "DeiTForImageClassificationWithTeacher"),
+     ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM")],
+)  # fmt: skip
+def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
+    """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
+    outputs (padding ids write pad_token_id back, RoBERTa's offset too, a square image its one size)."""
+    import test_hf_decoder_tables2 as decoders
+    import test_hf_encoder_tables as encoders
+    import test_hf_vision_tables as towers
+    import transformers
+
+    if family in encoders.CASES:
+        ref, x = encoders._hf(family, cls), {"input_ids": _tokens()[:, :12]}
+    elif family in towers.CASES:
+        ref, x = towers._hf(family, cls), {"pixel_values": torch.randn(2, 3, 32, 32)}
+    else:
+        ref, x = decoders._hf(family), {"input_ids": _tokens()}
+    ours = converted(ref, specvit.from_hf(ref.config.to_dict() | {"architectures": [type(ref).__name__]}))
+    back = getattr(transformers, type(ref).__name__).from_pretrained(specvit.to_hf(ours, tmp_path / "back"))
+    assert type(back) is type(ref)
+    with torch.no_grad():
+        want, got = ref(**x), back.eval()(**x)
+    name = "logits" if hasattr(want, "logits") else "last_hidden_state"
+    assert (getattr(got, name) - getattr(want, name)).abs().max().item() <= 1e-5

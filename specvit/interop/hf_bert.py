@@ -15,13 +15,26 @@ the pooler's dense layer and tanh (RoBERTa's classification head: the same on ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from specvit.interop.layout import batched
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Head, Name, Only, Renamed, Table, count, register
+from specvit.interop.table import (
+    BARE,
+    D,
+    F,
+    Head,
+    Name,
+    Only,
+    Renamed,
+    Table,
+    count,
+    labels,
+    per_token,
+    register,
+)
 
 __all__ = [
     "BERT",
@@ -35,38 +48,8 @@ __all__ = [
     "padding",
     "per_token",
     "sequence",
+    "task_classes",
 ]
-
-
-def labels(exactly: int | None = None) -> D:
-    """The number of a task head's outputs: HF's ``num_labels``, the length of ``id2label``.
-
-    Args:
-        exactly: the one count the class computes with (question answering splits its two outputs into
-            start and end logits); another is refused.
-    """
-
-    def read(c: Config, spec: Mapping[str, Any]) -> int:
-        names = c.get("id2label", kind=dict)
-        n = 2 if names is None else len(names)  # PreTrainedConfig's default: two labels
-        if n < 1 or (exactly is not None and n != exactly):
-            want = f"exactly {exactly}" if exactly is not None else "at least one"
-            raise c.refuse("id2label", names, f"the head needs {want} label(s)", f"give {want} label(s)")
-        return n
-
-    return D(read, ("id2label",))
-
-
-def per_token(module: str, outputs: D | None = None) -> Head:
-    """A task class whose head is one linear layer (with a bias) on every token, not tied to the embedding:
-    written as an ``lm`` head of ``len(id2label)`` outputs.
-
-    Args:
-        module: the head's HF module, outside the backbone (``classifier``, ``qa_outputs``).
-        outputs: the number of outputs (default :func:`labels`).
-    """
-    entries = {"head.kind": "lm", "head.vocab": outputs or labels(), "head.bias": True, "head.tied": False}
-    return Head(entries, {"head.fc": module})
 
 
 TOKENS = per_token("classifier")
@@ -136,6 +119,24 @@ def sequence(dense: str, fc: str, act: str = "tanh") -> Head:
     return Head(spec, {"head.ops.0": dense, "head.fc": fc})
 
 
+def task_classes(lm: Head, seq: Head) -> dict[str, Head]:
+    """The task classes of a BERT-like family: the base model, the token classifier and question answering (one
+    linear layer on every token, the same in every family), and the family's own masked LM and sequence
+    classifier.
+
+    Args:
+        lm: its ``*ForMaskedLM`` head (:func:`masked_lm`).
+        seq: its ``*ForSequenceClassification`` head (:func:`sequence`).
+    """
+    return {
+        "Model": BARE,
+        "ForTokenClassification": TOKENS,
+        "ForQuestionAnswering": QA,
+        "ForMaskedLM": lm,
+        "ForSequenceClassification": seq,
+    }
+
+
 def padding(default: int | None) -> D:
     """The token embedding's ``padding_idx``: the config's ``pad_token_id`` (no row when it is null).
 
@@ -148,7 +149,10 @@ def padding(default: int | None) -> D:
             return None
         return c.get("pad_token_id", default, int)
 
-    return D(read, ("pad_token_id",))
+    def write(value: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        return {"pad_token_id": value}
+
+    return D(read, ("pad_token_id",), write)
 
 
 def dropout(hidden: str, attention: str, default: float, *, projection: bool = True) -> dict[str, F | float]:
@@ -258,19 +262,16 @@ BERT = register(
             "gradient_checkpointing",  # older config.json files: a memory switch of training
         ),
         names=NAMES,
-        classes={
-            "Model": BARE,
-            "ForTokenClassification": TOKENS,
-            "ForQuestionAnswering": QA,
-            "ForMaskedLM": masked_lm(
+        classes=task_classes(
+            masked_lm(
                 "cls.predictions.transform.dense",
                 "cls.predictions.transform.LayerNorm",
                 "cls.predictions.decoder",
                 F("hidden_act", "gelu", map=ACTIVATIONS),
                 bias="cls.predictions.bias",
             ),
-            "ForSequenceClassification": sequence("bert.pooler.dense", "classifier"),
-        },
+            sequence("bert.pooler.dense", "classifier"),
+        ),
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.(?:position_ids|token_type_ids)",),  # index buffers, not weights
         backbone="bert.",

@@ -152,7 +152,7 @@ OLMO = register(
             "decoder.block.norm.eps": 1e-5,  # fixed in OlmoLayerNorm
             "decoder.block.mlp.bias": False,
         },
-        drop=(*_LLAMA_ONLY, "decoder.block.head_dim"),
+        drop=(*_LLAMA_ONLY, "decoder.block.head_dim", "ForTokenClassification"),  # no such HF class
         only=(Only("clip_qkv", None, (None,), "clipping q, k and v has no spec key"),),
     )
 )

@@ -105,7 +105,7 @@ COHERE = register(
             "decoder.block.mlp.hidden": F("intermediate_size", 22528),
             "decoder.block.mlp.bias": False,
         },
-        drop=("pretraining_tp",),
+        drop=("pretraining_tp", "ForSequenceClassification", "ForTokenClassification"),  # no such HF classes
         only=(_per_head_norm("use_qk_norm"),),
         # the logits times logit_scale: for a head without a bias, the tokens times it before the head
         classes={"ForCausalLM": lm(tied=True, scale=F("logit_scale", 0.0625))},

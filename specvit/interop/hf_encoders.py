@@ -3,12 +3,12 @@ changes: RoBERTa, XLM-RoBERTa, CamemBERT, Data2VecText, ELECTRA, ALBERT and Dist
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.hf_bert import BERT, QA, TOKENS, dropout, encoder_family, masked_lm, padding, sequence
+from specvit.interop.hf_bert import BERT, dropout, encoder_family, masked_lm, padding, sequence, task_classes
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Head, Name, Only, Table, count, register
+from specvit.interop.table import D, F, Name, Only, Table, count, register
 
 __all__: list[str] = []
 
@@ -31,11 +31,20 @@ def _positions(c: Config, spec: Mapping[str, Any]) -> int:
     return int(c.get("max_position_embeddings", 512)) - _first_row(c)
 
 
+def _write_first_row(offset: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {} if offset is None else {"pad_token_id": offset - 1}
+
+
+def _write_rows(rows: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    offset = get("encoder.position.offset")
+    return {} if rows is None or offset is None else {"max_position_embeddings": rows + offset}
+
+
 _ROBERTA = {
     "encoder.input.vocab": F("vocab_size", 30522),
     "encoder.input.padding_idx": padding(1),
-    "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",)),
-    "encoder.position.max_len": D(_positions, ("max_position_embeddings",)),
+    "encoder.position.offset": D(lambda c, spec: _first_row(c), ("pad_token_id",), _write_first_row),
+    "encoder.position.max_len": D(_positions, ("max_position_embeddings",), _write_rows),
 }
 """RoBERTa's positions: token i reads row ``pad_token_id + 1 + i``; the table's rows are
 ``max_position_embeddings``. HF's ``create_position_ids_from_input_ids`` numbers only the tokens that are not
@@ -43,19 +52,7 @@ the pad id, so the two agree where the padding trails the text and is masked (ri
 pad by default); a left-padded batch, or a pad id inside the text, moves HF's positions and not specvit's."""
 
 
-def _classes(lm: Head, seq: Head) -> dict[str, Head]:
-    """A family's task classes: BERT's base model, token classifier and question answering, its own masked
-    LM and sequence classifier."""
-    return {
-        "Model": BARE,
-        "ForTokenClassification": TOKENS,
-        "ForQuestionAnswering": QA,
-        "ForMaskedLM": lm,
-        "ForSequenceClassification": seq,
-    }
-
-
-_RO_CLASSES = _classes(
+_RO_CLASSES = task_classes(
     masked_lm("lm_head.dense", "lm_head.layer_norm", "lm_head.decoder", "gelu", bias="lm_head.bias"),
     sequence("classifier.dense", "classifier.out_proj"),  # on <s>, with tanh
 )
@@ -98,7 +95,7 @@ ELECTRA = register(
             "summary_last_dropout",
         ),  # MultipleChoice
         names={"encoder.embed_proj": "embeddings_project"},
-        classes=_classes(
+        classes=task_classes(
             masked_lm(  # the generator's: exact GELU, to the embeddings' width, the tied decoder's own bias
                 "generator_predictions.dense",
                 "generator_predictions.LayerNorm",
@@ -180,7 +177,7 @@ ALBERT = register(
         ),
         inert=("classifier_dropout_prob",),
         names=ALBERT_NAMES,
-        classes=_classes(
+        classes=task_classes(
             masked_lm(
                 "predictions.dense",
                 "predictions.LayerNorm",
@@ -233,7 +230,7 @@ DISTILBERT = register(
             _BLOCK + "mlp.fc2": _DISTIL + "ffn.lin2",
             _BLOCK + "norm2": _DISTIL + "output_layer_norm",
         },
-        classes=_classes(
+        classes=task_classes(
             masked_lm(  # its norm's eps is 1e-12, as the blocks'
                 "vocab_transform",
                 "vocab_layer_norm",

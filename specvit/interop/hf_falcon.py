@@ -21,7 +21,20 @@ from torch import Tensor
 from specvit.interop.hf_decoders2 import full_rope
 from specvit.interop.layout import Transform
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Name, Only, Renamed, Table, count, lm, register
+from specvit.interop.table import (
+    BARE,
+    SEQUENCE,
+    D,
+    F,
+    Name,
+    Only,
+    Renamed,
+    Table,
+    count,
+    lm,
+    per_token,
+    register,
+)
 from specvit.interop.variants import variant
 
 __all__ = ["FALCON", "grouped_qkv"]
@@ -156,7 +169,12 @@ FALCON = register(
                 "decoder.blocks.{i}.mlp.fc2": _H + "mlp.dense_4h_to_h",
                 "decoder.norm": "ln_f",
             },
-            classes={"Model": BARE, "ForCausalLM": lm(tied=True)},
+            classes={
+                "Model": BARE,
+                "ForCausalLM": lm(tied=True),
+                "ForSequenceClassification": SEQUENCE,
+                "ForTokenClassification": per_token("classifier"),
+            },
             backbone="transformer.",
         ),
         _names,

@@ -17,7 +17,7 @@ from typing import Any
 
 from specvit.interop.layout import batched, conv1d
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, D, F, Only, Renamed, Table, count, lm, register
+from specvit.interop.table import BARE, SEQUENCE, D, F, Only, Renamed, Table, count, lm, per_token, register
 from specvit.interop.variants import per_head_qkv, variant
 
 __all__ = ["GPT2"]
@@ -113,7 +113,12 @@ GPT2 = register(
             "decoder.blocks.{i}.mlp.fc2": Renamed(_H + "mlp.c_proj", conv1d),
             "decoder.norm": "ln_f",
         },
-        classes={"Model": BARE, "LMHeadModel": lm(tied=True)},
+        classes={
+            "Model": BARE,
+            "LMHeadModel": lm(tied=True),
+            "ForSequenceClassification": SEQUENCE,
+            "ForTokenClassification": per_token("classifier"),
+        },
         default="LMHeadModel",
         ignore=(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)",),  # causal-mask buffers
         backbone="transformer.",
@@ -144,7 +149,12 @@ _BIGCODE = variant(GPT2, per_head_qkv(_H + "attn.c_attn")).but(
 BIGCODE = register(
     replace(
         _BIGCODE,
-        classes={"Model": BARE, "ForCausalLM": lm(tied=True)},
+        classes={
+            "Model": BARE,
+            "ForCausalLM": lm(tied=True),
+            "ForSequenceClassification": SEQUENCE,
+            "ForTokenClassification": per_token("classifier"),
+        },
         default="ForCausalLM",
         # the softmax's precision in half precision (fp32 computes the same); num_key_value_heads is
         # multi_query's, which HF recomputes from it. No multiple-choice head.
@@ -204,7 +214,7 @@ GPTJ = register(
             "decoder.blocks.{i}.mlp.fc2": _H + "mlp.fc_out",
             "decoder.norm": "ln_f",
         },
-        classes={"Model": BARE, "ForCausalLM": lm(bias=True)},
+        classes={"Model": BARE, "ForCausalLM": lm(bias=True), "ForSequenceClassification": SEQUENCE},
         ignore=(r"(?:transformer\.)?h\.\d+\.attn\.(?:bias|masked_bias)",),  # transformers 4's mask buffers
         backbone="transformer.",
     )
@@ -289,6 +299,6 @@ OPT = register(
             "decoder.blocks.{i}.mlp.fc2": _OPT + "fc2",
             "decoder.norm": "decoder.final_layer_norm",
         },
-        classes={"Model": BARE, "ForCausalLM": lm(tied=True)},
+        classes={"Model": BARE, "ForCausalLM": lm(tied=True), "ForSequenceClassification": SEQUENCE},
     )
 )

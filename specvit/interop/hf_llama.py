@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.registry import Config
-from specvit.interop.table import D, F, Only, Table, count, register
+from specvit.interop.table import BARE, LM, SEQUENCE, D, F, Only, Table, count, per_token, register
 
 __all__ = ["GATED", "LLAMA", "head_dim", "rope", "sliding"]
 
@@ -192,6 +192,14 @@ LLAMA = register(
             "decoder.blocks.{i}.mlp.fc1": (_LAYER + "mlp.gate_proj", _LAYER + "mlp.up_proj"),
             "decoder.blocks.{i}.mlp.fc2": _LAYER + "mlp.down_proj",
             "decoder.norm": "norm",
+        },
+        classes={
+            "Model": BARE,
+            "ForCausalLM": LM,
+            "ForSequenceClassification": SEQUENCE,
+            "ForTokenClassification": per_token(
+                "score"
+            ),  # GenericForTokenClassification: a bias, every token
         },
         ignore=(r".*rotary_emb\.inv_freq",),
     )

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specvit.interop.registry import Config
-from specvit.interop.table import BARE, COMMON, D, F, Only, Table, count, lm, register
+from specvit.interop.table import BARE, COMMON, SEQUENCE, D, F, Only, Table, count, lm, per_token, register
 
 __all__ = ["MPT"]
 
@@ -111,7 +111,12 @@ MPT = register(
             "decoder.blocks.{i}.mlp.fc2": "blocks.{i}.ffn.down_proj",
             "decoder.norm": "norm_f",
         },
-        classes={"Model": BARE, "ForCausalLM": lm(tied=True)},
+        classes={
+            "Model": BARE,
+            "ForCausalLM": lm(tied=True),
+            "ForSequenceClassification": SEQUENCE,
+            "ForTokenClassification": per_token("classifier"),
+        },
         backbone="transformer.",
     )
 )

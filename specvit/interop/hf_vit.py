@@ -164,8 +164,7 @@ DINOV2 = register(
             backbone="dinov2.",
             ignore=(r"(?:dinov2\.)?embeddings\.mask_token",),
         ),
-        # ViT's classes replaced: Dinov2ForImageClassification classifies the class token concatenated with
-        # the patches' mean, which no pool states
-        classes={"Model": BARE},
+        # Dinov2ForImageClassification classifies the class token concatenated with the patches' mean
+        classes={"Model": BARE, "ForImageClassification": classifier(pool="cls_mean")},
     )
 )

@@ -32,8 +32,10 @@ __all__ = [
     "Renamed",
     "Table",
     "count",
+    "labels",
     "lm",
     "name_table",
+    "per_token",
     "register",
 ]
 
@@ -102,6 +104,8 @@ class F:
         """The config field that reads as ``value`` (the first of the names a map sends to it)."""
         if self.map is not None:
             value = next((k for k, v in self.map.items() if v == value), value)
+        if isinstance(self.default, int) and isinstance(value, (list, tuple)) and len(set(value)) == 1:
+            value = value[0]  # a square image's (size, size), read from one integer field
         return {self.name: value}
 
     @property
@@ -197,30 +201,49 @@ def lm(tied: bool = False, **spec: Any) -> Head:
 LM = lm()
 
 
-def _labels(c: Config, spec: Mapping[str, Any]) -> int:
-    """The classes of a classifier: as many as ``id2label`` names (transformers' ``num_labels``, 2 by default)."""
-    labels = c.get("id2label", kind=dict)
-    return len(labels) if labels else 2
-
-
 def _write_labels(n: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
     return {"id2label": {str(i): f"LABEL_{i}" for i in range(n)}} if isinstance(n, int) else {}
 
 
-LABELS = D(_labels, ("id2label",), _write_labels)
+def labels(exactly: int | None = None) -> D:
+    """The number of a task head's outputs: HF's ``num_labels``, the length of ``id2label``.
+
+    Args:
+        exactly: the one count the class computes with (question answering splits its two outputs into
+            start and end logits); another is refused.
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int:
+        names = c.get("id2label", kind=dict)
+        n = len(names) if names else 2  # PreTrainedConfig's default: two labels
+        if exactly is not None and n != exactly:
+            raise c.refuse("id2label", names, f"the head needs exactly {exactly}", f"give {exactly} labels")
+        return n
+
+    return D(read, ("id2label",), _write_labels)
+
+
+LABELS = labels()
 """A classifier's classes: ``len(id2label)``, transformers' ``num_labels`` (2 when a config names none)."""
 
-SEQUENCE = Head(
-    {
-        "head.kind": "classifier",
-        "head.pool": "last",
-        "head.bias": False,
-        "head.classes": LABELS,
-    },
-    {"head.fc": "score"},
-)
+_LAST = {"head.kind": "classifier", "head.pool": "last", "head.bias": False, "head.classes": LABELS}
+SEQUENCE = Head(_LAST, {"head.fc": "score"})
 """A decoder's sequence classifier (``*ForSequenceClassification``): a linear without bias on the last token
 that is not padding. HF finds padding by ``pad_token_id`` in the ids; specvit by the padding mask."""
+
+
+def per_token(module: str, outputs: D | None = None) -> Head:
+    """A task class whose head is one linear layer (with a bias) on every token, not tied to the embedding:
+    written as an ``lm`` head of ``len(id2label)`` outputs.
+
+    Args:
+        module: the head's HF module, outside the backbone (``classifier``, ``qa_outputs``).
+        outputs: the number of outputs (default :func:`labels`).
+    """
+    entries = {"head.kind": "lm", "head.vocab": outputs or labels(), "head.bias": True, "head.tied": False}
+    return Head(entries, {"head.fc": module})
+
+
 BARE = Head({"head": "none"})
 """The base model: the final features, no head."""
 
@@ -280,7 +303,7 @@ class Table:
             name: the family's class prefix.
             model_types: its model types.
             spec: entries added or replaced.
-            drop: spec keys (and config fields of ``only``) the family does not have.
+            drop: spec keys (and config fields of ``only``, and task classes) the family does not have.
             only: checks added or replaced (by field).
             inert: fields added to the inert ones.
             names: module names added or replaced.
@@ -298,7 +321,7 @@ class Table:
             only=tuple(checks.values()),
             inert=self.inert + inert,
             names={**self.names, **(names or {})},
-            classes={**self.classes, **(classes or {})},
+            classes={k: v for k, v in {**self.classes, **(classes or {})}.items() if k not in drop},
             keys=keys or self.keys,
             **fields,
         )
@@ -308,8 +331,10 @@ class Table:
         return {**self.spec, **{k: v for head in self.classes.values() for k, v in head.spec.items()}}
 
     def fields(self) -> set[str]:
-        """The config fields the entries read."""
-        return {f for v in self.entries().values() if isinstance(v, (F, D)) for f in v.fields}
+        """The config fields the entries read, of every class (two classes may set one key: an LM head's
+        ``head.tied`` read from ``tie_word_embeddings``, a token classifier's a constant)."""
+        values = [*self.spec.values(), *(v for head in self.classes.values() for v in head.spec.values())]
+        return {f for v in values if isinstance(v, (F, D)) for f in v.fields}
 
     def known(self) -> set[str]:
         """Every config field the table accounts for."""
@@ -367,6 +392,8 @@ class Table:
                 parallel residual, q/k/v biases), so its names would place weights in modules that compute
                 something else.
         """
+        if spec.model != self.role:  # a decoder's names say nothing of an encoder-decoder's decoder
+            raise Misfit(f"HF {self.name} is a {self.role} model, but spec {spec.name!r} is a {spec.model}")
         stack = spec.stacks[self.role]
         kind = self.spec.get(f"{self.role}.input.kind")
         if isinstance(kind, str) and stack.input.kind != kind:  # a CLIPModel's keys name both towers

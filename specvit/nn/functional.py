@@ -54,6 +54,18 @@ def last_pool(x: Tensor, mask: Tensor | None = None) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), where]  # (B, D)
 
 
+def cls_mean_pool(x: Tensor, prefix: int, mask: Tensor | None = None) -> Tensor:
+    """The class token beside the mean of the tokens after the prefix (DINOv2's linear probe): (B, N, D) ->
+    (B, 2D).
+
+    Args:
+        x: (B, N, D) tokens, the first of them the class token, the first ``prefix`` class or register tokens.
+        prefix: how many leading tokens the mean leaves out.
+        mask: (B, N) bool, True = padding.
+    """
+    return torch.cat((x[:, 0], mean_pool(x, prefix, mask)), dim=-1)  # (B, 2D)
+
+
 def mean_pool(x: Tensor, prefix: int, mask: Tensor | None = None) -> Tensor:
     """The mean of the tokens after the prefix, skipping padding: (B, N, D) -> (B, D).
 

@@ -75,11 +75,12 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
 @dataclass(frozen=True)
 class PoolParams(Params):
     """Pool the tokens to one vector: the class token (``cls``), the first token (``first``: BERT's [CLS]
-    of the input), the mean of the rest (``mean``), the end-of-text token (``eos``, CLIP's text tower) or the
-    last token that is not padding (``last``).
+    of the input), the mean of the rest (``mean``), the class token beside that mean (``cls_mean``, twice as
+    wide: DINOv2's classifier), the end-of-text token (``eos``, CLIP's text tower) or the last token that is
+    not padding (``last``).
 
     Args:
-        kind: ``cls``, ``first``, ``mean``, ``eos`` or ``last``.
+        kind: ``cls``, ``first``, ``mean``, ``cls_mean``, ``eos`` or ``last``.
         prefix: the leading class and register tokens a mean leaves out.
         eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
     """
@@ -97,6 +98,7 @@ class Pool(Op):
     ports = ("x", "mask", "ids")
     helpers = (
         "specvit.nn.functional:cls_pool",
+        "specvit.nn.functional:cls_mean_pool",
         "specvit.nn.functional:eos_pool",
         "specvit.nn.functional:last_pool",
         "specvit.nn.functional:mean_pool",
@@ -104,7 +106,7 @@ class Pool(Op):
 
     def shape(self, p: PoolParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         b, _, d = inputs["x"]
-        return (b, d)
+        return (b, 2 * d if p.kind == "cls_mean" else d)
 
     def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
         if p.kind in ("cls", "first"):
@@ -114,6 +116,8 @@ class Pool(Op):
         mask = f", {args['mask']}" if "mask" in args else ""
         if p.kind == "last":
             return f"last_pool({args['x']}{mask})"
+        if p.kind == "cls_mean":
+            return f"cls_mean_pool({args['x']}, {p.prefix}{mask})"
         return f"mean_pool({args['x']}, {p.prefix}{mask})"
 
     def label(self, p: PoolParams) -> tuple[str, ...]:
@@ -125,6 +129,8 @@ class Pool(Op):
         if p.kind == "last":
             return ("the last token that is not padding",)
         skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
+        if p.kind == "cls_mean":
+            return ("the class token", f"beside the mean of the tokens{skip}")
         return (f"mean of the tokens{skip}",)
 
 
@@ -139,10 +145,11 @@ class ClassifierHead(HeadFragment):
         description="Number of classes; null = no classifier, the pooled features out (timm's num_classes=0, "
         "a SigLIP tower's pooler_output).",
     )
-    pool: Literal["cls", "first", "mean", "eos", "last", "attention"] = Field(
+    pool: Literal["cls", "first", "mean", "cls_mean", "eos", "last", "attention"] = Field(
         "cls",
         description="cls: the class token; first: the first token of the input (BERT's [CLS], RoBERTa's <s>: "
-        "a token, not a prefix); mean: average of the other tokens; eos: the end-of-text token "
+        "a token, not a prefix); mean: average of the other tokens; cls_mean: the class token and that "
+        "average side by side, twice the width (DINOv2's classifier); eos: the end-of-text token "
         "(CLIP's text tower; with bias: false the head is CLIP's text projection); last: the last token that "
         "is not padding (a decoder's sequence classifier, HF's *ForSequenceClassification); attention: a learned "
         "probe attends over the tokens, then a pre-norm MLP (SigLIP's head, timm's global_pool='map').",
@@ -176,11 +183,15 @@ class ClassifierHead(HeadFragment):
                     "use pool: cls or mean",
                 )
             ]
-        if self.pool == "cls" and not stack.prefix.cls:
+        if self.pool == "cls_mean" and (self.norm or self.ops):
+            where = "head.norm" if self.norm else "head.ops"
+            why = "pool cls_mean is twice the width the head's norm and layers take"
+            return [Problem(where, why, f"remove {where}, or use pool: cls or mean")]
+        if self.pool in ("cls", "cls_mean") and not stack.prefix.cls:
             return [
                 Problem(
                     "head.pool",
-                    "pool cls needs a class token",
+                    f"pool {self.pool} needs a class token",
                     f"set {spec.output_stack}.prefix.cls: true, or use pool: mean",
                 )
             ]
@@ -190,7 +201,7 @@ class ClassifierHead(HeadFragment):
         if self.pool == "attention":
             x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
         else:
-            srcs = {"x": x} | ({"mask": mask} if mask and self.pool in ("mean", "last") else {})
+            srcs = {"x": x} | ({"mask": mask} if mask and self.pool in ("mean", "cls_mean", "last") else {})
             if self.pool == "eos":
                 srcs["ids"] = f"{ctx.spec.output_stack}.input"
             p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
