@@ -10,7 +10,18 @@ import pytest
 import specvit
 from specvit.cli import build_parser, main
 
-SUBCOMMANDS = ("validate", "summary", "diff", "presets", "schema", "render", "export", "eject", "import", "serve")
+SUBCOMMANDS = (
+    "validate",
+    "summary",
+    "diff",
+    "presets",
+    "schema",
+    "render",
+    "export",
+    "eject",
+    "import",
+    "serve",
+)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
