@@ -243,6 +243,20 @@ def test_the_search_box_finds_a_folded_node_by_path(browser: Any, tmp_path: Path
     assert view.errors == []
 
 
+def test_fit_fills_the_canvas_width(browser: Any, tmp_path: Path) -> None:
+    """Graphviz sizes the SVG in pt; "fit" makes its drawn width the canvas's (less the 16 px margin)."""
+    view = Page(browser, render(_graph("swin_tiny_patch4_window7_224"), tmp_path / "swin.html"))
+    view.page.locator(".sv-zoom button", has_text="fit").click()
+    drawn, room = view.page.evaluate(
+        "() => [document.querySelector('.sv-canvas svg').getBoundingClientRect().width,"
+        " document.querySelector('.sv-canvas').clientWidth - 16]"
+    )
+    assert abs(drawn - room) < 1.0, (drawn, room)
+    view.page.locator(".sv-zoom button", has_text="100%").click()  # the control: actual size is not the fit
+    drawn = view.page.evaluate("() => document.querySelector('.sv-canvas svg').getBoundingClientRect().width")
+    assert abs(drawn - room) > 10, (drawn, room)
+
+
 def test_a_hostile_description_is_shown_as_text(browser: Any, tmp_path: Path) -> None:
     out = tmp_path / "hostile.html"
     render(_hostile(tmp_path), out)

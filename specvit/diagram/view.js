@@ -11,6 +11,8 @@
 "use strict";
 
 function specvitView(root, data, kept) {
+  // the zoom at which the drawing fills the canvas's width: Graphviz gives the width in pt, a pt is 4/3 px
+  const fitWidth = (svg) => (canvas.clientWidth - 16) / ((svg.dataset.width * 4) / 3);
   const SVGNS = "http://www.w3.org/2000/svg";
   const nodes = data.nodes;
   const groups = data.groups;
@@ -119,7 +121,7 @@ function specvitView(root, data, kept) {
     }
     for (const g of svg.querySelectorAll("g.cluster")) mark(g, nameOf(g).replace(/^cluster_/, ""), false);
     canvas.replaceChildren(svg);
-    if (state.zoom === null) state.zoom = Math.min(1, (canvas.clientWidth - 16) / svg.dataset.width || 1);
+    if (state.zoom === null) state.zoom = Math.min(1, fitWidth(svg) || 1);
     zoom(state.zoom);
     highlight();
     drawRuns();
@@ -153,7 +155,7 @@ function specvitView(root, data, kept) {
     zoomBar.append(b);
   };
   zoomButton("−", "zoom out", () => zoom(state.zoom / 1.25));
-  zoomButton("fit", "fit the width", () => zoom((canvas.clientWidth - 16) / state.svg.dataset.width));
+  zoomButton("fit", "fit the width", () => zoom(fitWidth(state.svg)));
   zoomButton("100%", "actual size", () => zoom(1));
   zoomButton("+", "zoom in", () => zoom(state.zoom * 1.25));
 
