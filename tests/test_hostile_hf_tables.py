@@ -177,3 +177,20 @@ def test_the_cli_refuses_a_wrong_type_in_one_line_and_writes_nothing(
         main(["import", "hf", str(tmp_path), "-o", str(out)]) == 0
     )  # a model directory, as from_pretrained's
     assert out.exists()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma2", "modernbert"])
+def test_a_per_layer_list_of_unhashable_items_is_refused_at_its_field(model_type: str) -> None:
+    """``layer_types`` of one list per layer (the length right, the items not strings) crashed in set()."""
+    with pytest.raises(
+        SpecError, match=r"^<dict>: config\.layer_types: .* expected full_attention or sliding"
+    ):
+        specvit.from_hf({"model_type": model_type, "num_hidden_layers": 2, "layer_types": [["a"], {"b": 1}]})
+    spec = specvit.from_hf(  # the control: the same config with strings
+        {
+            "model_type": model_type,
+            "num_hidden_layers": 2,
+            "layer_types": ["full_attention", "sliding_attention"],
+        }
+    )
+    assert spec.name == f"{model_type}_from_hf"
