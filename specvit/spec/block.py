@@ -392,8 +392,8 @@ def _partial(model: type[Node]) -> type[Node]:
         # the field's constraints (ge, le, max_length) hold in a partial block too: a variant's
         # sliding_window: 0 is refused at its own line, not when the block is merged
         bounds = [m for m in f.metadata if isinstance(m, annotated_types.BaseMetadata)]  # not discriminators
-        optional = Optional[ann]  # noqa: UP045
-        constrained = Annotated[(optional, *bounds)] if bounds else optional  # type: ignore[valid-type]
+        optional: Any = Optional[ann]  # noqa: UP045
+        constrained = Annotated[(optional, *bounds)] if bounds else optional
         fields[name] = (constrained, Field(None, description=f.description))
     doc = f"Any keys of {model.__name__}; those given replace the base block's."
     return create_model(f"Partial{model.__name__}", __base__=_Partial, __doc__=doc, **fields)
