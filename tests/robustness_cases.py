@@ -200,6 +200,13 @@ def _extends_bytes(d: Path) -> None:
     (d / "b4.yaml").write_text(VALID)
 
 
+def _extends_values(d: Path) -> None:
+    values = "".join(f"  - {j}\n" for j in range(4900))  # 4,900 values: each file under the 10,000 limit
+    for i in range(20):
+        (d / f"v{i}.yaml").write_text(f"specvit: 1\nextends: v{i + 1}.yaml\npad{i}:\n{values}")
+    (d / "v20.yaml").write_text(VALID)
+
+
 def _unreadable(d: Path) -> None:
     path = d / "path_unreadable.yaml"
     path.write_text(VALID)
@@ -513,6 +520,14 @@ CASES: list[Case] = [
         spec="b0.yaml",
         error_file="b2.yaml",
     ),
+    Case(
+        "extends_values",
+        "a chain of 21 files, 20 of them of 4,900 values: each under the 10,000-value limit, together 98,000",
+        "2:10: extends: the extends chain holds more than 10,000 values: its 3 files up to 'v2.yaml' do",
+        setup=_extends_values,
+        spec="v0.yaml",
+        error_file="v1.yaml",
+    ),
     # --- YAML 1.1 forms that YAML 1.2 reads as another value
     Case(
         "yaml11_octal",
@@ -810,8 +825,8 @@ The policy:
   most 64 levels deep, and holds at most 10,000 values, counted after aliases (`*name`) and merge keys
   (`<<`) are expanded, so that no file can hang specvit or exhaust its memory. An alias may not refer to
   a collection that contains it. A chain of `extends` is at most 32 files long, holds at most 1 MiB in
-  all (the limit holds for the chain, not for each file) and may not loop; it names regular files only
-  (a FIFO or a device would wait forever for input).
+  all and 10,000 values in all (the limits hold for the chain, not for each file) and may not loop; it
+  names regular files only (a FIFO or a device would wait forever for input).
 - **Regular files only, in and out.** Every file a user names is read through one function
   (`specvit.io.read_regular`): spec files, `extends` bases, an HF `config.json` and each file of a
   checkpoint. A FIFO, a device (`/dev/zero`, `/dev/urandom`, through a symlink or not), a socket or a
