@@ -617,5 +617,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_IO_ERROR
 
 
+def exit_process(status: int) -> None:
+    """End this process with ``status``; a rank of a distributed run ends without interpreter teardown.
+
+    Under DDP and FSDP2 on gloo, the process group's C++ threads (``pt_gloo_runloop``, ``gloo_tcp_loop``)
+    outlive ``destroy_process_group()`` and ``gc.collect()``: something in C++ still holds the group, which
+    is destroyed only when the interpreter and then the C++ statics are torn down at exit. A thread that
+    still drops a tensor owning a Python object then needs the GIL after finalization began; Python ends
+    such a thread with ``pthread_exit``, whose unwinding through a ``noexcept`` destructor calls
+    ``std::terminate`` ("terminate called without an active exception", SIGABRT) and torchrun reports a
+    finished run as failed. Once the run is over (the group destroyed, files closed), the rank flushes its
+    output and leaves with ``os._exit``: no teardown, no race, the status it computed.
+
+    Args:
+        status: the exit status.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -200,6 +200,13 @@ def _extends_bytes(d: Path) -> None:
     (d / "b4.yaml").write_text(VALID)
 
 
+def _extends_values(d: Path) -> None:
+    values = "".join(f"  - {j}\n" for j in range(4900))  # 4,900 values: each file under the 10,000 limit
+    for i in range(20):
+        (d / f"v{i}.yaml").write_text(f"specvit: 1\nextends: v{i + 1}.yaml\npad{i}:\n{values}")
+    (d / "v20.yaml").write_text(VALID)
+
+
 def _unreadable(d: Path) -> None:
     path = d / "path_unreadable.yaml"
     path.write_text(VALID)
@@ -409,6 +416,12 @@ CASES: list[Case] = [
         text=_valid_with("width: 768", "width: -768"),
     ),
     Case(
+        "override_out_of_range",
+        "`overrides: [{layers: [0], block: {mlp: {ratio: -1}}}]`: a partial block's value out of range",
+        "15:50: encoder.overrides.0.block.mlp.ratio: must be > 0.0, got -1",
+        text=_valid_with("head:", "  overrides: [{layers: [0], block: {mlp: {ratio: -1}}}]\nhead:"),
+    ),
+    Case(
         "nan",
         "`ratio: .nan`",
         "14:18: encoder.block.mlp.ratio: must be a finite number, got nan",
@@ -506,6 +519,14 @@ CASES: list[Case] = [
         setup=_extends_bytes,
         spec="b0.yaml",
         error_file="b2.yaml",
+    ),
+    Case(
+        "extends_values",
+        "a chain of 21 files, 20 of them of 4,900 values: each under the 10,000-value limit, together 98,000",
+        "2:10: extends: the extends chain holds more than 10,000 values: its 3 files up to 'v2.yaml' do",
+        setup=_extends_values,
+        spec="v0.yaml",
+        error_file="v1.yaml",
     ),
     # --- YAML 1.1 forms that YAML 1.2 reads as another value
     Case(
@@ -804,8 +825,8 @@ The policy:
   most 64 levels deep, and holds at most 10,000 values, counted after aliases (`*name`) and merge keys
   (`<<`) are expanded, so that no file can hang specvit or exhaust its memory. An alias may not refer to
   a collection that contains it. A chain of `extends` is at most 32 files long, holds at most 1 MiB in
-  all (the limit holds for the chain, not for each file) and may not loop; it names regular files only
-  (a FIFO or a device would wait forever for input).
+  all and 10,000 values in all (the limits hold for the chain, not for each file) and may not loop; it
+  names regular files only (a FIFO or a device would wait forever for input).
 - **Regular files only, in and out.** Every file a user names is read through one function
   (`specvit.io.read_regular`): spec files, `extends` bases, an HF `config.json` and each file of a
   checkpoint. A FIFO, a device (`/dev/zero`, `/dev/urandom`, through a symlink or not), a socket or a
@@ -889,6 +910,8 @@ _FILES = "tests/test_hostile_files.py::"
 _HF = "tests/test_hostile_hf.py::"
 _SIG = "tests/test_hostile_signals.py::"
 _CALLS = "tests/test_hostile_calls.py::"
+_TABLES = "tests/test_hostile_hf_tables.py::"
+_WEIGHTS = "tests/test_hostile_weights.py::"
 
 BEYOND: list[Beyond] = [
     Beyond("checkpoint_concurrent_saves", "two processes save different models into one directory at once",
@@ -1031,6 +1054,31 @@ BEYOND: list[Beyond] = [
     Beyond("summary_collapsed_deep", "`summary` of a valid 1,024-layer spec of 16 sublayers (collapsed view)",
            "folded in one pass over the graph (a lookup per block scanned every node: minutes, now seconds)",
            _CALLS + "test_the_collapsed_view_folds_a_deep_stack_of_many_sublayers_into_one_run"),
+    Beyond("render_dpi", "`render -o vit.png --dpi 2400` (the largest dpi): 600 million pixels, 2.4 GB as "
+           "Graphviz draws", "refused after the layout, before a pixel is drawn: a PNG has at most 100,000,000 "
+           "pixels and 32,767 a side; the message gives the largest dpi that fits",
+           _IO + "test_a_png_is_bounded_in_pixels_by_dpi_times_layout"),
+    Beyond("hf_config_every_field", "every field every HF family reads (its table's fields and the reads seen), "
+           "given a quoted number, a word, control characters, a list, a mapping, true, 2.5, 0, -64, 10**30, "
+           "NaN, Infinity, 500 nested lists or 100,000 items", "a spec, or a `SpecError` at `config.<field>` "
+           "naming the file; a value of another JSON type is always refused at its field (a depth of 10**30 "
+           "was looped over; sliding_window: 0 and a T5 d_model of 0 ended in tracebacks)",
+           _TABLES + "test_every_field_of_every_family_gives_a_spec_or_names_itself"),
+    Beyond("hf_import_every_family", "`import hf` of each family's config with a quoted integer", "status 2, one "
+           "line naming the file and `config.<field>`, nothing written",
+           _TABLES + "test_the_cli_refuses_a_wrong_type_in_one_line_and_writes_nothing"),
+    Beyond("hf_weights_header", "a model directory's `model.safetensors` whose header lies: offsets past the end "
+           "or beyond any file, overlapping, reversed, negative or not integers, a shape of other bytes, an "
+           "unknown dtype, a header length of 2**63, a header that is not JSON or nests 100,000 deep",
+           "`SpecError` naming the file, after reading its header", _WEIGHTS +
+           "test_a_lying_header_in_a_model_directory_is_named"),
+    Beyond("checkpoint_forged_header", "the same headers in a specvit checkpoint whose `checkpoint.json` was "
+           "forged to match them", "`CheckpointError` naming the weight file", _WEIGHTS +
+           "test_a_lying_header_in_a_forged_checkpoint_is_named"),
+    Beyond("distributed_exit", "`torchrun --nproc_per_node 2 examples/train.py ... --parallel fsdp` (or ddp) that "
+           "finishes", "exits 0 every time (20 runs each): a rank leaves by `os._exit` once the run is over, "
+           "before the gloo threads that outlive `destroy_process_group()` meet the interpreter's teardown",
+           "tests/test_distributed.py::test_a_finished_distributed_run_exits_0_every_time"),
 ]  # fmt: skip
 
 

@@ -160,6 +160,41 @@ def test_an_expanded_render_is_bounded_in_boxes(tmp_path: Path) -> None:
     assert (tmp_path / "x.mmd").read_text().startswith("%%") or (tmp_path / "x.mmd").stat().st_size > 0
 
 
+def _png_size(path: Path) -> tuple[int, int]:
+    """The width and height a PNG file's IHDR states."""
+    data = path.read_bytes()[16:24]
+    return int.from_bytes(data[:4], "big"), int.from_bytes(data[4:], "big")
+
+
+def test_a_png_is_bounded_in_pixels_by_dpi_times_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``render --dpi 2400`` (the largest dpi) of a ViT asks for ~600M pixels: refused after the layout, before
+    a pixel is drawn, naming the bound and the largest dpi that fits; that dpi is the largest that does."""
+    from specvit import raster
+
+    out = tmp_path / "vit.png"
+    vit = str(ROOT / "specs" / "vit_tiny_patch16_224.yaml")
+    assert main(["render", vit, "-o", str(out), "--dpi", "2400"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot draw {out} at 2400 dpi: the diagram is " in err, err
+    assert f"over the limit of {raster.MAX_PIXELS:,} pixels" in err and "write .svg or .pdf" in err
+    fit = int(err.split("use --dpi ")[1].split()[0])
+    inches = raster.layout_inches(render(vit).dot)
+    assert 96 < fit < 2400 and not out.exists()
+    assert raster.raster_pixels(inches, fit)[0] * raster.raster_pixels(inches, fit)[1] <= raster.MAX_PIXELS
+    assert (
+        raster.raster_pixels(inches, fit + 1)[0] * raster.raster_pixels(inches, fit + 1)[1]
+        > raster.MAX_PIXELS
+    )
+    assert main(["render", vit, "-o", str(out), "--dpi", "150"]) == 0  # the control: what fits is drawn ...
+    assert _png_size(out) == raster.raster_pixels(inches, 150)  # ... at the size predicted, to the pixel
+    monkeypatch.setattr(raster, "MAX_SIDE", 1000)  # a side over cairo's limit: Graphviz would shrink it
+    assert main(["render", vit, "-o", str(tmp_path / "side.png"), "--dpi", "150"]) == 1
+    assert "a side over 1,000 pixels, the most cairo draws" in capsys.readouterr().err
+    assert not (tmp_path / "side.png").exists()
+
+
 def test_example_inputs_are_bounded_before_allocation() -> None:
     spec = specvit.load_spec(
         MNIST,

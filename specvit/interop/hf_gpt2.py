@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from specvit.interop.layout import batched, conv1d
-from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.registry import ACTIVATIONS, Config, listable
 from specvit.interop.table import BARE, SEQUENCE, D, F, Only, Renamed, Table, count, lm, per_token, register
 from specvit.interop.variants import per_head_qkv, variant
 
@@ -46,7 +46,7 @@ def _scale(c: Config, spec: Mapping[str, Any]) -> float | None:
 
 def _inverse_layer(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """``scale_attn_by_inverse_layer_idx``: layer i's scale divided by i + 1, one override per layer."""
-    if not c.get("scale_attn_by_inverse_layer_idx", False):
+    if not c.get("scale_attn_by_inverse_layer_idx", False) or not listable(spec["decoder.depth"]):
         return None
     head = max(spec["decoder.width"] // spec["decoder.block.heads"], 1)  # a width below 1 is refused later
     base = spec["decoder.block.attention_scale"] or head**-0.5

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.registry import Config
+from specvit.interop.registry import Config, listable
 from specvit.interop.table import BARE, LM, SEQUENCE, D, F, Only, Table, count, per_token, register
 
 __all__ = ["GATED", "LLAMA", "head_dim", "rope", "sliding"]
@@ -110,10 +110,12 @@ def sliding(
         window = c.get("sliding_window", default, int)
         if switch is not None and not c.get(*switch):
             window = None
+        if not listable(depth):  # the spec refuses the depth; nothing is made per layer of it
+            return window, []
         types = c.get("layer_types", kind=list)
         if types is None:
             types = ["sliding_attention" if pattern(c, i) else "full_attention" for i in range(depth)]
-        if len(types) != depth or not set(types) <= {"full_attention", "sliding_attention"}:
+        if len(types) != depth or not all(t in ("full_attention", "sliding_attention") for t in types):
             raise c.refuse(
                 "layer_types",
                 types,

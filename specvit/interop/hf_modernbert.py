@@ -15,7 +15,7 @@ from typing import Any
 
 from specvit.interop.hf_bert import head_ops, labels, padding
 from specvit.interop.hf_llama import GATED
-from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.registry import ACTIVATIONS, Config, listable
 from specvit.interop.table import BARE, D, F, Head, Only, Table, count, register
 
 __all__ = ["MODERNBERT"]
@@ -58,11 +58,13 @@ def _position(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _layer_types(c: Config, depth: int) -> list[str]:
     """``layer_types``, or as ModernBertConfig makes them of ``global_attn_every_n_layers`` (global first)."""
+    if not listable(depth):  # the spec refuses the depth; nothing is made per layer of it
+        return []
     types = c.get("layer_types", kind=list)
     if types is None:
         every = c.size("global_attn_every_n_layers", 3)
         types = ["sliding_attention" if i % every else "full_attention" for i in range(depth)]
-    if len(types) != depth or not set(types) <= set(_LAYER_TYPES):
+    if len(types) != depth or not all(t in _LAYER_TYPES for t in types):
         raise c.refuse(
             "layer_types",
             types,

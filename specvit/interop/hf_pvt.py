@@ -83,8 +83,8 @@ def _spec(c: Config) -> dict[str, Any]:
         for ratio in dict.fromkeys(ratios[1:])
         if ratio != ratios[0]
     ]
-    labels = c.get("id2label") or {}
-    classify = "PvtV2ForImageClassification" in (c.get("architectures") or [])
+    labels = c.get("id2label", kind=dict) or {}
+    classify = "PvtV2ForImageClassification" in (c.get("architectures", kind=list) or [])
     widths = st["hidden_sizes"]
     stem = {"kind": "conv", "channels": widths[0], "kernel": k0, "stride": s0, "padding": k0 // 2}
     return {

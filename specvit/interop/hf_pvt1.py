@@ -56,8 +56,9 @@ def _spec(c: Config) -> dict[str, Any]:
         if ratio != ratios[0]
     ]
     overrides.append({"layers": starts, "block": {"absolute_position": "learned"}})  # each stage's table
-    classes = len(c.get("id2label") or {}) or c.get("num_labels", 1000)  # PvtConfig keeps num_labels itself
-    classify = "PvtForImageClassification" in (c.get("architectures") or [])
+    labels = c.get("id2label", kind=dict) or {}
+    classes = len(labels) or c.get("num_labels", 1000)  # PvtConfig keeps num_labels itself
+    classify = "PvtForImageClassification" in (c.get("architectures", kind=list) or [])
     return {
         "specvit": 1,
         "name": "pvt_from_hf",

@@ -78,7 +78,8 @@ def _tied(c: Config) -> tuple[bool, bool]:
 
 
 def _scale(c: Config, spec: Mapping[str, Any]) -> float | None:
-    return float(spec["decoder.width"]) ** -0.5 if _tied(c)[1] else None
+    width = spec["decoder.width"]
+    return float(width) ** -0.5 if _tied(c)[1] and width > 0 else None  # a width < 1 is refused by the spec
 
 
 _DECODER = "decoder.block.{i}.layer."

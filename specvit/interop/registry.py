@@ -16,8 +16,19 @@ from typing import Any
 
 from specvit.errors import Location, Problem, SpecError
 from specvit.interop.layout import Layout
+from specvit.ops.base import MAX_DEPTH
 
-__all__ = ["ACTIVATIONS", "FAMILIES", "Config", "Family", "activation", "family", "show_value", "untrace"]
+__all__ = [
+    "ACTIVATIONS",
+    "FAMILIES",
+    "Config",
+    "Family",
+    "activation",
+    "family",
+    "listable",
+    "show_value",
+    "untrace",
+]
 
 
 _KINDS: dict[type, str] = {
@@ -167,6 +178,17 @@ class Config:
         if value not in allowed:
             raise self.refuse(key, value, why, f"use {' or '.join(repr(a) for a in allowed)}")
         return value
+
+
+def listable(depth: Any) -> bool:
+    """Whether a family may make a list of one entry per layer of a stack of ``depth`` layers: a depth the
+    spec allows (1 to MAX_DEPTH). A config's ``num_hidden_layers: 1e30`` is never looped over: the family
+    leaves its per-layer entries out and the spec refuses the depth, at the config's field.
+
+    Args:
+        depth: the stack's depth as read from the config.
+    """
+    return isinstance(depth, int) and 1 <= depth <= MAX_DEPTH
 
 
 def _is(value: Any, kind: type) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
+import annotated_types
 from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from specvit.ops import SUBLAYERS
@@ -388,7 +389,12 @@ def _partial(model: type[Node]) -> type[Node]:
         ann = f.annotation
         if isinstance(ann, type) and issubclass(ann, Node):
             ann = _partial(ann)
-        fields[name] = (Optional[ann], Field(None, description=f.description))  # noqa: UP045
+        # the field's constraints (ge, le, max_length) hold in a partial block too: a variant's
+        # sliding_window: 0 is refused at its own line, not when the block is merged
+        bounds = [m for m in f.metadata if isinstance(m, annotated_types.BaseMetadata)]  # not discriminators
+        optional: Any = Optional[ann]  # noqa: UP045
+        constrained = Annotated[(optional, *bounds)] if bounds else optional
+        fields[name] = (constrained, Field(None, description=f.description))
     doc = f"Any keys of {model.__name__}; those given replace the base block's."
     return create_model(f"Partial{model.__name__}", __base__=_Partial, __doc__=doc, **fields)
 

@@ -7,6 +7,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from specvit.spec.presets import preset_dir, preset_path, suggest
 from specvit.spec.yamlread import (
     MAX_BYTES,
     MAX_NESTING,
+    MAX_VALUES,
     KeyPath,
     SourceMap,
     dotted,
@@ -152,12 +154,22 @@ def _preset_folder() -> Path | None:
     return resolve(folder) if folder is not None else None
 
 
+def _too_many(shown: str, files: int, at: Location | None) -> SpecError:
+    return SpecError.at(
+        f"the extends chain holds more than {MAX_VALUES:,} values: its {files} files up to '{shown}' do",
+        path="extends",
+        hint="a spec and its bases hold a few hundred values; shorten the chain or the files",
+        location=at,
+    )
+
+
 def load_tree(
     path: Path,
     shown: str,
     chain: tuple[Path, ...],
     at: Location | None,
     total: int = 0,
+    values: int = 0,
     *,
     raw: bytes | None = None,
     within: Path | None = None,
@@ -173,6 +185,9 @@ def load_tree(
         chain: the files read so far, this one included.
         at: where the file was named (the ``extends`` of the file before), or None for the spec itself.
         total: the bytes of the files before it in the chain.
+        values: the values of the files before it in the chain: they count against :data:`MAX_VALUES`
+            together, as their bytes do against :data:`MAX_BYTES` (20 files of 5,000 values each merged
+            100,000 values, for a minute, where one file may hold 10,000).
         raw: the file's bytes when they are not to be read from ``path`` (an editor's unsaved text).
         within: the resolved folder every base must be in, presets aside (``specvit serve``'s folder), or
             None for anywhere.
@@ -183,7 +198,14 @@ def load_tree(
         raise _too_big(shown, len(chain), total + len(raw), at)
     if at is None and (error := _chain_too_big(path, raw, shown, within)) is not None:
         raise error
-    data, source = read_yaml(raw, shown)
+    if at is None:  # the spec itself: the document's own limit and message
+        data, source = read_yaml(raw, shown)
+    else:  # a base: what is left of the chain's values, scanned before the document is composed
+        over = partial(_too_many, shown, len(chain), at)
+        data, source = read_yaml(raw, shown, limit=max(MAX_VALUES - values, 0), too_many=over)
+    values += len(source.values)
+    if values > MAX_VALUES:
+        raise _too_many(shown, len(chain), at)
     source.files.append(str(path))
     if not isinstance(data, dict) or "extends" not in data:
         return data, source
@@ -223,7 +245,7 @@ def load_tree(
         )
     base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
     base_data, base_source = load_tree(
-        base_path, base_shown, (*chain, base_path), ref_at, total + len(raw), within=within
+        base_path, base_shown, (*chain, base_path), ref_at, total + len(raw), values, within=within
     )
     if not isinstance(base_data, dict):
         raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)

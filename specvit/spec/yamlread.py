@@ -9,6 +9,7 @@ size, nesting depth and alias expansion are bounded so that no file can hang or 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -33,6 +34,7 @@ __all__ = [
 MAX_BYTES = 1 << 20  # 1 MiB: a spec is a page of YAML; anything larger is refused before parsing
 MAX_NESTING = 64
 MAX_VALUES = 10_000  # values after alias expansion (a spec has ~100): bounds "billion laughs" documents
+TooMany = Callable[[], SpecError] | None  # the error of a document over its values (an extends chain's)
 
 KeyPath = tuple[str | int, ...]
 
@@ -159,12 +161,11 @@ def _yaml_problem(exc: yaml.YAMLError, file: str, text: str) -> Problem:
     return Problem("", message, hint, location)
 
 
-def _check_nesting(text: str, file: str) -> None:
+def _check_nesting(text: str, file: str, limit: int = MAX_VALUES, too_many: TooMany = None) -> None:
     """Walk the event stream (iterative, cheap) so that deep nesting never reaches a recursive composer.
 
-    It also counts the values (nodes that are not mapping keys) and stops at ``MAX_VALUES``, so that a
-    long document is refused after scanning that many values rather than parsed and composed whole.
-    """
+    It also counts the values (nodes not mapping keys) and stops past ``limit``: a long document is refused
+    after scanning that many values rather than parsed and composed whole."""
     values = 0
     open_: list[bool | None] = []  # per open collection: None for a list; for a mapping, is a key next?
     for event in yaml.parse(text, Loader=_Loader):
@@ -173,7 +174,9 @@ def _check_nesting(text: str, file: str) -> None:
             if open_ and open_[-1] is not None:
                 open_[-1] = not open_[-1]
             values += not is_key
-            if values > MAX_VALUES:
+            if values > limit:
+                if too_many is not None:
+                    raise too_many()
                 raise SpecError.at(
                     f"the document holds more than {MAX_VALUES} values",
                     hint="a spec has about a hundred; is this the right file?",
@@ -415,12 +418,16 @@ def _show_node(node: yaml.Node) -> str:
     return quote(_clip(str(node.value)))
 
 
-def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap]:
+def read_yaml(
+    text: str | bytes, file: str = "<string>", *, limit: int = MAX_VALUES, too_many: TooMany = None
+) -> tuple[Any, SourceMap]:
     """Parse one YAML document into plain data and the location of every value.
 
     Args:
         text: the document, as text or as UTF-8 bytes.
         file: the name used in error locations.
+        limit: the values it may hold (less for a base of an extends chain, whose files share the limit).
+        too_many: the error for a document over ``limit`` (default: the document's own).
 
     Raises:
         SpecError: on anything that is not a single, plain, bounded YAML document.
@@ -445,7 +452,7 @@ def read_yaml(text: str | bytes, file: str = "<string>") -> tuple[Any, SourceMap
     if any(s.breaks_lines for s in strays):
         raise SpecError([_stray(s, file) for s in strays if s.breaks_lines])
     try:
-        _check_nesting(text, file)
+        _check_nesting(text, file, limit, too_many)
         node = yaml.compose(text, Loader=_Loader)
     except _TooDeep as exc:
         raise _too_deep(_loc(file, exc.mark)) from None
