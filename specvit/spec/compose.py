@@ -211,6 +211,25 @@ def load_tree(
         return data, source
     base_ref = data.pop("extends")
     ref_at = source.values.get(("extends",))
+    base_path = _base_path(path, base_ref, chain, within, ref_at)
+    base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
+    base_data, base_source = load_tree(
+        base_path, base_shown, (*chain, base_path), ref_at, total + len(raw), values, within=within
+    )
+    if not isinstance(base_data, dict):
+        raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)
+    merged = _deep_merge(base_data, data)
+    base_source.values.pop(("extends",), None)
+    _overlay(base_source, source, data)
+    base_source.files = [*source.files, *base_source.files]
+    return merged, base_source
+
+
+def _base_path(
+    path: Path, base_ref: object, chain: tuple[Path, ...], within: Path | None, ref_at: Location | None
+) -> Path:
+    """The resolved file ``extends: base_ref`` in ``path`` names, refused when it is not a name, makes the
+    chain too long or a cycle, or leaves the served folder."""
     if not isinstance(base_ref, str) or not base_ref:
         raise SpecError.at(
             "extends must name a spec file",
@@ -243,17 +262,7 @@ def load_tree(
             hint="a spec may not extend itself, directly or through others",
             location=ref_at,
         )
-    base_shown = shown_path(base_path, absolute=Path(shown).is_absolute())
-    base_data, base_source = load_tree(
-        base_path, base_shown, (*chain, base_path), ref_at, total + len(raw), values, within=within
-    )
-    if not isinstance(base_data, dict):
-        raise SpecError.at(f"the base spec '{base_ref}' is not a mapping", path="extends", location=ref_at)
-    merged = _deep_merge(base_data, data)
-    base_source.values.pop(("extends",), None)
-    _overlay(base_source, source, data)
-    base_source.files = [*source.files, *base_source.files]
-    return merged, base_source
+    return base_path
 
 
 def _overlay(base: SourceMap, over: SourceMap, over_data: Any) -> None:

@@ -7,7 +7,19 @@ import re
 import unicodedata
 from typing import Any, NamedTuple
 
-__all__ = ["Stray", "layout_problem", "stray_characters"]
+import yaml
+
+__all__ = ["PLAIN_TAGS", "Stray", "clip", "layout_problem", "stray_characters", "yaml11_problem"]
+
+PLAIN_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+_YAML12_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*|0o[0-7]+|0x[0-9a-fA-F]+)")
+_DECIMAL = re.compile(r"[-+]?[0-9]+")
 
 _BREAKS = "\u0085\u2028\u2029"
 """Line breaks to YAML 1.1 (PyYAML) that editors draw as nothing: every later line number would be off."""
@@ -122,3 +134,78 @@ def _open_keys(lines: list[str], before: int) -> list[tuple[int, int, str]]:
         if n == 0:
             break
     return out
+
+
+def yaml11_problem(node: yaml.ScalarNode, scalars: Any) -> tuple[str, str] | None:
+    """The message and fix for a plain scalar that YAML 1.1 and YAML 1.2 read as different values.
+
+    ``012`` is 10 in YAML 1.1 (octal) and 12 in 1.2; ``1_000`` and ``1:30`` are numbers in 1.1 (1000,
+    90) and strings in 1.2; ``yes`` and ``off`` are booleans in 1.1 and strings in 1.2; ``089`` is a
+    string in 1.1 and 89 in 1.2. A spec must mean one thing to every reader, so these are refused.
+
+    Args:
+        node: a scalar node.
+        scalars: a YAML 1.1 constructor (PyYAML's SafeConstructor), to read the value 1.1 gives it.
+    """
+    text, tag = node.value, node.tag
+    if node.style is not None or tag not in PLAIN_TAGS:
+        return None
+    quoted = f"quote the value for a string: '{clip(text)}'"
+    if tag == "tag:yaml.org,2002:bool" and text.lower() not in ("true", "false"):
+        word = "true" if text.lower() in ("yes", "on", "y") else "false"
+        return (
+            f"{clip(text)} is the boolean {word} in YAML 1.1 but a string in YAML 1.2",
+            f"write {word} for the boolean, or {quoted}",
+        )
+    if tag == "tag:yaml.org,2002:str" and _DECIMAL.fullmatch(text):
+        number = clip(text.lstrip("+0") or "0")
+        return (
+            f"{clip(text)} is a string in YAML 1.1 (a leading zero) but the number {number} in YAML 1.2",
+            f"write {number} for the number, or {quoted}",
+        )
+    numeric = tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    if not numeric or (tag.endswith("int") and _YAML12_INT.fullmatch(text)):
+        return None
+    if tag.endswith("float") and "_" not in text and ":" not in text:
+        return None
+    try:
+        old = scalars.construct_object(node)
+    except (ArithmeticError, LookupError, TypeError, ValueError, yaml.YAMLError):
+        return None  # reported by _scalar
+    if _DECIMAL.fullmatch(text.replace("_", "")) and not text.replace("_", "").lstrip("+-").startswith("0"):
+        return (
+            f"{clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
+            f"write {old} without '_', or {quoted}",
+        )
+    if ":" in text:
+        return (
+            f"{clip(text)} is the base-60 number {old} in YAML 1.1 but a string in YAML 1.2",
+            f"write {old}, or {quoted}",
+        )
+    if text.lstrip("+-").startswith(("0b", "0B")):
+        return (
+            f"{clip(text)} is the binary number {old} in YAML 1.1 but a string in YAML 1.2",
+            f"write {old}, or {quoted}",
+        )
+    digits = text.replace("_", "")
+    if _DECIMAL.fullmatch(digits):
+        sign = "-" if digits.startswith("-") else ""
+        twelve = sign + (digits.lstrip("+-").lstrip("0") or "0")
+        return (
+            f"{clip(text)} is the octal number {old} in YAML 1.1 (a leading zero) but {twelve} in YAML 1.2",
+            f"write {twelve} without the leading zero (or {sign}0o{twelve.lstrip('-')} for octal), or {quoted}",
+        )
+    return (
+        f"{clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
+        f"write {old} without '_', or {quoted}",
+    )
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """``text``, cut to ``limit`` characters with an ellipsis.
+
+    Args:
+        text: the text.
+        limit: the most characters shown.
+    """
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -8,6 +8,7 @@ size, nesting depth and alias expansion are bounded so that no file can hang or 
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from specvit.errors import Location, Problem, SpecError
-from specvit.spec.yamlhints import Stray, layout_problem, stray_characters
+from specvit.spec.yamlhints import PLAIN_TAGS, Stray, clip, layout_problem, stray_characters, yaml11_problem
 from specvit.text import quote
 
 __all__ = [
@@ -38,19 +39,10 @@ TooMany = Callable[[], SpecError] | None  # the error of a document over its val
 
 KeyPath = tuple[str | int, ...]
 
-_PLAIN_TAGS = {
-    "tag:yaml.org,2002:str",
-    "tag:yaml.org,2002:int",
-    "tag:yaml.org,2002:float",
-    "tag:yaml.org,2002:bool",
-    "tag:yaml.org,2002:null",
-}
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _NOT_IMPLICIT = {"tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value", "tag:yaml.org,2002:yaml"}
-_YAML12_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*|0o[0-7]+|0x[0-9a-fA-F]+)")
-_DECIMAL = re.compile(r"[-+]?[0-9]+")
 
 
 class _TooDeep(yaml.YAMLError):
@@ -77,7 +69,7 @@ class _Loader(yaml.SafeLoader):
 
 # YAML 1.2 where it differs from PyYAML's YAML 1.1: `2024-05-01` and `=` are strings (1.1 makes a timestamp
 # and a "value" tag of them), `0o17` is an integer; the forms 1.1 and 1.2 read as different values (`012`,
-# `1_000`, `1:30`, `0b1`, `yes`, `off`) are refused by _yaml11_problem, with the fix.
+# `1_000`, `1:30`, `0b1`, `yes`, `off`) are refused by yamlhints.yaml11_problem, with the fix.
 _Loader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag not in _NOT_IMPLICIT]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -161,14 +153,19 @@ def _yaml_problem(exc: yaml.YAMLError, file: str, text: str) -> Problem:
     return Problem("", message, hint, location)
 
 
-def _check_nesting(text: str, file: str, limit: int = MAX_VALUES, too_many: TooMany = None) -> None:
+def _check_nesting(
+    text: str, file: str, limit: int = MAX_VALUES, too_many: TooMany = None
+) -> list[yaml.Event]:
     """Walk the event stream (iterative, cheap) so that deep nesting never reaches a recursive composer.
 
     It also counts the values (nodes not mapping keys) and stops past ``limit``: a long document is refused
-    after scanning that many values rather than parsed and composed whole."""
+    after scanning that many values rather than parsed and composed whole. Returns the events, for
+    :class:`_Replay` to compose without parsing the text again."""
+    events: list[yaml.Event] = []
     values = 0
     open_: list[bool | None] = []  # per open collection: None for a list; for a mapping, is a key next?
     for event in yaml.parse(text, Loader=_Loader):
+        events.append(event)
         if isinstance(event, yaml.NodeEvent):
             is_key = bool(open_) and open_[-1] is True
             if open_ and open_[-1] is not None:
@@ -188,6 +185,31 @@ def _check_nesting(text: str, file: str, limit: int = MAX_VALUES, too_many: TooM
                 raise _too_deep(_loc(file, event.start_mark))
         elif isinstance(event, yaml.CollectionEndEvent):
             open_.pop()
+    return events
+
+
+class _Replay(_Loader):
+    """The composer of :class:`_Loader` over events :func:`_check_nesting` parsed: the text is parsed once
+    (parsing is most of what reading a spec costs)."""
+
+    def __init__(self, events: list[yaml.Event]):
+        yaml.composer.Composer.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        self._events = collections.deque(events)
+
+    def check_event(self, *choices: Any) -> bool:
+        if not self._events:
+            return False
+        return not choices or isinstance(self._events[0], choices)
+
+    def peek_event(self) -> yaml.Event:
+        return self._events[0]
+
+    def get_event(self) -> yaml.Event:
+        return self._events.popleft()
+
+    def dispose(self) -> None:
+        pass
 
 
 def _too_deep(location: Location) -> SpecError:
@@ -223,7 +245,7 @@ class _Converter:
             isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG
         ):
             return self._collection(node, path)
-        if isinstance(node, yaml.ScalarNode) and node.tag in _PLAIN_TAGS:
+        if isinstance(node, yaml.ScalarNode) and node.tag in PLAIN_TAGS:
             return self._scalar(node, path)
         self.problems.append(
             Problem(
@@ -262,7 +284,7 @@ class _Converter:
             self.entered.discard(id(node))
 
     def _scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
-        ambiguous = _yaml11_problem(node, self.scalars)
+        ambiguous = yaml11_problem(node, self.scalars)
         if ambiguous is not None:
             message, hint = ambiguous
             self.problems.append(Problem(dotted(path), message, hint, _loc(self.file, node.start_mark)))
@@ -279,7 +301,7 @@ class _Converter:
                     "write a smaller number",
                 )
             else:
-                message = f"{_clip(node.value)!r} is not a valid {_short_tag(node.tag)}"
+                message = f"{clip(node.value)!r} is not a valid {_short_tag(node.tag)}"
                 hint = "remove the tag or correct the value"
             self.problems.append(Problem(dotted(path), message, hint, _loc(self.file, node.start_mark)))
             return None
@@ -345,77 +367,12 @@ class _Converter:
         return out
 
 
-def _yaml11_problem(node: yaml.ScalarNode, scalars: Any) -> tuple[str, str] | None:
-    """The message and fix for a plain scalar that YAML 1.1 and YAML 1.2 read as different values.
-
-    ``012`` is 10 in YAML 1.1 (octal) and 12 in 1.2; ``1_000`` and ``1:30`` are numbers in 1.1 (1000,
-    90) and strings in 1.2; ``yes`` and ``off`` are booleans in 1.1 and strings in 1.2; ``089`` is a
-    string in 1.1 and 89 in 1.2. A spec must mean one thing to every reader, so these are refused.
-    """
-    text, tag = node.value, node.tag
-    if node.style is not None or tag not in _PLAIN_TAGS:
-        return None
-    quoted = f"quote the value for a string: '{_clip(text)}'"
-    if tag == "tag:yaml.org,2002:bool" and text.lower() not in ("true", "false"):
-        word = "true" if text.lower() in ("yes", "on", "y") else "false"
-        return (
-            f"{_clip(text)} is the boolean {word} in YAML 1.1 but a string in YAML 1.2",
-            f"write {word} for the boolean, or {quoted}",
-        )
-    if tag == "tag:yaml.org,2002:str" and _DECIMAL.fullmatch(text):
-        number = _clip(text.lstrip("+0") or "0")
-        return (
-            f"{_clip(text)} is a string in YAML 1.1 (a leading zero) but the number {number} in YAML 1.2",
-            f"write {number} for the number, or {quoted}",
-        )
-    numeric = tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
-    if not numeric or (tag.endswith("int") and _YAML12_INT.fullmatch(text)):
-        return None
-    if tag.endswith("float") and "_" not in text and ":" not in text:
-        return None
-    try:
-        old = scalars.construct_object(node)
-    except (ArithmeticError, LookupError, TypeError, ValueError, yaml.YAMLError):
-        return None  # reported by _scalar
-    if _DECIMAL.fullmatch(text.replace("_", "")) and not text.replace("_", "").lstrip("+-").startswith("0"):
-        return (
-            f"{_clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
-            f"write {old} without '_', or {quoted}",
-        )
-    if ":" in text:
-        return (
-            f"{_clip(text)} is the base-60 number {old} in YAML 1.1 but a string in YAML 1.2",
-            f"write {old}, or {quoted}",
-        )
-    if text.lstrip("+-").startswith(("0b", "0B")):
-        return (
-            f"{_clip(text)} is the binary number {old} in YAML 1.1 but a string in YAML 1.2",
-            f"write {old}, or {quoted}",
-        )
-    digits = text.replace("_", "")
-    if _DECIMAL.fullmatch(digits):
-        sign = "-" if digits.startswith("-") else ""
-        twelve = sign + (digits.lstrip("+-").lstrip("0") or "0")
-        return (
-            f"{_clip(text)} is the octal number {old} in YAML 1.1 (a leading zero) but {twelve} in YAML 1.2",
-            f"write {twelve} without the leading zero (or {sign}0o{twelve.lstrip('-')} for octal), or {quoted}",
-        )
-    return (
-        f"{_clip(text)} is the number {old} in YAML 1.1 but a string in YAML 1.2 (the '_')",
-        f"write {old} without '_', or {quoted}",
-    )
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _show_node(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return quote(_clip(str(node.value)))
+    return quote(clip(str(node.value)))
 
 
 def read_yaml(
@@ -452,8 +409,7 @@ def read_yaml(
     if any(s.breaks_lines for s in strays):
         raise SpecError([_stray(s, file) for s in strays if s.breaks_lines])
     try:
-        _check_nesting(text, file, limit, too_many)
-        node = yaml.compose(text, Loader=_Loader)
+        node = _Replay(_check_nesting(text, file, limit, too_many)).get_single_node()
     except _TooDeep as exc:
         raise _too_deep(_loc(file, exc.mark)) from None
     except yaml.YAMLError as exc:  # a look-alike of YAML's syntax is the cause when there is one
