@@ -32,7 +32,6 @@ from specvit.text import escape
 from specvit.units import flop_unit
 
 if TYPE_CHECKING:
-    from specvit.graph.ir import ArchGraph
     from specvit.spec import Spec
 
 EXIT_IO_ERROR = 1  # a file cannot be read or written
@@ -162,8 +161,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     try:
         spec: Any = _load(args.spec, args.set)
-        if args.dpi is not None and str(args.output).lower().endswith(".png"):
-            spec = _fits_raster(spec, args)  # dpi x layout bounded before a pixel is drawn
         written = render(
             spec,
             args.output,
@@ -179,26 +176,6 @@ def cmd_render(args: argparse.Namespace) -> int:
         return EXIT_IO_ERROR
     _say(f"wrote {written}")
     return 0
-
-
-def _fits_raster(spec: Spec, args: argparse.Namespace) -> ArchGraph:
-    """The lowered graph of ``spec``, once its diagram drawn at ``args.dpi`` is known to fit
-    :data:`specvit.raster.MAX_PIXELS` (the diagram is laid out, not drawn).
-
-    Args:
-        spec: the spec to render.
-        args: the ``render`` command's arguments.
-
-    Raises:
-        RenderError: the PNG would be over a bound; the message names the largest dpi that fits.
-    """
-    from specvit.diagram import render
-    from specvit.raster import check_raster
-
-    options = dict(view=args.view, direction=args.direction, flops=args.flops, macs=args.macs)
-    diagram = render(spec, **options, plumbing=args.plumbing)  # the same drawing, its boxes bounded
-    check_raster(diagram.dot, args.dpi, args.output)
-    return diagram.graph
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -171,7 +171,7 @@ def test_a_png_is_bounded_in_pixels_by_dpi_times_layout(
 ) -> None:
     """``render --dpi 2400`` (the largest dpi) of a ViT asks for ~600M pixels: refused after the layout, before
     a pixel is drawn, naming the bound and the largest dpi that fits; that dpi is the largest that does."""
-    from specvit import raster
+    from specvit.diagram import raster
 
     out = tmp_path / "vit.png"
     vit = str(ROOT / "specs" / "vit_tiny_patch16_224.yaml")
@@ -182,6 +182,9 @@ def test_a_png_is_bounded_in_pixels_by_dpi_times_layout(
     fit = int(err.split("use --dpi ")[1].split()[0])
     inches = raster.layout_inches(render(vit).dot)
     assert 96 < fit < 2400 and not out.exists()
+    with pytest.raises(RenderError, match=f"cannot draw .* at 2400 dpi: .* use --dpi {fit} or less"):
+        render(vit, out, dpi=2400)  # the Python API is bounded alike
+    assert not out.exists()
     assert raster.raster_pixels(inches, fit)[0] * raster.raster_pixels(inches, fit)[1] <= raster.MAX_PIXELS
     assert (
         raster.raster_pixels(inches, fit + 1)[0] * raster.raster_pixels(inches, fit + 1)[1]

@@ -10,6 +10,7 @@ from specvit.diagram.graphviz import ENGINE_FORMATS, Direction, RenderError, Vie
 from specvit.diagram.html import to_html
 from specvit.diagram.inline import Diagram
 from specvit.diagram.mermaid import to_mermaid
+from specvit.diagram.raster import check_raster
 from specvit.graph.ir import ArchGraph
 from specvit.graph.lower import build_graph
 from specvit.io import atomic_write, refuse_inputs, spec_inputs
@@ -137,11 +138,11 @@ def render(
     nodes = len(graph.nx)
     if view == "expanded" and nodes > MAX_BOXES:  # before planning: the plan of a huge graph is slow too
         raise RenderError(_too_many(shown, nodes, view))
-    boxes = len(plan(graph, view, plumbing=plumbing).boxes)
-    if boxes > MAX_BOXES:
-        raise RenderError(_too_many(shown, boxes, view))
     unit = flop_unit(macs)
-    dot = to_dot(graph, view, direction, flops=flops, unit=unit, plumbing=plumbing)
+    scene = plan(graph, view, unit, plumbing=plumbing)
+    if len(scene.boxes) > MAX_BOXES:
+        raise RenderError(_too_many(shown, len(scene.boxes), view))
+    dot = to_dot(graph, view, direction, flops=flops, unit=unit, plumbing=plumbing, scene=scene)
     if path is None:
         return Diagram(graph, dot, view, direction, unit, plumbing=plumbing)
     if suffix == ".mmd":
@@ -151,6 +152,8 @@ def render(
     elif suffix == ".dot":
         atomic_write(target, dot)
     else:
+        if dpi is not None:
+            check_raster(dot, dpi, target)  # dpi x layout bounded before a pixel is drawn
         draw_dot(with_dpi(dot, dpi), target)
     return target
 

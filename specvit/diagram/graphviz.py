@@ -252,6 +252,7 @@ def to_dot(
     flops: bool = False,
     unit: FlopUnit = FLOPS,
     plumbing: bool = False,
+    scene: Scene | None = None,
 ) -> str:
     """The diagram of ``graph`` as Graphviz DOT text.
 
@@ -263,8 +264,10 @@ def to_dot(
             useful part of an attention whose mask hides pairs (``654.3M FLOPs (useful 629.3M)``).
         unit: what FLOPs are printed in, in the title and on the nodes.
         plumbing: also draw the run-time plumbing (masks, the KV cache, the decoding offset) and its edges.
+        scene: ``plan(graph, view, unit, plumbing=plumbing)`` when the caller has it already.
     """
-    scene = plan(graph, view, unit, plumbing=plumbing)
+    if scene is None:
+        scene = plan(graph, view, unit, plumbing=plumbing)
     if flops:
         boxes = {k: replace(b, params=" · ".join(p for p in (b.params, _flops(graph[k], unit)) if p))
                  for k, b in scene.boxes.items()}  # fmt: skip
