@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import dist_worker  # beside this file: the script's directory is first on sys.path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -70,24 +71,7 @@ head: {kind: lm}
 """
 """A Llama-style decoder: GQA (8 query, 4 key/value heads), RoPE, QK-norm, RMSNorm, SwiGLU, untied head."""
 
-ENCDEC = """specvit: 1
-name: tp_reverser
-model: encoder_decoder
-encoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 32
-  depth: 2
-  block: {heads: 4, mlp: {ratio: 2}}
-decoder:
-  input: {kind: tokens, vocab: 12}
-  position: {kind: learned, max_len: 16}
-  width: 32
-  depth: 2
-  block: {heads: 4, layers: [masked_self_attention, cross_attention, mlp], mlp: {ratio: 2}}
-shared_embeddings: true
-head: {kind: lm, tied: true}
-"""
+ENCDEC = dist_worker.ENCDEC  # the encoder-decoder the FSDP/DDP runs train
 
 MOE = """specvit: 1
 name: tp_moe
