@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +204,20 @@ def float64_reference() -> Iterator[None]:
     finally:
         torch.Tensor.to, torch.Tensor.float = to, to_float  # type: ignore[method-assign]
         torch.nn.functional.softmax = softmax
+
+
+def printed_by_docs_block(doc: Path, call: str) -> str:
+    """What the one ```python block of ``doc`` that holds ``call`` prints, run from the project's root
+    (a table or plan the docs show must be the one their code prints).
+
+    Args:
+        doc: a Markdown file under docs/.
+        call: text only that block holds, such as ``describe(``.
+    """
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S) if call in b]
+    assert len(blocks) == 1, f"{len(blocks)} python blocks of {doc.name} hold {call}"
+    printed = io.StringIO()
+    namespace: dict[str, Any] = {"print": lambda *a: print(*a, file=printed)}
+    with contextlib.chdir(doc.parents[1]):
+        exec(blocks[0], namespace)
+    return printed.getvalue().strip()

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from reference import printed_by_docs_block
 from safetensors.torch import load_file, save_file
 
 import specvit
@@ -388,17 +389,7 @@ def test_train_script_progress_bar_on_a_terminal(script: Any) -> None:
 
 def test_memory_table_in_the_docs_is_the_generators() -> None:
     doc = (ROOT / "docs" / "distributed.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "memory_table(" in b]
-    assert len(blocks) == 1
-    printed = io.StringIO()
-    namespace: dict[str, Any] = {"print": lambda *a: print(*a, file=printed)}
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        exec(blocks[0], namespace)
-    finally:
-        os.chdir(cwd)
-    table = printed.getvalue().strip()
+    table = printed_by_docs_block(ROOT / "docs" / "distributed.md", "memory_table(")
     assert table.count("\n") >= 7 and table in doc
     huge = memory_estimate(specvit.load_spec(ROOT / "specs" / "vit_huge_patch14_224.yaml"))
     assert (

@@ -4,10 +4,8 @@ one rank, and (slow) training on 2 and 4 gloo ranks that follows one process, vi
 from __future__ import annotations
 
 import functools
-import io
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from reference import printed_by_docs_block
 
 import specvit
 from specvit.errors import SpecError
@@ -272,15 +271,5 @@ def test_train_script_refuses_tp_without_its_processes(capsys: pytest.CaptureFix
 
 def test_plan_in_the_docs_is_the_generators() -> None:
     doc = (ROOT / "docs" / "distributed.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "describe(" in b]
-    assert len(blocks) == 1
-    printed = io.StringIO()
-    namespace: dict[str, Any] = {"print": lambda *a: print(*a, file=printed)}
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        exec(blocks[0], namespace)
-    finally:
-        os.chdir(cwd)
-    text = printed.getvalue().strip()
+    text = printed_by_docs_block(ROOT / "docs" / "distributed.md", "describe(")
     assert text.count("\n") >= 7 and f"```\n{text}\n```" in doc
