@@ -72,3 +72,34 @@ def test_row_text_and_mfu() -> None:
     assert row.ratio() == "0.50" and row.mem() == "100 MiB vs 200 MiB (0.50)"
     assert mfu(312 * 10**12, 2.0, "NVIDIA A100-SXM4-80GB") == 0.5
     assert mfu(1, 1.0, "unknown GPU") is None
+
+
+def test_decode_step_bytes_count_each_weight_once_and_the_cache() -> None:
+    from benchmarks.decode import llama_pair, step_bytes
+
+    ref, _ = llama_pair(smoke=True)
+    # the smoke Llama: a tied 256 x 64 table, 2 layers of q 64x64, k and v 64x32, o 64x64, MLP 3 x 64x128,
+    # two norms of 64, and the final norm: 90432 float32 weights
+    weights = 4 * (256 * 64 + 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192 + 2 * 64) + 64)
+    kv_per_token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
+    assert step_bytes(ref, 1, 10) == weights + 10 * kv_per_token
+    assert step_bytes(ref, 8, 10) == weights + 80 * kv_per_token  # the weights are read once for the batch
+
+
+def test_decode_rows_smoke() -> None:
+    """The decode section at toy sizes: its rows, greedy tokens equal to HF's (decode_rows raises otherwise)."""
+    from benchmarks.common import NOTES
+    from benchmarks.decode import decode_rows
+
+    rows = decode_rows(1, smoke=True)
+    assert [(r.section, r.what.split(":")[0]) for r in rows] == [
+        ("Generation of 8 tokens from 8", "greedy, same tokens, batch 1"),
+        ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 1"),
+        ("Per-token decode", "fp32, batch 1"),
+        ("Generation of 8 tokens from 8", "greedy, same tokens, batch 8"),
+        ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 8"),
+        ("Per-token decode", "fp32, batch 8"),
+        ("Prefill of 16 tokens", "batch 1, all logits"),
+    ]
+    assert all(r.ours > 0 and r.peer for r in rows if r.section != "Per-token decode")
+    assert "of the memory wall" in rows[2].what and NOTES[-1].startswith("decode wall: streaming-read rate")

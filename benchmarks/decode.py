@@ -1,0 +1,184 @@
+"""Decode rows: generation against HF ``generate`` on the same weights, prefill against HF's forward, and the
+time of one decoded token against the memory wall (the bytes a step must read / a streaming-read rate).
+
+The model is SmolLM-135M's shape (30 layers, width 576, 9 query / 3 key-value heads, MLP 1536, a tied
+49152-token vocabulary), built from a ``LlamaConfig`` with random weights on both sides: HF's
+``LlamaForCausalLM`` and specvit's ``from_hf`` of the same config with HF's weights converted.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.common import NOTES, Row, target
+
+SMOLLM = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+)
+SMOKE = {**SMOLLM, "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+SMOKE.update(num_attention_heads=4, num_key_value_heads=2)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The lengths of one run: the prompt, the tokens generated, the prefill row's sequence, the stream."""
+
+    prompt: int
+    new: int
+    prefill: int
+    stream_bytes: int
+
+
+FULL = Sizes(prompt=32, new=128, prefill=512, stream_bytes=256 * 2**20)
+SMALL = Sizes(prompt=8, new=8, prefill=16, stream_bytes=8 * 2**20)
+
+
+def llama_pair(smoke: bool) -> tuple[nn.Module, nn.Module]:
+    """(HF's ``LlamaForCausalLM``, specvit's model) with the same random weights, both in eval mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import specvit  # benchmarks.common installed the torchvision op-schema hook transformers needs
+    from specvit.convert import convert_state_dict
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**(SMOKE if smoke else SMOLLM))
+    ref = LlamaForCausalLM(config).eval()
+    spec = specvit.from_hf(config)
+    ours = specvit.build_model(spec).eval()
+    ours.load_state_dict(convert_state_dict(ref.state_dict(), "hf", spec), strict=True)
+    return ref, ours
+
+
+def stream_rate(nbytes: int, repeat: int) -> float:
+    """Bytes per second a sum over an ``nbytes`` float32 tensor reads (the fastest of ``repeat`` runs): the
+    machine's streaming-read rate, measured in this process with its threads."""
+    x = torch.ones(nbytes // 4)
+    x.sum()
+    times = []
+    for _ in range(max(3, repeat)):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return x.nbytes / min(times)
+
+
+def step_bytes(ref: nn.Module, batch: int, position: float, dtype_bytes: int = 4) -> float:
+    """Bytes one decode step must read: every weight once (the embedding table only when the LM head is tied
+    to it; a lookup reads a row otherwise) and the KV cache of ``position`` tokens per row."""
+    seen: dict[int, int] = {}
+    for p in ref.parameters():
+        seen[p.data_ptr()] = p.numel() * dtype_bytes
+    embed, head = ref.get_input_embeddings().weight, ref.get_output_embeddings().weight
+    weights = sum(seen.values()) - (0 if embed.data_ptr() == head.data_ptr() else embed.numel() * dtype_bytes)
+    cfg = ref.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * dtype_bytes * position * batch
+    return weights + kv
+
+
+def _pair(a: Callable[[], Any], b: Callable[[], Any], repeat: int) -> tuple[float, float, Any, Any]:
+    """Medians of ``a`` and ``b`` run alternately after one warm-up each, and the warm-ups' results."""
+    out_a, out_b = a(), b()
+    ta, tb = [], []
+    for _ in range(repeat):
+        for fn, times in ((a, ta), (b, tb)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(ta), statistics.median(tb), out_a, out_b
+
+
+def _hf_generate(ref: nn.Module, prompt: torch.Tensor, new: int, sample: bool) -> torch.Tensor:
+    """HF's ``generate`` of exactly ``new`` tokens: greedy, or sampling at temperature 1 from the top 50."""
+    extra = {"temperature": 1.0, "top_k": 50, "top_p": 1.0} if sample else {}
+    return ref.generate(  # type: ignore[no-any-return]
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=sample,
+        pad_token_id=0,
+        **extra,
+    )
+
+
+def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
+    """Greedy and sampled generation at batch 1 and 8, prefill, and per-token decode against the wall."""
+    ref, ours = llama_pair(smoke)
+    sizes = SMALL if smoke else FULL
+    runs = max(1, repeat // 5)  # a generation takes seconds
+    vocab = ref.config.vocab_size
+    rows: list[Row] = []
+    ids = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        rate = stream_rate(sizes.stream_bytes, repeat)
+        for batch in (1, 8):
+            prompt = torch.randint(0, vocab, (batch, sizes.prompt), generator=ids)
+            for sample in (False, True):
+                kwargs = {"temperature": 1.0, "top_k": 50} if sample else {}
+                t_ours, t_hf, got, want = _pair(
+                    lambda p=prompt, kw=kwargs: ours.generate(p, sizes.new, **kw),
+                    lambda p=prompt, s=sample: _hf_generate(ref, p, sizes.new, s),
+                    runs,
+                )
+                if not sample and not torch.equal(got, want):
+                    raise AssertionError(f"greedy tokens differ from HF's at batch {batch}")
+                what = f"{'sampled (T=1, top-50)' if sample else 'greedy, same tokens'}, batch {batch}"
+                rows.append(
+                    Row(
+                        f"Generation of {sizes.new} tokens from {sizes.prompt}",
+                        what,
+                        t_ours,
+                        t_hf,
+                        "HF generate",
+                    )
+                )
+            rows.append(_per_token(ref, ours, prompt, sizes, rate, runs, rows[-2]))
+        seq = torch.randint(0, vocab, (1, sizes.prefill), generator=ids)
+        t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, max(2, repeat // 2))
+        rows.append(
+            Row(f"Prefill of {sizes.prefill} tokens", "batch 1, all logits", t_ours, t_hf, "HF forward")
+        )
+    NOTES.append(
+        f"decode wall: streaming-read rate {rate / 1e9:.1f} GB/s (fastest sum over a "
+        f"{sizes.stream_bytes // 2**20} MB float32 tensor in this run); a step reads every weight once (the "
+        "tied LM head included) and the KV cache of its position; the per-token time is "
+        f"(t(generate {sizes.new}) - t(generate 1)) / {sizes.new - 1}, as a user of generate sees it"
+    )
+    return rows
+
+
+def _per_token(
+    ref: nn.Module, ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rate: float, runs: int, greedy: Row
+) -> Row:
+    """One decoded token's time, from the greedy row less a one-token generation, against the wall."""
+    t_ours1, t_hf1, _, _ = _pair(
+        lambda: ours.generate(prompt, 1), lambda: _hf_generate(ref, prompt, 1, False), max(2, runs)
+    )
+    steps = sizes.new - 1
+    assert greedy.peer is not None
+    ours_step, hf_step = (greedy.ours - t_ours1) / steps, (greedy.peer - t_hf1) / steps
+    batch = prompt.shape[0]
+    wall = step_bytes(ref, batch, sizes.prompt + sizes.new / 2) / rate
+    share = wall / ours_step if ours_step > 0 else float("nan")
+    if batch == 1:
+        target("fp32 decode >= 70% of the memory wall (batch 1)", share >= 0.7, f"{share:.0%}")
+    what = (
+        f"fp32, batch {batch}: {share:.0%} of the memory wall ({wall * 1e3:.1f} ms), HF {wall / hf_step:.0%}"
+    )
+    return Row("Per-token decode", what, ours_step, hf_step, "HF generate")
