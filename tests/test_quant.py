@@ -70,7 +70,9 @@ def _errors(module: nn.Module, reference: torch.Tensor) -> tuple[float, float]:
     """(max abs logit difference, share of positions whose greedy next token agrees) on ``PROMPTS``."""
     with torch.inference_mode():
         got = module(PROMPTS).float()
-    return (got - reference).abs().max().item(), (got.argmax(-1) == reference.argmax(-1)).float().mean().item()
+    return (got - reference).abs().max().item(), (
+        got.argmax(-1) == reference.argmax(-1)
+    ).float().mean().item()
 
 
 def test_smaller_weights_state_their_error_against_fp32() -> None:
