@@ -149,6 +149,8 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
                     )
                 )
             rows.append(_per_token(ref, ours, prompt, sizes, rate, runs, rows[-2]))
+            if batch == 1:
+                rows += _smaller_weights(ours, prompt, sizes, rate, runs, rows[-1])
         seq = torch.randint(0, vocab, (1, sizes.prefill), generator=ids)
         t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, max(2, repeat // 2))
         rows.append(
@@ -182,3 +184,55 @@ def _per_token(
         f"fp32, batch {batch}: {share:.0%} of the memory wall ({wall * 1e3:.1f} ms), HF {wall / hf_step:.0%}"
     )
     return Row("Per-token decode", what, ours_step, hf_step, "HF generate")
+
+
+def module_step_bytes(module: nn.Module) -> int:
+    """Bytes of weights one decode step of ``module`` reads: every parameter and buffer once, less the token
+    embedding's table when no tied output layer reads it whole (a lookup reads one row per token)."""
+    from specvit.nn.embed import TokenEmbed
+    from specvit.nn.layers import TiedLinear
+
+    seen: dict[int, int] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        seen[t.data_ptr()] = t.nbytes
+    tied = any(isinstance(m, TiedLinear) for m in module.modules())
+    tables = [m for m in module.modules() if isinstance(m, TokenEmbed)]
+    return sum(seen.values()) - (0 if tied else sum(t.weight.nbytes for t in tables))
+
+
+def _smaller_weights(
+    ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rate: float, runs: int, fp32: Row
+) -> list[Row]:
+    """Per-token decode from bf16 and from weight-only int8 weights (the modules ``optimize(for_='generation',
+    precision='int8')`` measures), each against its own wall, and its logit error against fp32."""
+    import specvit
+
+    fast = specvit.optimize(ours, (prompt,), "generation", precision="int8", repeat=max(1, runs))
+    report = fast.optimize_report  # type: ignore[union-attr]
+    rows = []
+    for name in ("bf16", "int8 weights, bf16"):
+        module = report.modules[name]
+        t_new, t_one, _, _ = _pair(
+            lambda m=module: m.generate(prompt, sizes.new), lambda m=module: m.generate(prompt, 1), runs
+        )
+        step = (t_new - t_one) / (sizes.new - 1)
+        layers, width = _kv_layout(ours)
+        kv = 2 * layers * width * 2 * (sizes.prompt + sizes.new / 2)  # bf16 keys and values, mean position
+        wall = (module_step_bytes(module) + kv) / rate
+        share = wall / step if step > 0 else float("nan")
+        diff = next(t.max_abs_diff for t in report.trials if t.name == name)
+        target(f"{name} decode >= 60% of its memory wall (batch 1)", share >= 0.6, f"{share:.0%}")
+        what = (
+            f"{name}, batch 1: {share:.0%} of its memory wall ({wall * 1e3:.1f} ms); max logit diff vs fp32 "
+            f"{diff:.1e}; optimize chose {report.chosen!r}"
+        )
+        rows.append(Row("Per-token decode", what, step, fp32.ours, "specvit fp32"))
+    return rows
+
+
+def _kv_layout(model: nn.Module) -> tuple[int, int]:
+    """The number of attention layers of ``model`` and their Hkv * hd."""
+    from specvit.nn.attention import Attention
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    return len(layers), int(layers[0].num_kv_heads * layers[0].head_dim)

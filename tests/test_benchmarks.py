@@ -96,10 +96,29 @@ def test_decode_rows_smoke() -> None:
         ("Generation of 8 tokens from 8", "greedy, same tokens, batch 1"),
         ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 1"),
         ("Per-token decode", "fp32, batch 1"),
+        ("Per-token decode", "bf16, batch 1"),
+        ("Per-token decode", "int8 weights, bf16, batch 1"),
         ("Generation of 8 tokens from 8", "greedy, same tokens, batch 8"),
         ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 8"),
         ("Per-token decode", "fp32, batch 8"),
         ("Prefill of 16 tokens", "batch 1, all logits"),
     ]
     assert all(r.ours > 0 and r.peer for r in rows if r.section != "Per-token decode")
-    assert "of the memory wall" in rows[2].what and NOTES[-1].startswith("decode wall: streaming-read rate")
+    assert "of the memory wall" in rows[2].what and "of its memory wall" in rows[4].what
+    assert NOTES[-1].startswith("decode wall: streaming-read rate")
+
+
+def test_module_step_bytes_of_smaller_weights() -> None:
+    """fp32 and bf16 read the tied table through the head; int8 reads its int8 copy (and bf16 scales), not the
+    bf16 table, of which a lookup reads one row."""
+    from benchmarks.decode import llama_pair, module_step_bytes, step_bytes
+    from specvit.tuning import bf16_weights, int8_weights
+
+    ref, ours = llama_pair(smoke=True)
+    fp32 = module_step_bytes(ours)
+    assert fp32 == step_bytes(ref, 1, 0)
+    assert module_step_bytes(bf16_weights(ours)) == fp32 // 2
+    # int8: every linear weight in 1 byte plus a 2-byte scale per output; the norms (5 x 64) in bf16
+    linears = 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) + 256 * 64
+    outputs = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64) + 256
+    assert module_step_bytes(int8_weights(ours)) == linears + 2 * outputs + 2 * 5 * 64
