@@ -101,13 +101,13 @@ def test_smaller_weights_state_their_error_against_fp32() -> None:
 
 def test_optimize_for_generation_decodes_from_the_chosen_weights() -> None:
     """for_='generation' checks the prompt's logits, times generate, and returns a module that generates;
-    the candidates are eager (fp32), bf16 and int8 weights, never compilation."""
+    the candidates are eager (fp32, with and without oneDNN), bf16 and int8 weights, never compilation."""
     model = _llama()
     prompt = PROMPTS[:2, :8]
     fast = optimize(model, (prompt,), "generation", precision="int8", repeat=1, progress=False)
     report = fast.optimize_report
     names = [t.name for t in report.trials]
-    assert names == ["eager", "bf16", "int8 weights, bf16"]
+    assert names == ["eager", "eager, MKL linears (no oneDNN)", "bf16", "int8 weights, bf16"]
     assert all(t.rejected is None and t.seconds is not None for t in report.trials)
     with torch.inference_mode():
         out = fast.generate(prompt, 5)  # type: ignore[operator]
@@ -116,6 +116,10 @@ def test_optimize_for_generation_decodes_from_the_chosen_weights() -> None:
             assert tokens.shape == (2, 8 + GENERATION_TOKENS), name
     assert out.shape == (2, 13) and torch.equal(out[:, :8], prompt)
     assert any(isinstance(m, Int8Linear) for m in report.modules["int8 weights, bf16"].modules())
+    # oneDNN off: the same fp32 model, its greedy tokens those of eager (MKL's products round alike here)
+    with torch.inference_mode():
+        mkl = report.modules["eager, MKL linears (no oneDNN)"].generate(prompt, 5)  # type: ignore[operator]
+        assert torch.equal(mkl, report.modules["eager"].generate(prompt, 5))  # type: ignore[operator]
 
 
 def test_optimize_for_generation_picks_the_fastest_and_refuses_what_it_cannot_measure() -> None:
