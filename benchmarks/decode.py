@@ -103,6 +103,18 @@ def _pair(a: Callable[[], Any], b: Callable[[], Any], repeat: int) -> tuple[floa
     return statistics.median(ta), statistics.median(tb), out_a, out_b
 
 
+def _agreement(got: torch.Tensor, want: torch.Tensor) -> str:
+    """``same tokens``, or where the first row that differs from HF's departs from it (random weights leave
+    near-ties that summation order can flip, after which a row goes its own way)."""
+    if torch.equal(got, want):
+        return "same tokens"
+    if got.shape != want.shape:
+        return f"{list(got.shape)} tokens vs HF's {list(want.shape)}"
+    row = int((got != want).any(dim=1).nonzero()[0])
+    at = int((got[row] != want[row]).nonzero()[0])
+    return f"tokens differ from HF's from position {at} of row {row}"
+
+
 def _hf_generate(ref: nn.Module, prompt: torch.Tensor, new: int, sample: bool) -> torch.Tensor:
     """HF's ``generate`` of exactly ``new`` tokens: greedy, or sampling at temperature 1 from the top 50."""
     extra = {"temperature": 1.0, "top_k": 50, "top_p": 1.0} if sample else {}
@@ -136,9 +148,10 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
                     lambda p=prompt, s=sample: _hf_generate(ref, p, sizes.new, s),
                     runs,
                 )
-                if not sample and not torch.equal(got, want):
-                    raise AssertionError(f"greedy tokens differ from HF's at batch {batch}")
-                what = f"{'sampled (T=1, top-50)' if sample else 'greedy, same tokens'}, batch {batch}"
+                what = f"sampled (T=1, top-50), batch {batch}"
+                if not sample:
+                    what = f"greedy, {_agreement(got, want)}, batch {batch}"
+                    target(f"greedy tokens equal HF's (batch {batch})", torch.equal(got, want), what)
                 rows.append(
                     Row(
                         f"Generation of {sizes.new} tokens from {sizes.prompt}",

@@ -87,7 +87,7 @@ def test_decode_step_bytes_count_each_weight_once_and_the_cache() -> None:
 
 
 def test_decode_rows_smoke() -> None:
-    """The decode section at toy sizes: its rows, greedy tokens equal to HF's (decode_rows raises otherwise)."""
+    """The decode section at toy sizes: its rows, greedy tokens equal to HF's (the rows say "same tokens")."""
     from benchmarks.common import NOTES
     from benchmarks.decode import decode_rows
 
@@ -122,3 +122,14 @@ def test_module_step_bytes_of_smaller_weights() -> None:
     linears = 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) + 256 * 64
     outputs = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64) + 256
     assert module_step_bytes(int8_weights(ours)) == linears + 2 * outputs + 2 * 5 * 64
+
+
+def test_decode_agreement_text() -> None:
+    from benchmarks.decode import _agreement
+
+    want = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert _agreement(want.clone(), want) == "same tokens"
+    got = want.clone()
+    got[1, 2:] = 0  # row 1 departs at position 2
+    assert _agreement(got, want) == "tokens differ from HF's from position 2 of row 1"
+    assert _agreement(want[:, :3], want) == "[2, 3] tokens vs HF's [2, 4]"
