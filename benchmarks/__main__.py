@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
     from benchmarks.build import build_rows
     from benchmarks.cuda import cuda_rows
+    from benchmarks.decode import decode_rows
     from benchmarks.generation import generation_rows
     from benchmarks.inference import softcap_attention_rows, transformer_eval_rows, vit_rows
     from benchmarks.training import training_rows
@@ -36,12 +37,13 @@ def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
         "attention": softcap_attention_rows,
         "training": training_rows,
         "generation": generation_rows,
+        "decode": decode_rows,
         "build": build_rows,
         "cuda": cuda_rows,
     }
 
 
-SECTIONS = ("vit", "transformer", "attention", "training", "generation", "build", "cuda")
+SECTIONS = ("vit", "transformer", "attention", "training", "generation", "decode", "build", "cuda")
 
 
 def measure_ceiling(repeat: int, smoke: bool) -> tuple[dict[str, float], dict[str, float], str]:

@@ -31,9 +31,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from specvit.tuning import Candidate, OptimizeReport, choose, default_candidates
+from specvit.tuning import Candidate, OptimizeReport, Precision, choose, default_candidates
 
-__all__ = ["OptimizeReport", "optimize"]
+__all__ = ["GENERATION_TOKENS", "OptimizeReport", "optimize"]
+
+GENERATION_TOKENS = 16
+"""``for_='generation'`` times ``generate(prompt, GENERATION_TOKENS)``: from this many tokens on, ``generate``
+packs float32 linears for oneDNN (``specvit.generate.PACK_FROM``), so fp32 eager is timed as it decodes."""
 
 Shapes = tuple[tuple[int, ...], ...]
 
@@ -79,9 +83,9 @@ class _PerShape(nn.Module):
 def optimize(
     model: nn.Module,
     example_inputs: tuple[Any, ...] | None = None,
-    for_: Literal["inference"] = "inference",
+    for_: Literal["inference", "generation"] = "inference",
     *,
-    precision: Literal["fp32", "bf16"] = "fp32",
+    precision: Precision = "fp32",
     compile: bool = True,
     repeat: int = 5,
     verbose: bool = False,
@@ -97,9 +101,13 @@ def optimize(
             module returned (eager: the model's eval copy itself), with ``optimize_report`` attached. None:
             choose on the first call of each input shape instead (``optimize_report`` is the latest one,
             ``reports`` has them by shape).
-        for_: what to optimise for; ``inference`` is the one mode.
-        precision: ``fp32`` (every candidate equals eager within 1e-4) or ``bf16`` (bf16 candidates join,
-            held to 5% of eager's largest output magnitude; chosen only if faster).
+        for_: what to optimise for: ``inference`` (the forward on ``example_inputs``) or ``generation`` (a
+            decoder's ``generate``: ``example_inputs`` is ``(prompt,)``, (B, T0) token ids; each candidate's
+            logits on the prompt are checked against eager's and ``generate(prompt, GENERATION_TOKENS)`` is
+            timed; the module returned has ``generate``).
+        precision: ``fp32`` (every candidate equals eager within 1e-4), ``bf16`` (bf16 candidates join,
+            held to 5% of eager's largest output magnitude; chosen only if faster) or ``int8`` (bf16 and
+            weight-only int8 candidates join, int8 held to 10%: :mod:`specvit.nn.quant`).
         compile: include the ``torch.compile(fullgraph=True)`` candidates (each costs a warm-up: compilation).
         repeat: timed rounds per candidate (median); 1-2 keeps tests cheap.
         verbose: print the report's table to standard error.
@@ -111,21 +119,26 @@ def optimize(
         A module in eval mode, to call under ``torch.inference_mode()`` or ``torch.no_grad()``.
 
     Raises:
-        ValueError: an unknown ``for_`` or ``precision``.
+        ValueError: an unknown ``for_`` or ``precision``; for generation, a model without ``generate`` or
+            no ``(prompt,)``.
     """
     if isinstance(example_inputs, str):  # the former signature: optimize(model, "inference")
         example_inputs, for_ = None, example_inputs
-    if for_ != "inference":
-        raise ValueError(f"optimize supports for_='inference', not {for_!r}")
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be 'fp32' or 'bf16', not {precision!r}")
+    if for_ not in ("inference", "generation"):
+        raise ValueError(f"optimize supports for_='inference' or 'generation', not {for_!r}")
+    if precision not in ("fp32", "bf16", "int8"):
+        raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', not {precision!r}")
+    generation = for_ == "generation"
+    if generation:
+        _check_generation(model, example_inputs)
     base: nn.Module = copy.deepcopy(model).eval()
     for p in base.parameters():
         p.requires_grad_(False)
-    cands = list(candidates) if candidates is not None else default_candidates(precision, compile)
+    cands = list(candidates) if candidates is not None else default_candidates(precision, compile, generation)
+    timed = _generate if generation else None
 
     def select(args: tuple[Any, ...]) -> tuple[nn.Module, OptimizeReport]:
-        chosen, report = choose(base, args, cands, repeat=repeat, timer=timer)
+        chosen, report = choose(base, args, cands, repeat=repeat, timer=timer, timed=timed)
         report.shapes = _describe(_shapes(args))
         if verbose:
             print(report.table(), file=sys.stderr)
@@ -140,3 +153,27 @@ def optimize(
     chosen, report = select(example_inputs)
     chosen.optimize_report = report  # type: ignore[assignment]
     return chosen
+
+
+def _generate(module: nn.Module, args: Sequence[Any]) -> Any:
+    return module.generate(args[0], GENERATION_TOKENS)  # type: ignore[operator]
+
+
+def _check_generation(model: nn.Module, example_inputs: object) -> None:
+    """``for_='generation'`` needs a model with ``generate`` and ``(prompt,)``."""
+    if not callable(getattr(model, "generate", None)):
+        raise ValueError(
+            f"optimize(for_='generation') needs a model with generate (a decoder); {type(model).__name__} "
+            "has none: use for_='inference'"
+        )
+    if not (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 1
+        and isinstance(example_inputs[0], torch.Tensor)
+        and example_inputs[0].dim() == 2
+        and not example_inputs[0].is_floating_point()
+    ):
+        raise ValueError(
+            "optimize(for_='generation') measures on example_inputs=(prompt,), a (B, T0) tensor of token ids, "
+            f"got {type(example_inputs).__name__}"
+        )

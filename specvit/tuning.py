@@ -8,6 +8,7 @@ slower than eager on the inputs it was measured with.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -19,14 +20,31 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from specvit.nn.packed import pack_linears
+from specvit.nn.quant import quantize_int8
 
-__all__ = ["Candidate", "OptimizeReport", "Trial", "choose", "default_candidates", "prepack"]
+__all__ = [
+    "Candidate",
+    "OptimizeReport",
+    "Trial",
+    "WithoutOneDnn",
+    "bf16_weights",
+    "choose",
+    "default_candidates",
+    "int8_weights",
+    "prepack",
+]
 
 FP32_ATOL = 1e-4
 """fp32 candidates must match eager within this max abs difference."""
 BF16_RTOL = 5e-2
 """bf16 candidates must match eager within this fraction of eager's largest output magnitude: bf16 keeps 8
 mantissa bits (3.9e-3 relative per rounding), and a deep model accumulates a few percent of its output scale."""
+INT8_RTOL = 1e-1
+"""int8-weight candidates (bf16 activations) must match eager within this fraction of eager's largest output
+magnitude: per-channel int8 rounds each weight by up to half a step of max|row| / 127 (0.4% of the row's
+largest weight), about bf16's relative rounding for the row's large weights but coarser for its small ones."""
+
+Precision = Literal["fp32", "bf16", "int8"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +54,13 @@ class Candidate:
     Args:
         name: shown in the report.
         build: makes the runnable module from the model's eval copy (may share its parameters).
-        precision: ``fp32`` candidates are held to ``FP32_ATOL``, ``bf16`` ones to ``BF16_RTOL``.
+        precision: ``fp32`` candidates are held to ``FP32_ATOL``, ``bf16`` ones to ``BF16_RTOL``, ``int8``
+            ones to ``INT8_RTOL``.
     """
 
     name: str
     build: Callable[[nn.Module], nn.Module]
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Precision = "fp32"
 
 
 @dataclass
@@ -119,11 +138,18 @@ class Cast(nn.Module):
         out = self.model(*(cast(a) for a in args), **{k: cast(v) for k, v in kwargs.items()})
         return out.float() if isinstance(out, torch.Tensor) and out.is_floating_point() else out
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's ``generate``: it decodes from the weights in ``dtype`` (token ids in and out).
+
+        Args:
+            args: ``generate``'s positional arguments.
+            kwargs: its keyword arguments.
+        """
+        return self.model.generate(*args, **kwargs)  # type: ignore[operator]
+
 
 def prepack(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with every fp32 ``nn.Linear`` replaced by a :class:`PackedLinear`."""
-    import copy
-
     packed = copy.deepcopy(model)
     pack_linears(packed)
     return packed
@@ -139,24 +165,66 @@ def _compiled(freezing: bool) -> Callable[[nn.Module], nn.Module]:
     return build
 
 
-def default_candidates(precision: Literal["fp32", "bf16"], compile: bool) -> list[Candidate]:
+class WithoutOneDnn(nn.Module):
+    """Runs ``model`` (its forward and ``generate``) with oneDNN disabled: float32 linears go to MKL as stored,
+    and ``generate`` packs none. Which is faster for one-token steps depends on the CPU: oneDNN's pre-packed
+    weights were 1.6-2x faster on an AVX-512 EPYC, and measured slower than MKL on an AVX2 one.
+
+    Args:
+        model: the model.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.backends.mkldnn.flags(enabled=False):
+            return self.model(*args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's ``generate`` with oneDNN disabled.
+
+        Args:
+            args: ``generate``'s positional arguments.
+            kwargs: its keyword arguments.
+        """
+        with torch.backends.mkldnn.flags(enabled=False):
+            return self.model.generate(*args, **kwargs)  # type: ignore[operator]
+
+
+def bf16_weights(model: nn.Module) -> nn.Module:
+    """A bf16 copy of ``model`` that takes and returns float32 (:class:`Cast`)."""
+    return Cast(copy.deepcopy(model).to(torch.bfloat16), torch.bfloat16)
+
+
+def int8_weights(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose linear layers hold weight-only int8 (:mod:`specvit.nn.quant`) and whose
+    activations and other weights are bf16, taking and returning float32 (:class:`Cast`)."""
+    return Cast(quantize_int8(copy.deepcopy(model)).to(torch.bfloat16), torch.bfloat16)
+
+
+def default_candidates(precision: Precision, compile: bool, generation: bool = False) -> list[Candidate]:
     """Eager, oneDNN pre-packed weights, and with ``compile`` Inductor (fullgraph) with and without freezing
     (freezing folds the weights into the graph as constants and pre-packs them for oneDNN); with
-    ``precision='bf16'`` also the bf16 casts of eager and of compiled Inductor."""
+    ``precision='bf16'`` also the bf16 casts of eager and of compiled Inductor; with ``'int8'`` also
+    weight-only int8 and bf16 eager. ``generation``: the candidates ``generate`` runs well: eager (which packs
+    its linears for oneDNN while decoding), eager with oneDNN off (MKL's products) and the smaller weights,
+    no compilation (each new length would recompile)."""
     found = [Candidate("eager", lambda m: m)]
-    if torch.backends.mkldnn.is_available():
+    if torch.backends.mkldnn.is_available() and not generation:
         found.append(Candidate("eager, oneDNN pre-packed", prepack))
+    if torch.backends.mkldnn.is_available() and generation:
+        found.append(Candidate("eager, MKL linears (no oneDNN)", WithoutOneDnn))
+    compile = compile and not generation
     if compile:
         found += [Candidate("compile", _compiled(False)), Candidate("compile + freezing", _compiled(True))]
-    if precision == "bf16":
-        import copy
-
-        def bf16(m: nn.Module) -> nn.Module:
-            return Cast(copy.deepcopy(m).to(torch.bfloat16), torch.bfloat16)
-
-        found.append(Candidate("bf16", bf16, "bf16"))
-        if compile:
-            found.append(Candidate("bf16, compile", lambda m: _compiled(False)(bf16(m)), "bf16"))
+    if precision in ("bf16", "int8"):
+        found.append(Candidate("bf16", bf16_weights, "bf16"))
+        if compile and precision == "bf16":
+            found.append(Candidate("bf16, compile", lambda m: _compiled(False)(bf16_weights(m)), "bf16"))
+    if precision == "int8":
+        found.append(Candidate("int8 weights, bf16", int8_weights, "int8"))
     return found
 
 
@@ -191,6 +259,7 @@ def choose(
     *,
     repeat: int = 5,
     timer: Callable[[], float] = time.perf_counter,
+    timed: Callable[[nn.Module, Sequence[Any]], Any] | None = None,
 ) -> tuple[nn.Module, OptimizeReport]:
     """Check and time ``candidates`` on ``model(*args)``; return the fastest one that agrees with eager.
 
@@ -201,6 +270,8 @@ def choose(
         repeat: timed rounds after the warm-up; each round calls every eligible candidate once, so a drift of
             the machine's speed hits all alike; the median of the rounds counts.
         timer: the clock (seconds).
+        timed: what is timed, ``timed(module, args)``, once more in the warm-up; None: ``module(*args)``.
+            The outputs compared are always ``module(*args)``'s.
 
     Returns:
         The chosen module and the report.
@@ -211,11 +282,15 @@ def choose(
         reference = model(*args)
         scale = _scale(reference)
         trials, runners = _warm_up(model, args, candidates, reference, scale, timer)
+        run = timed or (lambda module, a: module(*a))
+        if timed is not None:
+            for runner in runners.values():
+                run(runner, args)
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(max(1, repeat)):
             for name, runner in runners.items():
                 start = timer()
-                runner(*args)
+                run(runner, args)
                 times[name].append(timer() - start)
     for t in trials:
         if t.name in times:
@@ -248,7 +323,8 @@ def _warm_up(
             continue
         trial.warmup_seconds = timer() - start
         trial.max_abs_diff = _max_abs_diff(out, reference)
-        bound = FP32_ATOL if cand.precision == "fp32" else BF16_RTOL * max(scale, 1e-30)
+        rtol = {"bf16": BF16_RTOL, "int8": INT8_RTOL}.get(cand.precision)
+        bound = FP32_ATOL if rtol is None else rtol * max(scale, 1e-30)
         if not trial.max_abs_diff <= bound:
             trial.rejected = f"outputs differ from eager by {trial.max_abs_diff:.1e} > {bound:.1e}"
             continue

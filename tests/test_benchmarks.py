@@ -72,3 +72,64 @@ def test_row_text_and_mfu() -> None:
     assert row.ratio() == "0.50" and row.mem() == "100 MiB vs 200 MiB (0.50)"
     assert mfu(312 * 10**12, 2.0, "NVIDIA A100-SXM4-80GB") == 0.5
     assert mfu(1, 1.0, "unknown GPU") is None
+
+
+def test_decode_step_bytes_count_each_weight_once_and_the_cache() -> None:
+    from benchmarks.decode import llama_pair, step_bytes
+
+    ref, _ = llama_pair(smoke=True)
+    # the smoke Llama: a tied 256 x 64 table, 2 layers of q 64x64, k and v 64x32, o 64x64, MLP 3 x 64x128,
+    # two norms of 64, and the final norm: 90432 float32 weights
+    weights = 4 * (256 * 64 + 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192 + 2 * 64) + 64)
+    kv_per_token = 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
+    assert step_bytes(ref, 1, 10) == weights + 10 * kv_per_token
+    assert step_bytes(ref, 8, 10) == weights + 80 * kv_per_token  # the weights are read once for the batch
+
+
+def test_decode_rows_smoke() -> None:
+    """The decode section at toy sizes: its rows, greedy tokens equal to HF's (the rows say "same tokens")."""
+    from benchmarks.common import NOTES
+    from benchmarks.decode import decode_rows
+
+    rows = decode_rows(1, smoke=True)
+    assert [(r.section, r.what.split(":")[0]) for r in rows] == [
+        ("Generation of 8 tokens from 8", "greedy, same tokens, batch 1"),
+        ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 1"),
+        ("Per-token decode", "fp32, batch 1"),
+        ("Per-token decode", "bf16, batch 1"),
+        ("Per-token decode", "int8 weights, bf16, batch 1"),
+        ("Generation of 8 tokens from 8", "greedy, same tokens, batch 8"),
+        ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 8"),
+        ("Per-token decode", "fp32, batch 8"),
+        ("Prefill of 16 tokens", "batch 1, all logits"),
+    ]
+    assert all(r.ours > 0 and r.peer for r in rows if r.section != "Per-token decode")
+    assert "of the memory wall" in rows[2].what and "of its memory wall" in rows[4].what
+    assert NOTES[-1].startswith("decode wall: streaming-read rate")
+
+
+def test_module_step_bytes_of_smaller_weights() -> None:
+    """fp32 and bf16 read the tied table through the head; int8 reads its int8 copy (and bf16 scales), not the
+    bf16 table, of which a lookup reads one row."""
+    from benchmarks.decode import llama_pair, module_step_bytes, step_bytes
+    from specvit.tuning import bf16_weights, int8_weights
+
+    ref, ours = llama_pair(smoke=True)
+    fp32 = module_step_bytes(ours)
+    assert fp32 == step_bytes(ref, 1, 0)
+    assert module_step_bytes(bf16_weights(ours)) == fp32 // 2
+    # int8: every linear weight in 1 byte plus a 2-byte scale per output; the norms (5 x 64) in bf16
+    linears = 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) + 256 * 64
+    outputs = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64) + 256
+    assert module_step_bytes(int8_weights(ours)) == linears + 2 * outputs + 2 * 5 * 64
+
+
+def test_decode_agreement_text() -> None:
+    from benchmarks.decode import _agreement
+
+    want = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    assert _agreement(want.clone(), want) == "same tokens"
+    got = want.clone()
+    got[1, 2:] = 0  # row 1 departs at position 2
+    assert _agreement(got, want) == "tokens differ from HF's from position 2 of row 1"
+    assert _agreement(want[:, :3], want) == "[2, 3] tokens vs HF's [2, 4]"
