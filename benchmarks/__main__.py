@@ -4,8 +4,8 @@ Every row times specvit and a peer in this one process, alternating their runs, 
 training rows add the peak resident memory a step adds. Throughput is given against the GEMM ceiling
 measured in the same run on the model's own GEMM shapes (ViT-B/16 at batch 8) through every path the
 machine offers (MKL, oneDNN pre-packed, bf16). The report (machine, ISA, versions, command) is printed, and
-written to docs/performance.md unless ``--no-write``; ``--smoke`` runs every section at toy sizes to check
-the code, never to publish.
+written to docs/performance.md when every section ran (not with ``--only`` or ``--no-write``: a partial run
+would replace the whole page); ``--smoke`` runs every section at toy sizes to check the code, never to publish.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def table(rows: list[Row], best: dict[str, float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per measurement (median)")
-    parser.add_argument("--only", nargs="*", default=None, choices=SECTIONS, help="run some sections")
+    parser.add_argument(
+        "--only", nargs="*", default=None, choices=SECTIONS, help="run some sections (implies --no-write)"
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="toy sizes, to check the code (implies --no-write)"
     )
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{table(rows, best)}\n\n## Targets, judged from this run\n\n{verdicts}"
     )
     print(report)
-    if not (args.no_write or args.smoke):
+    if not (args.no_write or args.smoke or args.only is not None):
         from specvit.io import atomic_write
 
         atomic_write(ROOT / "docs" / "performance.md", report)

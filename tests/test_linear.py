@@ -3,6 +3,7 @@ everywhere else) and Dropout (float32 CPU training masks from uniform draws, nn.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,11 +14,19 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import specvit
+from specvit.nn import linear
 from specvit.nn.layers import Dropout
-from specvit.nn.linear import MIN_ROWS, Linear, uses_onednn
+from specvit.nn.linear import MIN_ROWS, Linear, first_is_faster, uses_onednn
+from specvit.nn.linear import onednn_is_faster as measured_onednn_is_faster
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def _onednn_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oneDNN path runs wherever it is eligible, whichever kernel this machine measured faster."""
+    monkeypatch.setattr(linear, "onednn_is_faster", lambda threads: True)
 
 
 @contextmanager
@@ -86,6 +95,28 @@ def test_everywhere_else_it_is_nn_linear() -> None:
     assert counter.get_total_flops() == 2 * 2 * MIN_ROWS * 16 * 8  # the forward and the weight's gradient
     with _mkldnn_off():
         assert not uses_onednn(x, layer.weight)
+
+
+def test_where_onednn_measured_slower_it_is_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer, x = Linear(16, 8), torch.randn(MIN_ROWS, 16)
+    assert uses_onednn(x, layer.weight)
+    monkeypatch.setattr(linear, "onednn_is_faster", lambda threads: False)
+    assert not uses_onednn(x, layer.weight)
+    assert layer(x).grad_fn.__class__.__name__ == "AddmmBackward0"  # F.linear's, not _OneDnnLinear's
+
+
+def test_first_is_faster_times_both_kernels() -> None:
+    calls: list[str] = []
+
+    def slow() -> None:
+        calls.append("slow")
+        time.sleep(0.003)
+
+    assert first_is_faster(lambda: calls.append("fast"), slow, rounds=3)
+    assert not first_is_faster(slow, lambda: None, rounds=3)
+    assert calls[:8] == ["fast", "slow"] * 4  # one untimed call each, then alternating rounds
+    assert isinstance(measured_onednn_is_faster(torch.get_num_threads()), bool)  # measured, then cached
+    assert measured_onednn_is_faster.cache_info().currsize >= 1
 
 
 def test_a_training_step_equals_the_mkl_one() -> None:

@@ -10,9 +10,10 @@ from torch import nn
 
 import specvit
 from specvit.generate import PACK_FROM
+from specvit.nn import packed
 from specvit.nn.layers import TiedLinear
 from specvit.nn.linear import Linear
-from specvit.nn.packed import PackedLinear, can_pack, packed_linears
+from specvit.nn.packed import SPLIT_ROWS, PackedLinear, can_pack, packed_linears, split_linear
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
@@ -96,3 +97,54 @@ def test_encoder_decoder_generation_packs_the_decoder_and_head_only() -> None:
     enc, dec = _linear_calls(model.encoder), _linear_calls(model.decoder)  # type: ignore[arg-type]
     model.generate(src, PACK_FROM, bos_id=1)
     assert enc[0] == 1 and dec[0] == 0  # the encoder runs once, unpacked; the decoder packed
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("blocks", [2, 4])
+def test_split_linear_equals_f_linear(rows: int, bias: bool, blocks: int) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(24, 40, bias=bias)
+    x = torch.randn(rows, 1, 24)
+    want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    with torch.no_grad():
+        got = split_linear(x, layer.weight, layer.bias, blocks)
+        parts = layer.weight.view(blocks, -1, 24).transpose(
+            1, 2
+        )  # control: blocks merged without the transpose
+        wrong = torch.bmm(x.reshape(1, rows, 24).expand(blocks, rows, 24), parts).reshape(rows, 1, 40)
+    assert got.shape == want.shape == (rows, 1, 40)
+    assert (got - want).abs().max().item() <= 1e-5
+    if rows > 1:
+        assert (wrong - want).abs().max().item() > 1e-5
+
+
+def test_one_row_calls_take_the_split_product_where_it_was_measured_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two threads: blocks of the rows to spread
+    model = _gpt(**{"decoder.input.vocab": 96})
+    tied = next(m for m in model.modules() if isinstance(m, TiedLinear))
+    head = PackedLinear(tied)
+    assert head.blocks == 4 and head._plain is not None
+    assert head._plain[0].data_ptr() == tied.weight.data_ptr()  # the embedding's table, not a copy
+    assert PackedLinear(nn.Linear(8, 7))._plain is None  # 7 rows do not split: always the packed product
+    calls = [0]
+
+    def counted(*args: object) -> torch.Tensor:
+        calls[0] += 1
+        return split_linear(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(packed, "split_linear", counted)
+    x = torch.randn(SPLIT_ROWS + 1, 1, 64)
+    want = torch.nn.functional.linear(x, tied.weight).detach()
+    for faster, used in ((True, [1, 1, 0]), (False, [0, 0, 0])):
+        monkeypatch.setattr(packed, "split_is_faster", lambda threads, f=faster: f)
+        got = []
+        for rows in (1, SPLIT_ROWS, SPLIT_ROWS + 1):
+            before = calls[0]
+            with torch.no_grad():
+                out = head(x[:rows])
+            got.append(calls[0] - before)
+            assert (out - want[:rows]).abs().max().item() <= 1e-5
+        assert got == used

@@ -3,8 +3,10 @@
 On CPU, ``F.linear`` hands the weight to MKL as it is stored. oneDNN with the weight reordered once into its
 blocked layout runs the same products faster: on the 2-core AVX-512 AMD EPYC of docs/performance.md, ViT-B/16's
 GEMMs at batch 8 run about 1.2x faster, and a whole training step (forward, backward, AdamW) about 1.1x
-faster, the reorders included (``python -m benchmarks``). :class:`Linear` takes that path for its float32
-forward on a CPU, in training and inference alike, from ``MIN_ROWS`` input rows on; both gradients stay MKL
+faster, the reorders included (``python -m benchmarks``); on the 2-core AVX2 EPYC the same GEMMs run about
+1.15x slower through oneDNN. :class:`Linear` takes that path for its float32 forward on a CPU where it is
+faster (measured once per process: :func:`onednn_is_faster`), in training and inference alike, from
+``MIN_ROWS`` input rows on; both gradients stay MKL
 products (oneDNN gains nothing on the input's once the transposed weight is reordered, which costs 10x the
 plain reorder). Everywhere else (fewer rows, other dtypes and devices, autocast, DTensor weights,
 torch.compile and export, which pick their own kernels, and under dispatch modes such as
@@ -13,6 +15,10 @@ torch.compile and export, which pick their own kernels, and under dispatch modes
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +27,16 @@ from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["Linear", "eager_cpu_float32", "onednn_available", "onednn_linear", "packed_linear", "uses_onednn"]
+__all__ = [
+    "Linear",
+    "eager_cpu_float32",
+    "first_is_faster",
+    "onednn_available",
+    "onednn_is_faster",
+    "onednn_linear",
+    "packed_linear",
+    "uses_onednn",
+]
 
 
 def onednn_available() -> bool:
@@ -74,10 +89,39 @@ MIN_ROWS = 256
 """The oneDNN path needs at least this many input rows to repay the weight's reorder (one pass over it)."""
 
 
+def first_is_faster(first: Callable[[], object], second: Callable[[], object], rounds: int = 5) -> bool:
+    """Whether ``first`` runs faster than ``second``: medians of ``rounds`` alternating timed calls each, after
+    one untimed call of each, without autograd.
+
+    Args:
+        first: a kernel to time.
+        second: the kernel to time against it.
+        rounds: timed calls of each.
+    """
+    times: Sequence[list[float]] = ([], [])
+    with torch.no_grad():
+        first(), second()
+        for _ in range(rounds):
+            for run, spent in zip((first, second), times, strict=True):
+                start = time.perf_counter()
+                run()
+                spent.append(time.perf_counter() - start)
+    return statistics.median(times[0]) < statistics.median(times[1])
+
+
+@functools.cache
+def onednn_is_faster(threads: int) -> bool:
+    """Whether oneDNN, the weight reordered at each call, runs a ViT-B-sized product (512 rows, 768 -> 3072)
+    faster than MKL's ``F.linear`` with ``threads`` threads; measured once per process and thread count."""
+    x, weight = torch.ones(512, 768), torch.ones(3072, 768)
+    return first_is_faster(lambda: _onednn(x, weight, None), lambda: F.linear(x, weight))
+
+
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`onednn_linear` takes the oneDNN path for these tensors: float32 on a CPU with oneDNN,
     eager (not compiling or exporting, no dispatch mode such as ``FlopCounterMode`` active), no autocast,
-    contiguous tensors, at least ``MIN_ROWS`` rows, the weight a plain tensor (not a DTensor)."""
+    contiguous tensors, at least ``MIN_ROWS`` rows, the weight a plain tensor (not a DTensor), and oneDNN
+    measured faster than MKL on this machine."""
     return (
         eager_cpu_float32(x)
         and weight.dtype == torch.float32
@@ -88,6 +132,7 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
         and weight.is_contiguous()
         and onednn_available()
         and not torch.is_autocast_enabled("cpu")
+        and onednn_is_faster(torch.get_num_threads())
     )
 
 

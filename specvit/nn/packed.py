@@ -6,10 +6,18 @@ weight reordered once into its blocked layout runs the same products about 1.6-2
 AVX-512 AMD EPYC of docs/performance.md (``python -m benchmarks``). :class:`PackedLinear` is such a layer;
 :func:`packed_linears` swaps every eligible ``nn.Linear`` of a model for one while a block of inference
 code runs (``generate`` does), and :func:`specvit.tuning.prepack` keeps the swap in a copy.
+
+A step that decodes one token per sequence gives each linear a single row, and both MKL and oneDNN run that
+matrix-vector product on one thread: on the 2-core AVX2 AMD EPYC, 11 GB/s (MKL) and 13-15 GB/s (oneDNN
+packed) of weights, where a sum over the same bytes reads 21-28 GB/s. :func:`split_linear` computes it as
+a batch of products over blocks of the weight's rows, which the batched product spreads over the threads (19
+GB/s there). Which of the two serves one-row calls is measured once per process and thread count
+(:func:`split_is_faster`); the packed weight serves every call of more rows.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,12 +25,69 @@ import torch
 from torch import Tensor, nn
 
 from specvit.nn.layers import TiedLinear
-from specvit.nn.linear import Linear, onednn_available, packed_linear
+from specvit.nn.linear import Linear, first_is_faster, onednn_available, packed_linear
 
-__all__ = ["PackedLinear", "can_pack", "pack_linears", "packed_linears", "unpack_linears"]
+__all__ = [
+    "PackedLinear",
+    "can_pack",
+    "pack_linears",
+    "packed_linears",
+    "split_is_faster",
+    "split_linear",
+    "unpack_linears",
+]
 
 
 Packable = nn.Linear | TiedLinear
+
+SPLIT_ROWS = 2
+"""Calls of at most this many rows may take :func:`split_linear`; from 4 rows oneDNN's packed product reads the
+weights faster than the split one (batch 8: 11 GB/s packed, 10 GB/s split, 6 GB/s MKL on the AVX2 EPYC)."""
+
+
+def _blocks(out_features: int) -> int:
+    """How many row blocks :func:`split_linear` cuts a weight of ``out_features`` rows into: two per thread
+    when that divides the rows, else one per thread, else 1 (no split)."""
+    threads = torch.get_num_threads()
+    return next((p for p in (2 * threads, threads) if p > 1 and out_features % p == 0), 1)
+
+
+def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, blocks: int) -> Tensor:
+    """``x @ weight.T + bias`` as ``blocks`` batched products over contiguous blocks of the weight's rows.
+
+    Args:
+        x: (..., in) inputs, a few rows.
+        weight: (out, in), contiguous, ``out`` divisible by ``blocks``.
+        bias: (out,) or None.
+        blocks: the number of row blocks.
+
+    Returns:
+        (..., out), equal to ``F.linear`` to float32 rounding.
+    """
+    rows = x.reshape(-1, x.shape[-1])  # (R, in)
+    parts = weight.view(blocks, -1, weight.shape[1]).transpose(1, 2)  # (P, in, out/P)
+    expanded = rows.expand(blocks, *rows.shape)  # (P, R, in), no copy
+    if bias is None:
+        y = torch.bmm(expanded, parts)  # (P, R, out/P)
+    else:
+        y = torch.baddbmm(bias.view(blocks, 1, -1), expanded, parts)  # (P, R, out/P)
+    return y.transpose(0, 1).reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
+
+
+@functools.cache
+def split_is_faster(threads: int) -> bool:
+    """Whether :func:`split_linear` runs one-row products faster than oneDNN's packed weights with ``threads``
+    threads, over 64 MB of (1024, 1024) weights (more than a cache holds, as a model's are); measured once per
+    process and thread count."""
+    if threads < 2:
+        return False
+    weights = [torch.ones(1024, 1024) for _ in range(16)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
+    x, blocks = torch.ones(1, 1024), _blocks(1024)
+    return first_is_faster(
+        lambda: [split_linear(x, w, None, blocks) for w in weights],
+        lambda: [packed_linear(x, p, None) for p in packed],
+    )
 
 
 class PackedLinear(nn.Module):
@@ -44,11 +109,21 @@ class PackedLinear(nn.Module):
         for name, param in linear.named_parameters(recurse=False):
             self.register_parameter(name, param)
         self.bias = linear.bias
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.register_buffer("packed", packed, persistent=False)
+        weight = linear.weight.detach()
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
+        self.blocks = _blocks(self.out_features)
+        # the plain weight for split one-row products, outside the module's tensors (a tied one is the embedding's)
+        self._plain = (weight,) if self.blocks > 1 and weight.is_contiguous() else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return packed_linear(x, self.packed, None if self.bias is None else self.bias.detach())  # (..., out)
+        bias = None if self.bias is None else self.bias.detach()
+        if (
+            self._plain is not None
+            and x.numel() <= SPLIT_ROWS * self.in_features
+            and split_is_faster(torch.get_num_threads())
+        ):
+            return split_linear(x, self._plain[0], bias, self.blocks)  # (..., out)
+        return packed_linear(x, self.packed, bias)  # (..., out)
 
     def extra_repr(self) -> str:
         return (
