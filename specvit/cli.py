@@ -138,7 +138,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from specvit.diagram.text import format_table
     from specvit.graph import build_graph
 
-    graph = build_graph(_load(args.spec, args.set), **_sizes(args))
+    spec = _load(args.spec, args.set)
+    if (args.tp, args.pp, args.dp) != (1, 1, 1) or args.fsdp:
+        return _layout(spec, args)
+    graph = build_graph(spec, **_sizes(args))
     expand, unit = args.view == "expanded", flop_unit(args.macs)
     if args.json:
         data = {
@@ -153,6 +156,17 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2))
     else:
         _say(format_table(graph, expand=expand, unit=unit))
+    return 0
+
+
+def _layout(spec: Any, args: argparse.Namespace) -> int:
+    """``summary --tp/--pp/--dp``: what each rank of that layout holds and sends per training step."""
+    from dataclasses import asdict
+
+    from specvit.parallel_layout import layout_report
+
+    report = layout_report(spec, tp=args.tp, pp=args.pp, dp=args.dp, fsdp=args.fsdp, **_sizes(args))
+    _say(json.dumps(asdict(report), indent=2) if args.json else report.table())
     return 0
 
 
@@ -285,6 +299,16 @@ def _add_reading(sub: Any) -> None:
     p.add_argument(  # the spelling before --view, kept working for scripts; not shown in --help
         "--expand", dest="view", action="store_const", const="expanded", help=argparse.SUPPRESS
     )
+    g = p.add_argument_group(
+        "a parallel layout: per pipeline stage, what a rank holds (parameters, gradients and AdamW states, "
+        "activations at --batch per data rank) and sends per training step"
+    )
+    g.add_argument("--tp", type=positive, default=1, metavar="N", help="tensor-parallel ranks")
+    g.add_argument(
+        "--pp", type=positive, default=1, metavar="N", help="pipeline stages (1F1B, N microbatches)"
+    )
+    g.add_argument("--dp", type=positive, default=1, metavar="N", help="data-parallel ranks")
+    g.add_argument("--fsdp", action="store_true", help="shard the data-parallel ranks with FSDP2 (else DDP)")
     add_json(p)
     add_set(p)
     p.set_defaults(func=cmd_summary)

@@ -210,6 +210,8 @@ def test_split_training_follows_one_process(name: str, tp_run: dict[str, Any]) -
     assert tp_run[f"{name}/state_equal"]  # gathered before training: the very weights it was split from
     assert tp_run[f"{name}/reloaded_equal"]  # loaded back in one process's order: the same again
     assert tp_run[f"{name}/twice"] == f"the model is already split over {tp_run['world']} ranks"
+    # what `specvit summary --tp N` says a rank holds is what a split rank holds
+    assert tp_run[f"{name}/local_params"] == tp_run[f"{name}/predicted_params"]
 
 
 @pytest.mark.slow

@@ -215,8 +215,10 @@ def main(out: Path) -> None:
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
     from specvit.parallel import full_state_dict, parallelize
+    from specvit.parallel_layout import layout_report
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -232,6 +234,10 @@ def main(out: Path) -> None:
                 torch.equal(gathered[k], before[k]) for k in before
             )
         results[f"{name}/facts"] = facts(model)
+        results[f"{name}/local_params"] = sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()
+        )
+        results[f"{name}/predicted_params"] = layout_report(model.spec, tp=world).stages[0].params
         results[f"{name}/losses"] = train(model, model.spec)
         try:
             parallelize(model, mesh)
