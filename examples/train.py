@@ -3,6 +3,7 @@
     python examples/train.py specs/mnist_vit.yaml --steps 200
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --parallel fsdp
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --tp 2
+    torchrun --standalone --nproc_per_node 4 examples/train.py specs/mnist_vit.yaml --tp 2 --parallel fsdp
 
 The data is synthetic unless ``--data`` names a safetensors file, and every batch is drawn from
 (seed, step) alone, so a run resumed with ``--resume DIR`` sees the batches the uninterrupted run would
@@ -443,9 +444,10 @@ def _setup(parallel: str, tp: int = 1) -> tuple[torch.device, bool]:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if tp != world and tp > 1:
+    if tp > 1 and (world % tp if parallel == "fsdp" else tp != world):
+        more = f"a multiple of {tp} (data x tensor ranks)" if parallel == "fsdp" else str(tp)
         raise TrainError(
-            f"--tp {tp} splits over {tp} processes, {world} were started: torchrun --nproc_per_node {tp}"
+            f"--tp {tp} splits over {tp} processes, {world} were started: torchrun --nproc_per_node {more}"
         )
     if parallel == "none" and tp == 1:
         if world > 1:
@@ -507,10 +509,8 @@ def _check_tp(args: argparse.Namespace) -> None:
         raise TrainError("--tp must be at least 1")
     if args.tp == 1:
         return
-    if args.parallel != "none":
-        raise TrainError(
-            f"--tp with --parallel {args.parallel} (a 2-D mesh) is not supported yet: use one of them"
-        )
+    if args.parallel == "ddp":
+        raise TrainError("--tp with --parallel ddp is not supported: --parallel fsdp shards the data ranks")
     for flag in ("save", "resume", "bf16", "checkpointing"):
         if getattr(args, flag):
             raise TrainError(f"--{flag} with --tp is not supported yet")
@@ -526,13 +526,24 @@ def _train(
     from specvit.compile import build_model
 
     world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
-    if args.tp > 1:  # every rank computes its part of every layer on the whole batch
-        world, rank = 1, 0
+    group = None  # the data ranks' group, over which the loss is averaged
+    if args.tp > 1:  # a (data, tensor) mesh: each data rank's tensor ranks take the same slice of the batch
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+        world, rank, group = mesh["dp"].size(), mesh["dp"].get_local_rank(), mesh["dp"].get_group()
     if args.batch % world:
         raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
     torch.manual_seed(args.seed)
     net: nn.Module
-    if args.parallel == "fsdp":
+    if args.tp > 1:  # the same weights on every rank, split over the tensor ranks, then sharded (FSDP2)
+        from specvit.parallel import parallelize, shard
+
+        model = build_model(spec, device=device)
+        net = parallelize(model, mesh["tp"])
+        if args.parallel == "fsdp":
+            shard(model, mesh["dp"])
+    elif args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         from specvit.parallel import shard
@@ -549,12 +560,6 @@ def _train(
     else:
         model = build_model(spec, device=device, checkpointing=args.checkpointing)
         net = model
-        if args.tp > 1:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            from specvit.parallel import parallelize
-
-            parallelize(model, init_device_mesh(device.type, (args.tp,)))
         if args.parallel == "ddp":
             ids = [device.index] if device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
@@ -567,7 +572,11 @@ def _train(
     params = sum(p.numel() for p in model.parameters())  # a sharded DTensor counts its whole size
     log = None
     if _rank() == 0:
-        mode = f"tensor parallel on {args.tp} ranks" if args.tp > 1 else f"{args.parallel} on {world} rank(s)"
+        mode = f"{args.parallel} on {world} rank(s)"
+        if args.tp > 1:
+            mode = f"tensor parallel on {args.tp} ranks" + (
+                f" x fsdp on {world}" if args.parallel == "fsdp" else ""
+            )
         print(
             f"{spec.name}: {params:,} parameters, {mode} ({device.type}), "
             f"batch {args.batch} ({per} per rank), steps {start + 1}..{args.steps}",
@@ -587,7 +596,7 @@ def _train(
             opt.step()
             value = loss.detach().float().clone()
             if world > 1:
-                dist.all_reduce(value)
+                dist.all_reduce(value, group=group)
                 value /= world
             if progress is not None:
                 progress.update(step + 1, value.item())

@@ -8,6 +8,7 @@ Each style has a ``note``: what :func:`specvit.tensor_parallel.describe` prints 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -140,14 +141,23 @@ class HeadSplit(ParallelStyle):
         module.num_heads, module.num_kv_heads = self.heads, self.kv_heads
         if hasattr(module, "parts"):  # (name, rows, bias) of the packed projection: this rank's rows
             module.parts = tuple((name, rows // ranks, bias) for name, rows, bias in module.parts)
-        group = device_mesh.get_group()
+        summed = partial(_summed, group=device_mesh.get_group())
         for norm in (
             module.q_norm,
             module.k_norm,
         ):  # one weight for every head: each rank's grad is its heads'
-            for param in norm.parameters():
-                param.register_hook(partial(_summed, group=group))
+            norm.register_forward_pre_hook(partial(_sum_weight_grads, hook=summed))
         return module
+
+
+def _sum_weight_grads(norm: nn.Module, args: Any, hook: Callable[[Tensor], Tensor]) -> None:
+    """Before a QK-norm runs: the weights it is about to use sum their gradients over the tensor ranks (once
+    per weight tensor). Hooked at forward time, not on the parameters: FSDP2 swaps in gathered weights (a 2-D
+    mesh), whose gradients are the ones it then reduces over the data ranks."""
+    for param in norm.parameters():
+        if param.requires_grad and not getattr(param, "_specvit_summed", False):
+            param.register_hook(hook)
+            param._specvit_summed = True  # type: ignore[attr-defined]
 
 
 def _summed(grad: Tensor, group: dist.ProcessGroup) -> Tensor:

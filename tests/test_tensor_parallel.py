@@ -214,6 +214,34 @@ def test_split_training_follows_one_process(name: str, tp_run: dict[str, Any]) -
     assert tp_run[f"{name}/local_params"] == tp_run[f"{name}/predicted_params"]
 
 
+def _halves(name: str) -> list[float]:
+    """One process trained as two data ranks train: each step's loss the mean of the two half batches' (an
+    MoE's load-balancing loss is computed per data rank, so it is not the whole batch's)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = worker.build(worker.SPECS[name])
+        return worker.train(model, model.spec, ranks=2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(worker.SPECS))
+def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_follows_one_process(
+    name: str, tp_run: dict[str, Any]
+) -> None:
+    """4 ranks as 2 data x 2 tensor ranks: parallelize over the tensor ranks, shard over the data ranks."""
+    if tp_run["world"] != 4:
+        pytest.skip("the 2-D mesh needs 4 ranks")
+    split, single = tp_run[f"{name}/2d/losses"], _halves(name)
+    diff = max(abs(a - b) for a, b in zip(split, single, strict=True))
+    print(f"{name} on 2 x 2 ranks vs one process, max |loss difference| over 5 steps: {diff:.2e}")
+    assert diff <= LOSS_TOL, (split, single)
+    whole = _single(name)  # the control for the MoE: the whole batch's balancing loss is another curve
+    assert name != "moe" or max(abs(a - b) for a, b in zip(split, whole, strict=True)) > 5 * LOSS_TOL
+
+
 @pytest.mark.slow
 def test_split_shapes_and_the_control(tp_run: dict[str, Any]) -> None:
     n = tp_run["world"]
@@ -249,12 +277,15 @@ def test_train_script_with_tp_follows_one_process(tp_run: dict[str, Any], tmp_pa
         assert script.main([*worker.TRAIN_ARGS, "--log", str(tmp_path / "one.jsonl")]) == 0
     finally:
         torch.set_num_threads(threads)
-    losses = [
+    runs = ["train_tp.jsonl"] + (["train_2d.jsonl"] if tp_run["world"] == 4 else [])  # and --tp 2 x fsdp 2
+    assert tp_run.get("train_2d_exit", 0) == 0
+    one, *split = [
         [json.loads(line)["loss"] for line in (path).read_text().splitlines()]
-        for path in (tmp_path / "one.jsonl", tp_run["out"] / "train_tp.jsonl")
+        for path in (tmp_path / "one.jsonl", *(tp_run["out"] / run for run in runs))
     ]
-    assert len(losses[0]) == 3 and len(set(losses[0])) == 3
-    assert max(abs(a - b) for a, b in zip(*losses, strict=True)) <= LOSS_TOL
+    assert len(one) == 3 and len(set(one)) == 3
+    for losses in split:
+        assert max(abs(a - b) for a, b in zip(one, losses, strict=True)) <= LOSS_TOL
 
 
 def test_train_script_refuses_tp_without_its_processes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -265,7 +296,14 @@ def test_train_script_refuses_tp_without_its_processes(capsys: pytest.CaptureFix
         in capsys.readouterr().err
     )
     assert script.main([*worker.TRAIN_ARGS, "--tp", "2", "--parallel", "fsdp"]) == 2
-    assert "--tp with --parallel fsdp (a 2-D mesh) is not supported yet" in capsys.readouterr().err
+    assert (
+        "--tp 2 splits over 2 processes, 1 were started: torchrun --nproc_per_node a multiple of 2 (data x "
+        "tensor ranks)" in capsys.readouterr().err
+    )
+    assert script.main([*worker.TRAIN_ARGS, "--tp", "2", "--parallel", "ddp"]) == 2
+    assert "--tp with --parallel ddp is not supported: --parallel fsdp shards the data ranks" in (
+        capsys.readouterr().err
+    )
 
 
 # ----------------------------------------------------------------------------------------------- docs

@@ -171,16 +171,27 @@ def build(text: str) -> SpecModel:
     return specvit.build_model(specvit.parse_spec(text))
 
 
-def train(model: nn.Module, spec: specvit.Spec) -> list[float]:
-    """STEPS AdamW steps on whole batches; the loss of each step."""
+def train(model: nn.Module, spec: specvit.Spec, ranks: int = 1, group: Any = None) -> list[float]:
+    """STEPS AdamW steps; the loss of each step. ``ranks`` data ranks each take their slice of the batch:
+    with ``group`` (the data ranks' process group) this process is one of them and the loss is averaged over
+    the group; without, this one process computes every slice's loss and averages them."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
+    mine = [dist.get_group_rank(group, dist.get_rank())] if group is not None else range(ranks)
     for step in range(STEPS):
-        loss = loss_of(model, spec, batch(spec, step))
+        whole, per = batch(spec, step), BATCH // ranks
+        parts = [
+            loss_of(model, spec, {k: v[r * per : (r + 1) * per] for k, v in whole.items()}) for r in mine
+        ]
+        loss = sum(parts) / len(parts)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        value = loss.detach().clone()
+        if group is not None:
+            dist.all_reduce(value, group=group)
+            value /= ranks
+        losses.append(value.item())
     return losses
 
 
@@ -260,6 +271,18 @@ def main(out: Path) -> None:
     )
     refused = [*TRAIN_ARGS, "--set", "encoder.block.heads=1", "--tp", str(world)]  # 1 head over N ranks
     results["train_tp_refused_exit"] = script.main(refused)
+    if world == 4:  # TP inside FSDP2: 2 data ranks x 2 tensor ranks
+        from specvit.parallel import shard
+
+        grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        for name, text in SPECS.items():
+            model = parallelize(build(text), grid["tp"])
+            shard(model, grid["dp"])
+            results[f"{name}/2d/losses"] = train(model, model.spec, 2, grid["dp"].get_group())
+        log = out / "train_2d.jsonl"
+        results["train_2d_exit"] = script.main(
+            [*TRAIN_ARGS, "--tp", "2", "--parallel", "fsdp", "--log-file", str(log)]
+        )
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
