@@ -29,12 +29,15 @@ def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
     from benchmarks.decode import decode_rows
     from benchmarks.generation import generation_rows
     from benchmarks.inference import softcap_attention_rows, transformer_eval_rows, vit_rows
+    from benchmarks.peers import moe_rows, swin_rows
     from benchmarks.training import training_rows
 
     return {
         "vit": vit_rows,
         "transformer": transformer_eval_rows,
         "attention": softcap_attention_rows,
+        "moe": moe_rows,
+        "swin": swin_rows,
         "training": training_rows,
         "generation": generation_rows,
         "decode": decode_rows,
@@ -43,7 +46,18 @@ def _sections() -> dict[str, Callable[[int, bool], list[Row]]]:
     }
 
 
-SECTIONS = ("vit", "transformer", "attention", "training", "generation", "decode", "build", "cuda")
+SECTIONS = (
+    "vit",
+    "transformer",
+    "attention",
+    "moe",
+    "swin",
+    "training",
+    "generation",
+    "decode",
+    "build",
+    "cuda",
+)
 
 
 def measure_ceiling(repeat: int, smoke: bool) -> tuple[dict[str, float], dict[str, float], str]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from typing import Any
 
+import pytest
 import torch
+from torch import nn
 
 import specvit
 from benchmarks.common import Row, cpu_info
@@ -133,3 +137,84 @@ def test_decode_agreement_text() -> None:
     got[1, 2:] = 0  # row 1 departs at position 2
     assert _agreement(got, want) == "tokens differ from HF's from position 2 of row 1"
     assert _agreement(want[:, :3], want) == "[2, 3] tokens vs HF's [2, 4]"
+
+
+def _finite(rows: list[Row]) -> bool:
+    return all(math.isfinite(r.ours) and r.ours > 0 and r.peer and math.isfinite(r.peer) for r in rows)
+
+
+def _verdicts(count: int) -> list[str]:
+    from benchmarks.common import TARGETS
+
+    return [check(0.0) for check in TARGETS[-count:]]
+
+
+def test_moe_rows_smoke() -> None:
+    """The MoE section at toy sizes: a forward and a training-step row against HF's Mixtral block, each
+    stating the difference it asserted (outputs, then gradients) and recording its target."""
+    from benchmarks.peers import moe_rows
+
+    rows = moe_rows(1, smoke=True)
+    assert [r.section for r in rows] == [
+        "Mixture-of-experts MLP (Mixtral's), eval forward [smoke size]",
+        "Mixture-of-experts MLP (Mixtral's), training step (AdamW) [smoke size]",
+    ]
+    assert _finite(rows) and all(r.peer_name.startswith("HF MixtralSparseMoeBlock (") for r in rows)
+    assert rows[0].what.startswith("4 experts, top 2, width 32, expert hidden 64, batch 2 x 16 tokens")
+    assert "; max abs diff " in rows[0].what and "max abs diff of the gradients" in rows[1].what
+    assert all(float(r.what.rsplit(" ", 1)[1]) < 1e-4 for r in rows)
+    # 32 tokens: the router (32 x 4) and 2 experts of 3 matrices 32 x 64 each, 2 FLOPs a multiply-add
+    assert rows[0].flops == 2 * 32 * 32 * (4 + 2 * 3 * 64) and rows[1].flops == 3 * rows[0].flops
+    for verdict, row in zip(_verdicts(2), rows, strict=True):
+        assert verdict.split(": ", 1)[0] in ("met", "MISSED")
+        assert f": {row.section} no slower than {row.peer_name}: ratio {row.ratio()}" in verdict
+
+
+def test_moe_rows_refuse_to_time_a_different_mlp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: one expert's weights changed on specvit's side, the row's equality assert fires."""
+    from benchmarks import peers
+
+    original = peers.moe_pair
+
+    def tampered(smoke: bool) -> peers.MoePair:
+        pair = original(smoke)
+        with torch.no_grad():
+            pair.experts.get_parameter("fc2").add_(0.01)
+        return pair
+
+    monkeypatch.setattr(peers, "moe_pair", tampered)
+    with pytest.raises(AssertionError, match="the MoE MLP differs from HF Mixtral's by"):
+        peers.moe_rows(1, smoke=True)
+
+
+def test_swin_rows_smoke() -> None:
+    """The Swin section at toy width: specvit's preset against timm's Swin-T on converted weights."""
+    from benchmarks.peers import swin_rows
+
+    rows = swin_rows(1, smoke=True)
+    assert [(r.section, r.peer_name) for r in rows] == [
+        ("Swin-T forward (windowed attention), eval [smoke size]", "timm swin_tiny_patch4_window7_224")
+    ]
+    assert _finite(rows) and rows[0].flops
+    assert rows[0].what.startswith("width 16, heads 1/2/4/8, 2 blocks a stage, batch 2, 224 pixels")
+    assert float(rows[0].what.rsplit(" ", 1)[1]) < 1e-4
+    assert f": {rows[0].section} no slower than timm: ratio {rows[0].ratio()}" in _verdicts(1)[0]
+
+
+def test_swin_rows_refuse_to_time_a_different_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: specvit's first relative position bias table changed, the row's equality assert fires."""
+    from benchmarks import peers
+
+    original = peers.swin_pair
+
+    def tampered(smoke: bool) -> tuple[nn.Module, nn.Module, Any]:
+        ours, peer, spec = original(smoke)
+        with torch.no_grad():
+            table = next(p for n, p in ours.named_parameters() if "relative_position_bias_table" in n)
+            # noise, not a constant: a bias the same for every key would leave the softmax as it was
+            table.add_(torch.randn(table.shape, generator=torch.Generator().manual_seed(0)))
+        return ours, peer, spec
+
+    monkeypatch.setattr(peers, "swin_pair", tampered)
+    with pytest.raises(AssertionError, match="Swin-T differs from timm's by"):
+        peers.swin_rows(1, smoke=True)
