@@ -157,24 +157,31 @@ class MoeMlp(nn.Module):
         return out.view_as(x)  # (B, N, D)
 
     def _routed(self, flat: Tensor, logits: Tensor) -> Tensor:
-        """The (T, D) outputs of this rank's experts (every expert on one process) for the (T, D) tokens."""
+        """The (T, D) outputs of this rank's experts (every expert on one process) for the (T, D) tokens.
+
+        The T * k (token, choice) slots are sorted by expert, so each expert's tokens are one contiguous run:
+        one gather, two products per expert, the activation and the routing weights over all slots at once,
+        one scatter back (a loop of gathers and index-adds per expert costs more than the products).
+        """
         _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
         fc1, fc2 = local(self.fc1), local(self.fc2)  # (E or E / ranks, F or 2F, D), (..., D, F)
-        out = torch.zeros_like(flat)  # (T, D)
-        for e in range(fc1.shape[0]):
-            token, slot = torch.where(
-                index == self.first_expert + e
-            )  # the tokens routed to expert e, the choice
-            if token.numel() == 0 and self.group is None:  # split: every rank runs every step, graphs alike
-                continue
-            h = F.linear(flat[token], fc1[e])  # (t, F or 2F)
-            if self.gated:
-                gate, value = h.chunk(2, dim=-1)
-                h = self.act(gate) * value  # (t, F)
-            else:
-                h = self.act(h)
-            out.index_add_(0, token, F.linear(h, fc2[e]) * weights[token, slot, None])
-        return out
+        mine = fc1.shape[0]
+        expert = (index - self.first_expert).flatten()  # (T * k,) this rank's expert of each slot
+        expert = torch.where((expert >= 0) & (expert < mine), expert, mine)  # other ranks' experts: last
+        order = torch.argsort(expert, stable=True)  # (T * k,) slots by expert
+        counts = torch.bincount(expert, minlength=mine + 1).tolist()[:mine]  # one sync with the host
+        used = order[: sum(counts)]  # the slots this rank's experts run
+        token = torch.div(used, self.top_k, rounding_mode="floor")  # (S,) each slot's token
+        x = flat[token]  # (S, D) sorted by expert
+        h = torch.cat([F.linear(part, fc1[e]) for e, part in enumerate(x.split(counts))])  # (S, F or 2F)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)
+            h = self.act(gate) * value  # (S, F)
+        else:
+            h = self.act(h)
+        y = torch.cat([F.linear(part, fc2[e]) for e, part in enumerate(h.split(counts))])  # (S, D)
+        y = y * weights.flatten()[used, None]  # (S, D) times each slot's routing weight
+        return torch.zeros_like(flat).index_add(0, token, y)  # (T, D)
 
     def extra_repr(self) -> str:
         shared = (
