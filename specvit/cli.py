@@ -184,6 +184,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             flops=args.flops,
             macs=args.macs,
             plumbing=args.plumbing,
+            pp=args.pp,
         )
     except RenderError as exc:
         _say(f"specvit render: {exc}", err=True)
@@ -397,6 +398,7 @@ def _add_writing(sub: Any) -> None:
         help="also draw the run-time plumbing: padding masks, the KV cache and the decoding offset, with "
         "their edges into every attention (left out by default)",
     )
+    p.add_argument("--pp", type=positive, metavar="M", help="frame M pipeline stages (as `summary --pp M`)")
     add_macs(p)
     add_set(p)
     p.set_defaults(func=cmd_render)

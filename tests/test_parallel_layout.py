@@ -5,6 +5,7 @@ on real split ranks are checked by tests/test_tensor_parallel.py's slow run."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,22 @@ def test_summary_prints_the_layout_and_refuses_what_the_plan_refuses(
     assert main(["summary", "gpt2_small", "--tp", "4"]) == 2
     err = capsys.readouterr().err
     assert "vocabulary 50257 over 4 ranks (pad the vocabulary to a multiple of 4" in err
+
+
+def test_render_frames_each_pipeline_stage_and_folds_within_it(tmp_path: Path) -> None:
+    from specvit.diagram import RenderError, render
+
+    dot = (render("gpt2_small", tmp_path / "pp.dot", pp=3)).read_text()
+    for title in ("pipeline stage 0: decoder.blocks.0-4", "pipeline stage 1: decoder.blocks.5-10",
+                  "pipeline stage 2: decoder.blocks.11"):  # fmt: skip
+        assert title in dot
+    assert "decoder.blocks.0-4  x5" in dot and "decoder.blocks.5-10  x6" in dot  # no run crosses a cut
+    plain = (render("gpt2_small", tmp_path / "plain.dot")).read_text()
+    assert "decoder.blocks.0-11  x12" in plain and "pipeline stage" not in plain  # the control
+    with pytest.raises(
+        RenderError, match=r"--pp frames pipeline stages in .svg, .png, .pdf and .dot drawings"
+    ):
+        render("gpt2_small", tmp_path / "pp.html", pp=2)
+    assert not (tmp_path / "pp.html").exists()
+    assert main(["render", "transformer_base", "--pp", "13", "-o", str(tmp_path / "x.svg")]) == 2
+    assert not (tmp_path / "x.svg").exists()

@@ -51,6 +51,17 @@ def with_dpi(dot: str, dpi: int | None) -> str:
     return f"{head}{brace}\n\tdpi={int(dpi)}{rest}"
 
 
+def _pipeline(graph: ArchGraph, pp: int | None, suffix: str | None) -> list[tuple[str, ...]]:
+    """The blocks of each of ``pp`` pipeline stages to frame (none without ``pp``)."""
+    if pp is None:
+        return []
+    from specvit.parallel_layout import pipeline_stages
+
+    if suffix in (".mmd", ".html"):
+        raise RenderError(f"--pp frames pipeline stages in .svg, .png, .pdf and .dot drawings, not {suffix}")
+    return [stage.blocks for stage in pipeline_stages(graph, pp)]
+
+
 @overload
 def render(
     spec_or_graph: Spec | ArchGraph | str | os.PathLike[str],
@@ -61,6 +72,7 @@ def render(
     flops: bool = False,
     macs: bool = False,
     plumbing: bool = False,
+    pp: int | None = None,
 ) -> Diagram: ...
 
 
@@ -75,6 +87,7 @@ def render(
     flops: bool = False,
     macs: bool = False,
     plumbing: bool = False,
+    pp: int | None = None,
 ) -> Path: ...
 
 
@@ -88,6 +101,7 @@ def render(
     flops: bool = False,
     macs: bool = False,
     plumbing: bool = False,
+    pp: int | None = None,
 ) -> Path | Diagram:
     """Draw a model into a file whose extension picks the format, or, without a path, into a
     :class:`Diagram` that notebooks display inline.
@@ -110,6 +124,7 @@ def render(
         macs: print FLOPs as multiply-adds (MACs, half as many): in the title, and on the nodes with ``flops``.
         plumbing: also draw the run-time plumbing (padding masks, the KV cache, the decoding offset) and its
             edges into every attention; by default they are left out (the graph and the model have them).
+        pp: frame the blocks of each of ``pp`` pipeline stages as ``summary --pp`` cuts them (not in .mmd, .html).
 
     Returns:
         The path written, or the Diagram.
@@ -134,12 +149,12 @@ def render(
         graph = build_graph(spec_or_graph if isinstance(spec_or_graph, Spec) else load_spec(spec_or_graph))
     if path is not None:
         refuse_inputs(target, spec_inputs(graph.spec))
-    shown = str(path) if path is not None else "the diagram"
-    nodes = len(graph.nx)
+    shown, nodes = str(path) if path is not None else "the diagram", len(graph.nx)
     if view == "expanded" and nodes > MAX_BOXES:  # before planning: the plan of a huge graph is slow too
         raise RenderError(_too_many(shown, nodes, view))
     unit = flop_unit(macs)
-    scene = plan(graph, view, unit, plumbing=plumbing)
+    pipeline = _pipeline(graph, pp, None if path is None else suffix)
+    scene = plan(graph, view, unit, plumbing=plumbing, pipeline=pipeline)
     if len(scene.boxes) > MAX_BOXES:
         raise RenderError(_too_many(shown, len(scene.boxes), view))
     dot = to_dot(graph, view, direction, flops=flops, unit=unit, plumbing=plumbing, scene=scene)

@@ -14,7 +14,7 @@ The expanded view draws every block in a cluster of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,8 @@ class Frame:
         id: a unique name: the block's path, or the block range a frame spans.
         title: the caption, ``"decoder.blocks.0-8  x3"``.
         note: the smaller second caption line (parameters).
-        kind: ``block`` (one block), ``folded`` (equal blocks drawn once) or ``repeat`` (a pattern of blocks
-            drawn once, in order).
+        kind: ``block`` (one block), ``folded`` (equal blocks drawn once), ``repeat`` (a pattern of blocks
+            drawn once, in order) or ``pipeline`` (the blocks of one pipeline stage).
     """
 
     id: str
@@ -107,7 +107,12 @@ def _span(blocks: list[str]) -> str:
 
 
 def group_blocks(
-    graph: ArchGraph, params: Callable[[str], str], *, collapsed: bool = True, stages: bool = True
+    graph: ArchGraph,
+    params: Callable[[str], str],
+    *,
+    collapsed: bool = True,
+    stages: bool = True,
+    pipeline: Sequence[Sequence[str]] = (),
 ) -> Grouping:
     """How the blocks of ``graph`` are drawn.
 
@@ -116,7 +121,28 @@ def group_blocks(
         params: a block path -> its parameters as captions print them (``"7.1M params"``).
         collapsed: fold repeated blocks; False draws every block in its own cluster.
         stages: draw a stage repeating an earlier one's structure as one box (collapsed view only).
+        pipeline: the blocks of each pipeline stage, in order: each stage's blocks are drawn inside a frame
+            of their own, and no run folds across two stages.
     """
+    out = _group(graph, params, collapsed, stages and not pipeline, pipeline)
+    for i, part in enumerate(pipeline):
+        frame = Frame(
+            f"pipeline.{i}", f"pipeline stage {i}: {_span(list(part))}", f"{len(part)} blocks", "pipeline"
+        )
+        for b in part:
+            if b in out.frames:
+                out.frames[b].insert(0, frame)
+    return out
+
+
+def _group(
+    graph: ArchGraph,
+    params: Callable[[str], str],
+    collapsed: bool,
+    stages: bool,
+    pipeline: Sequence[Sequence[str]],
+) -> Grouping:
+    """:func:`group_blocks` without the pipeline's frames."""
     out = Grouping()
     blocks = [
         b
@@ -129,7 +155,12 @@ def group_blocks(
     if stages:
         out.stages = _stages(graph)
     staged = {b for stage in out.stages.values() for b in stage.blocks}
-    fold, shared = graph.fold(), graph.shared()
+    fold = (
+        graph.fold_in_parts({b: i for i, part in enumerate(pipeline) for b in part})
+        if pipeline
+        else graph.fold()
+    )
+    shared = graph.shared()
     runs: dict[str, list[str]] = {}
     for b in blocks:
         if b in staged:

@@ -105,6 +105,7 @@ _CLUSTER_STYLE: dict[str, dict[str, str]] = {
     "block": {"style": "rounded,filled", "color": "#b5b5b5", "fillcolor": "#f7f7f7"},
     "folded": {"style": "rounded,filled", "color": "#6f6f6f", "fillcolor": "#f2f2f2", "penwidth": "2"},
     "repeat": {"style": "rounded,dashed", "color": "#6f6f6f", "penwidth": "2"},
+    "pipeline": {"style": "dashed", "color": "#c0392b", "penwidth": "2", "labeljust": "r"},
 }
 
 BLOCKS_STYLE = {"fillcolor": "#f2f2f2", "color": "#6f6f6f", "penwidth": "2"}

@@ -10,6 +10,7 @@ is left out unless asked for.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -198,6 +199,7 @@ def plan(
     *,
     plumbing: bool = False,
     stages: bool = True,
+    pipeline: Sequence[Sequence[str]] = (),
 ) -> Scene:
     """What a diagram of ``graph`` shows.
 
@@ -211,6 +213,7 @@ def plan(
         plumbing: also draw the run-time plumbing (:func:`plumbing_nodes`: masks, the KV cache, the decoding
             offset) and its edges; the graph has them either way.
         stages: in the collapsed view, draw a stage that repeats an earlier one as one box.
+        pipeline: the blocks of each pipeline stage, each stage framed (:func:`~specvit.diagram.folds.group_blocks`).
 
     Returns:
         The scene: boxes, nested clusters and edges.
@@ -223,7 +226,9 @@ def plan(
         for key in (a["stack"], a["block"]):
             if key:
                 params[key] = params.get(key, 0) + int(a["params"])
-    grouping = group_blocks(graph, lambda b: _params(params[b]), collapsed=view == "collapsed", stages=stages)
+    grouping = group_blocks(
+        graph, lambda b: _params(params[b]), collapsed=view == "collapsed", stages=stages, pipeline=pipeline
+    )
     hidden = set() if plumbing else plumbing_nodes(graph)
     again = _reruns(graph, graph.shared()) if view == "collapsed" else {}
     drawn: dict[str, str] = {}

@@ -240,11 +240,20 @@ class ArchGraph:
         schedule) folds into the pattern's first blocks (``encoder.stages.2.blocks.0,2,4`` and
         ``...1,3,5``, x3 each). Runs never cross a stage. Blocks that repeat nothing are absent.
         """
+        return self.fold_in_parts({})
+
+    def fold_in_parts(self, parts: Mapping[str, int]) -> dict[str, Fold]:
+        """:meth:`fold` with the blocks cut into parts (pipeline stages) that no run crosses.
+
+        Args:
+            parts: block path -> its part (a block not named is in part 0).
+        """
         out: dict[str, Fold] = {}
-        containers: dict[str, list[str]] = {}
+        containers: dict[tuple[str, int], list[str]] = {}
         for stack in ("encoder", "decoder"):
             for block in self.blocks(stack):
-                containers.setdefault(block.rsplit(".blocks.", 1)[0], []).append(block)
+                part = parts.get(block, 0)
+                containers.setdefault((block.rsplit(".blocks.", 1)[0], part), []).append(block)
         shared = self.shared()  # drawn once already, with the count of its runs
         for blocks in containers.values():
             sigs = [(b,) if b in shared else self.signature(b) for b in blocks]
