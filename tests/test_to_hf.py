@@ -4,6 +4,7 @@ refused with the keys that differ from the closest family, and nothing is writte
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -117,7 +118,8 @@ def test_transformers_is_named_when_it_is_missing(tmp_path: Path, monkeypatch: p
     ("family", "cls"),
     [("bert", "ForMaskedLM"), ("roberta", "ForSequenceClassification"), ("xlm-roberta", "ForTokenClassification"),
      ("distilbert", "Model"), ("vit", "ViTForImageClassification"), ("deit", "DeiTForImageClassificationWithTeacher"),
-     ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM")],
+     ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM"),
+     ("gptj", "GPTJForCausalLM"), ("opt", "OPTForCausalLM"), ("falcon", "FalconForCausalLM")],
 )  # fmt: skip
 def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
     """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
@@ -140,3 +142,54 @@ def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: P
         want, got = ref(**x), back.eval()(**x)
     name = "logits" if hasattr(want, "logits") else "last_hidden_state"
     assert (getattr(got, name) - getattr(want, name)).abs().max().item() <= 1e-5
+
+
+def _written_back(ref: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    """HF -> specvit -> HF: the class config.json names, loaded from the directory to_hf wrote."""
+    import transformers
+
+    ours = converted(ref, specvit.from_hf(ref.config.to_dict() | {"architectures": [type(ref).__name__]}))
+    config = json.loads((specvit.to_hf(ours, directory) / "config.json").read_text())
+    back = getattr(transformers, config["architectures"][0]).from_pretrained(directory).eval()
+    assert type(back) is type(ref)
+    return back
+
+
+@pytest.mark.parametrize(
+    ("family", "change"),
+    [("gptj", {"rotary_dim": 16}), ("opt", {"do_layer_norm_before": False}),
+     ("opt", {"_remove_final_layer_norm": True}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+     ("falcon", {"multi_query": False, "parallel_attn": False}),
+     ("falcon", {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}})],
+)  # fmt: skip
+def test_the_fields_a_decoder_table_reads_are_written_back(
+    family: str, change: dict[str, object], tmp_path: Path
+) -> None:
+    """Each switched field reaches config.json and the reloaded class computes the switched model (Falcon's
+    key/value groups put back in its fused projection's order); the control: the switch moves HF's output."""
+    import test_hf_decoder_tables2 as decoders
+
+    ref = decoders._hf(family, **change)
+    back = _written_back(ref, tmp_path / "back")
+    written = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert {k: written[k] for k in change} == change
+    with torch.no_grad():
+        want = ref(_tokens()).logits
+        assert (back(_tokens()).logits - want).abs().max().item() <= 1e-5
+        assert (decoders._hf(family)(_tokens()).logits - want).abs().max().item() > 10 * ATOL
+
+
+def test_two_norms_of_one_hf_weight_must_be_equal(tmp_path: Path) -> None:
+    """Falcon-7B's blocks feed one norm to both branches, specvit's two norms holding its weight: after they
+    part (a fine-tuned norm2), the directory is refused, not written with one of them."""
+    import test_hf_decoder_tables2 as decoders
+
+    ref = decoders._hf("falcon")
+    ours = converted(ref, specvit.from_hf(ref.config))
+    specvit.to_hf(ours, tmp_path / "same")  # the control: equal norms are written
+    with torch.no_grad():
+        ours.decoder.blocks[0].norm2.weight.add_(0.05)
+    with pytest.raises(SpecError, match=r"HF Falcon has one weight transformer\.h\.0\.input_layernorm\.weight "
+                                        r"where the spec has two, and they differ"):  # fmt: skip
+        specvit.to_hf(ours, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

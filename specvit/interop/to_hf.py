@@ -20,7 +20,7 @@ from torch import Tensor
 
 from specvit.errors import Problem, SpecError
 from specvit.interop import hf  # noqa: F401  (registers every family's table)
-from specvit.interop.layout import Transform, batched, cat, conv1d, flat, same
+from specvit.interop.layout import Transform, Undoable, batched, cat, conv1d, flat, same
 from specvit.interop.registry import Config
 from specvit.interop.table import TABLES, D, F, Table
 from specvit.spec.loader import parse_spec
@@ -146,14 +146,25 @@ def hf_state_dict(model: SpecModel, table: Table, config: dict[str, Any]) -> dic
             raise SpecError(Problem(key, f"HF {table.name} has no weight for {key}", "report this"))
         names, transform = entry
         if transform is cat:
-            sizes = [shapes[n][0] for n in names]
-            out |= dict(zip(names, tensor.split(sizes), strict=True))
+            parts = dict(zip(names, tensor.split([shapes[n][0] for n in names]), strict=True))
+        elif isinstance(transform, Undoable):
+            parts = {names[0]: transform.undo(tensor)}
         elif transform in _INVERSE:
-            out[names[0]] = _INVERSE[transform](tensor)
+            parts = {names[0]: _INVERSE[transform](tensor)}
         else:
             raise SpecError(
                 Problem(key, f"{key} is made of {names} in a way to_hf cannot undo", "report this")
             )
+        for name, part in parts.items():
+            if name in out and not torch.equal(out[name], part):  # Falcon-7B's one norm is specvit's two
+                raise SpecError(
+                    Problem(
+                        key,
+                        f"HF {table.name} has one weight {name} where the spec has two, and they differ",
+                        "make them equal, or keep the model in specvit's own format (save_pretrained)",
+                    )
+                )
+        out |= parts
     for key, want in layout.fixed.items():  # frozen tables the spec computes (Marian's sinusoids)
         if key in shapes:
             out[key] = want(shapes[key]) if callable(want) else want
