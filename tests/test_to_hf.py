@@ -114,34 +114,33 @@ def test_transformers_is_named_when_it_is_missing(tmp_path: Path, monkeypatch: p
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    ("family", "cls"),
-    [("bert", "ForMaskedLM"), ("roberta", "ForSequenceClassification"), ("xlm-roberta", "ForTokenClassification"),
-     ("distilbert", "Model"), ("vit", "ViTForImageClassification"), ("deit", "DeiTForImageClassificationWithTeacher"),
-     ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM"),
-     ("gptj", "GPTJForCausalLM"), ("opt", "OPTForCausalLM"), ("falcon", "FalconForCausalLM")],
-)  # fmt: skip
-def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
-    """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
-    outputs (padding ids write pad_token_id back, RoBERTa's offset too, a square image its one size)."""
+def _case(family: str, cls: str | None, **change: object) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The test case of another test file: HF's class of the family with ``change`` in its config, and its input."""
+    import test_hf_clip_tables as clip
     import test_hf_decoder_tables2 as decoders
     import test_hf_encoder_tables as encoders
     import test_hf_vision_tables as towers
-    import transformers
 
     if family in encoders.CASES:
-        ref, x = encoders._hf(family, cls), {"input_ids": _tokens()[:, :12]}
-    elif family in towers.CASES:
-        ref, x = towers._hf(family, cls), {"pixel_values": torch.randn(2, 3, 32, 32)}
-    else:
-        ref, x = decoders._hf(family), {"input_ids": _tokens()}
-    ours = converted(ref, specvit.from_hf(ref.config.to_dict() | {"architectures": [type(ref).__name__]}))
-    back = getattr(transformers, type(ref).__name__).from_pretrained(specvit.to_hf(ours, tmp_path / "back"))
-    assert type(back) is type(ref)
+        return encoders._hf(family, cls, **change), {"input_ids": _tokens()[:, :12]}
+    if family in towers.CASES or family in clip.CASES:
+        ref = (towers if family in towers.CASES else clip)._hf(family, str(cls), **change)
+        size = ref.config.image_size
+        images = torch.randn(
+            2, ref.config.num_channels, size, size, generator=torch.Generator().manual_seed(1)
+        )
+        return ref, {"pixel_values": images}
+    return decoders._hf(family, **change), {"input_ids": _tokens()}
+
+
+def _output(model: torch.nn.Module, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The logits, else the projected or the last features of ``model`` on ``x``."""
     with torch.no_grad():
-        want, got = ref(**x), back.eval()(**x)
-    name = "logits" if hasattr(want, "logits") else "last_hidden_state"
-    assert (getattr(got, name) - getattr(want, name)).abs().max().item() <= 1e-5
+        out = model.eval()(**x)
+    name = next(
+        n for n in ("logits", "image_embeds", "last_hidden_state") if getattr(out, n, None) is not None
+    )
+    return getattr(out, name)
 
 
 def _written_back(ref: torch.nn.Module, directory: Path) -> torch.nn.Module:
@@ -156,27 +155,43 @@ def _written_back(ref: torch.nn.Module, directory: Path) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(
-    ("family", "change"),
-    [("gptj", {"rotary_dim": 16}), ("opt", {"do_layer_norm_before": False}),
-     ("opt", {"_remove_final_layer_norm": True}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
-     ("falcon", {"multi_query": False, "parallel_attn": False}),
-     ("falcon", {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}})],
+    ("family", "cls"),
+    [("bert", "ForMaskedLM"), ("roberta", "ForSequenceClassification"), ("xlm-roberta", "ForTokenClassification"),
+     ("distilbert", "Model"), ("vit", "ViTForImageClassification"), ("deit", "DeiTForImageClassificationWithTeacher"),
+     ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM"),
+     ("gptj", "GPTJForCausalLM"), ("opt", "OPTForCausalLM"), ("falcon", "FalconForCausalLM"),
+     ("electra", "ForMaskedLM"), ("albert", "ForMaskedLM")],
 )  # fmt: skip
-def test_the_fields_a_decoder_table_reads_are_written_back(
-    family: str, change: dict[str, object], tmp_path: Path
+def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
+    """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
+    outputs (padding ids write pad_token_id back, RoBERTa's offset too, a square image its one size)."""
+    ref, x = _case(family, cls)
+    back = _written_back(ref, tmp_path / "back")
+    assert (_output(back, x) - _output(ref, x)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("family", "cls", "change"),
+    [("gptj", None, {"rotary_dim": 16}), ("opt", None, {"do_layer_norm_before": False}),
+     ("opt", None, {"_remove_final_layer_norm": True}),
+     ("falcon", None, {"new_decoder_architecture": True, "num_kv_heads": 2}),
+     ("falcon", None, {"multi_query": False, "parallel_attn": False}),
+     ("falcon", None, {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}}),
+     ("electra", "ForMaskedLM", {"embedding_size": 48}), ("albert", "ForTokenClassification", {"num_hidden_groups": 4})],
+)  # fmt: skip
+def test_the_fields_a_table_reads_are_written_back(
+    family: str, cls: str | None, change: dict[str, object], tmp_path: Path
 ) -> None:
     """Each switched field reaches config.json and the reloaded class computes the switched model (Falcon's
-    key/value groups put back in its fused projection's order); the control: the switch moves HF's output."""
-    import test_hf_decoder_tables2 as decoders
-
-    ref = decoders._hf(family, **change)
+    key/value groups put back in its fused projection's order, ELECTRA's embeddings as wide as its blocks, an
+    ALBERT group a layer); the control: the switch moves HF's output."""
+    ref, x = _case(family, cls, **change)
     back = _written_back(ref, tmp_path / "back")
     written = json.loads((tmp_path / "back" / "config.json").read_text())
     assert {k: written[k] for k in change} == change
-    with torch.no_grad():
-        want = ref(_tokens()).logits
-        assert (back(_tokens()).logits - want).abs().max().item() <= 1e-5
-        assert (decoders._hf(family)(_tokens()).logits - want).abs().max().item() > 10 * ATOL
+    want = _output(ref, x)
+    assert (_output(back, x) - want).abs().max().item() <= 1e-5
+    assert (_output(_case(family, cls)[0], x) - want).abs().max().item() > 10 * ATOL
 
 
 def test_two_norms_of_one_hf_weight_must_be_equal(tmp_path: Path) -> None:
