@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference import converted
+from test_hf_encoder_tables import GLOBAL_FIRST, THETAS
 from test_hf_tables import ATOL, _hf, _tokens
 
 import specvit
@@ -160,7 +161,7 @@ def _written_back(ref: torch.nn.Module, directory: Path) -> torch.nn.Module:
      ("distilbert", "Model"), ("vit", "ViTForImageClassification"), ("deit", "DeiTForImageClassificationWithTeacher"),
      ("gpt2", "GPT2LMHeadModel"), ("mpt", "MptForCausalLM"), ("stablelm", "StableLmForCausalLM"),
      ("gptj", "GPTJForCausalLM"), ("opt", "OPTForCausalLM"), ("falcon", "FalconForCausalLM"),
-     ("electra", "ForMaskedLM"), ("albert", "ForMaskedLM")],
+     ("electra", "ForMaskedLM"), ("albert", "ForMaskedLM"), ("modernbert", "ForMaskedLM")],
 )  # fmt: skip
 def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
     """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
@@ -177,14 +178,15 @@ def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: P
      ("falcon", None, {"new_decoder_architecture": True, "num_kv_heads": 2}),
      ("falcon", None, {"multi_query": False, "parallel_attn": False}),
      ("falcon", None, {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}}),
-     ("electra", "ForMaskedLM", {"embedding_size": 48}), ("albert", "ForTokenClassification", {"num_hidden_groups": 4})],
+     ("electra", "ForMaskedLM", {"embedding_size": 48}), ("albert", "ForTokenClassification", {"num_hidden_groups": 4}),
+     ("modernbert", "ForTokenClassification", {"local_attention": 4, "layer_types": GLOBAL_FIRST, "rope_parameters": THETAS})],
 )  # fmt: skip
 def test_the_fields_a_table_reads_are_written_back(
     family: str, cls: str | None, change: dict[str, object], tmp_path: Path
 ) -> None:
     """Each switched field reaches config.json and the reloaded class computes the switched model (Falcon's
     key/value groups put back in its fused projection's order, ELECTRA's embeddings as wide as its blocks, an
-    ALBERT group a layer); the control: the switch moves HF's output."""
+    ALBERT group a layer, ModernBERT's local layers, their window and both thetas); the control: the switch moves HF's output."""
     ref, x = _case(family, cls, **change)
     back = _written_back(ref, tmp_path / "back")
     written = json.loads((tmp_path / "back" / "config.json").read_text())
