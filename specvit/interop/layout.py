@@ -20,6 +20,7 @@ __all__ = [
     "Entry",
     "Layout",
     "Misfit",
+    "RowShare",
     "Transform",
     "Undoable",
     "batched",
@@ -99,6 +100,26 @@ class Undoable:
     def undo(self, t: Tensor) -> Tensor:
         """specvit's tensor as the source's."""
         return self.backward(t).contiguous()
+
+
+@dataclass(frozen=True)
+class RowShare:
+    """Part ``part`` of a source tensor whose rows split in the proportions ``shares`` (the q third of
+    ``nn.MultiheadAttention``'s ``in_proj``, ``RowShare(0, (1, 2))``, and its k and v, ``RowShare(1, (1, 2))``);
+    ``to_hf`` joins the parts back.
+
+    Args:
+        part: which part.
+        shares: the parts' sizes, relative.
+    """
+
+    part: int
+    shares: tuple[int, ...]
+
+    def __call__(self, ts: Sequence[Tensor]) -> Tensor:
+        unit = ts[0].shape[0] // sum(self.shares)
+        start = unit * sum(self.shares[: self.part])
+        return ts[0][start : start + unit * self.shares[self.part]]
 
 
 def rows(start: int, stop: int | None) -> Transform:
