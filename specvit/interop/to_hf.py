@@ -90,13 +90,18 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
             comes closest and every key where it differs.
     """
     dump = spec.model_dump(exclude=set(_NAMES))
-    best: tuple[int, str, list[str]] | None = None
+    best: tuple[tuple[bool, int], str, list[str]] | None = (
+        None  # the own family's, then the fewest differences
+    )
     own = spec.name.removesuffix("_from_hf")  # an imported spec goes back to its own family first
     tables = {id(t): t for t in sorted(TABLES.values(), key=lambda t: own not in t.model_types)}.values()
     for table in tables:
         if spec.model != table.role:
             continue
-        for suffix in table.classes:
+        named = [s for s in table.classes if f"({table.name}{s})" in (spec.description or "")]
+        for suffix in dict.fromkeys(
+            [*named, *table.classes]
+        ):  # its own class first (QA is a token classifier)
             config = _written(table, suffix, dump)
             try:
                 back = parse_spec(
@@ -108,8 +113,9 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
                 diffs = _differences(dump, back.model_dump(exclude=set(_NAMES)))
                 if not diffs:
                     return table, config
-            if best is None or len(diffs) < best[0]:
-                best = (len(diffs), table.name + suffix, diffs)
+            rank = (own not in table.model_types, len(diffs))
+            if best is None or rank < best[0]:
+                best = (rank, table.name + suffix, diffs)
     closest = f"; the closest, HF {best[1]}, differs: " + "; ".join(best[2][:6]) if best else ""
     raise SpecError(
         Problem(
