@@ -133,6 +133,8 @@ def _case(family: str, cls: str | None, **change: object) -> tuple[torch.nn.Modu
 
     if family in encoders.CASES:
         return encoders._hf(family, cls, **change), {"input_ids": _tokens()[:, :12]}
+    if family == "clip_text_model":
+        return clip._hf(family, str(cls), **change), {"input_ids": clip._tokens(clip.EOS)}
     if family in towers.CASES or family in clip.CASES:
         ref = (towers if family in towers.CASES else clip)._hf(family, str(cls), **change)
         size = ref.config.image_size
@@ -143,13 +145,19 @@ def _case(family: str, cls: str | None, **change: object) -> tuple[torch.nn.Modu
     return decoders._hf(family, **change), {"input_ids": _tokens()}
 
 
-def _output(model: torch.nn.Module, x: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The logits, else the projected, pooled or last features of ``model`` on ``x``."""
+def _output(model: torch.nn.Module, x: dict[str, torch.Tensor], pooled: bool = True) -> torch.Tensor:
+    """The logits, else the projected, pooled (unless not ``pooled``) or last features of ``model`` on ``x``."""
     with torch.no_grad():
         out = model.eval()(**x)
     if getattr(out, "start_logits", None) is not None:  # question answering: specvit's (B, N, 2)
         return torch.stack([out.start_logits, out.end_logits], dim=-1)
-    names = ("logits", "image_embeds", "pooler_output", "last_hidden_state")
+    names = (
+        "logits",
+        "image_embeds",
+        "text_embeds",
+        *(("pooler_output",) if pooled else ()),
+        "last_hidden_state",
+    )
     return getattr(out, next(n for n in names if getattr(out, n, None) is not None))
 
 
@@ -173,14 +181,18 @@ def _written_back(ref: torch.nn.Module, directory: Path) -> torch.nn.Module:
      ("electra", "ForMaskedLM"), ("electra", "ForQuestionAnswering"), ("albert", "ForMaskedLM"), ("modernbert", "ForMaskedLM"),
      ("dinov2", "Dinov2ForImageClassification"), ("beit", "BeitForImageClassification"),
      ("data2vec-vision", "Data2VecVisionModel"), ("clip_vision_model", "CLIPVisionModelWithProjection"),
-     ("siglip_vision_model", "SiglipVisionModel")],
+     ("siglip_vision_model", "SiglipVisionModel"), ("clip_text_model", "CLIPTextModel"),
+     ("clip_text_model", "CLIPTextModelWithProjection")],
 )  # fmt: skip
 def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: Path) -> None:
     """HF -> specvit -> HF for the other layouts: the class named in config.json is the original's, with its
     outputs (padding ids write pad_token_id back, RoBERTa's offset too, a square image its one size)."""
     ref, x = _case(family, cls)
     back = _written_back(ref, tmp_path / "back")
-    assert (_output(back, x) - _output(ref, x)).abs().max().item() <= 1e-5
+    pooled = (
+        cls != "CLIPTextModel"
+    )  # whose pooler_output, no part of a spec without a head, reads eos_token_id
+    assert (_output(back, x, pooled) - _output(ref, x, pooled)).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -196,7 +208,8 @@ def test_encoders_towers_and_decoders_go_back(family: str, cls: str, tmp_path: P
      ("beit", "BeitForImageClassification", {"use_mean_pooling": False, "use_shared_relative_position_bias": True}),
      ("data2vec-vision", "Data2VecVisionModel",
       {"use_absolute_position_embeddings": False, "use_relative_position_bias": True, "layer_scale_init_value": 0.0}),
-     ("siglip_vision_model", "SiglipVisionModel", {"vision_use_head": False})],
+     ("siglip_vision_model", "SiglipVisionModel", {"vision_use_head": False}),
+     ("clip_text_model", "CLIPTextModelWithProjection", {"eos_token_id": 2})],
 )  # fmt: skip
 def test_the_fields_a_table_reads_are_written_back(
     family: str, cls: str | None, change: dict[str, object], tmp_path: Path
@@ -204,7 +217,7 @@ def test_the_fields_a_table_reads_are_written_back(
     """Each switched field reaches config.json and the reloaded class computes the switched model (Falcon's
     key/value groups put back in its fused projection's order, ELECTRA's embeddings as wide as its blocks, an
     ALBERT group a layer, ModernBERT's local layers, their window and both thetas, BEiT's positions and pooling, SigLIP without its
-    head); the control: the switch moves HF's output."""
+    head, CLIP text's legacy pooling at the highest id); the control: the switch moves HF's output."""
     ref, x = _case(family, cls, **change)
     back = _written_back(ref, tmp_path / "back")
     written = json.loads((tmp_path / "back" / "config.json").read_text())

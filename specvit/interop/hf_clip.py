@@ -24,7 +24,7 @@ from typing import Any
 
 from specvit.interop.layout import RowShare, Undoable, batched, unbatched
 from specvit.interop.registry import ACTIVATIONS, Config, Family, family
-from specvit.interop.table import BARE, COMMON, D, F, Head, Name, Renamed, Table, count, register
+from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, register
 
 __all__ = ["CLIP_TEXT", "CLIP_VISION", "SIGLIP_VISION"]
 
@@ -58,6 +58,16 @@ def _eos(c: Config, spec: Mapping[str, Any]) -> int | None:
     return None if eos == 2 else eos
 
 
+def _write_eos(eos: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"eos_token_id": 2 if eos is None else eos}
+
+
+def _write_pooled_id(head: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+    """CLIPTextModel's ``pooler_output``, which a spec without a head does not compute, is read at
+    ``eos_token_id`` all the same (transformers raises on null): the class's default."""
+    return {"eos_token_id": 49407}
+
+
 CLIP_TEXT = register(
     Table(
         name="CLIPText",
@@ -86,12 +96,12 @@ CLIP_TEXT = register(
             "encoder.norm": "final_layer_norm",
         },
         classes={
-            "Model": BARE,  # last_hidden_state, after the final norm
+            "Model": Head({"head": D(lambda c, spec: "none", (), _write_pooled_id)}),  # last_hidden_state
             "ModelWithProjection": Head(
                 {
                     "head.kind": "classifier",
                     "head.pool": "eos",
-                    "head.eos_id": D(_eos, ("eos_token_id",)),
+                    "head.eos_id": D(_eos, ("eos_token_id",), _write_eos),
                     "head.classes": count("projection_dim", 512),
                     "head.bias": False,
                 },
