@@ -21,7 +21,7 @@ from torch import Tensor
 from specvit.errors import Problem, SpecError
 from specvit.interop import hf  # noqa: F401  (registers every family's table)
 from specvit.interop.layout import RowShare, Transform, Undoable, batched, cat, conv1d, flat, same, unbatched
-from specvit.interop.registry import Config
+from specvit.interop.registry import FAMILIES, Config
 from specvit.interop.table import TABLES, D, F, Table
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
@@ -117,6 +117,11 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
             if best is None or rank < best[0]:
                 best = (rank, table.name + suffix, diffs)
     closest = f"; the closest, HF {best[1]}, differs: " + "; ".join(best[2][:6]) if best else ""
+    untabled = [f.name for f in FAMILIES if own in f.model_types and own not in TABLES]
+    if untabled:  # GPT-NeoX and BLOOM are read by a function, not a table
+        closest = (
+            f" (HF {untabled[0]} is read by a converter that is no table, so cannot run backwards)" + closest
+        )
     raise SpecError(
         Problem(
             "",
