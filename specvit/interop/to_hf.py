@@ -64,9 +64,9 @@ def _written(table: Table, suffix: str, dump: dict[str, Any]) -> dict[str, Any]:
         if isinstance(entry, F):
             config |= entry.write(value)
         elif isinstance(entry, D) and entry.inverse is not None:
-            with contextlib.suppress(
-                TypeError, ValueError, KeyError
-            ):  # another family's spec: read back differs
+            with contextlib.suppress(  # another family's spec (its keys of other shapes): read back differs
+                TypeError, ValueError, KeyError, AttributeError
+            ):
                 config |= entry.inverse(value, lambda k: _at(dump, k))
     return config
 
