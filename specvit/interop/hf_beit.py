@@ -16,7 +16,7 @@ resize transposes a rectangle's grid).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.registry import ACTIVATIONS, Config
@@ -42,10 +42,29 @@ def _positions(c: Config, spec: Mapping[str, Any]) -> Any:
     return positions[0] if len(positions) == 1 else positions or "none"
 
 
+def _write_positions(position: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+    """The three switches of :func:`_positions`' kinds."""
+    kinds = {p["kind"]: p for p in (position if isinstance(position, list) else [position])}
+    shared = bool(kinds.get("relative2d", {}).get("shared"))
+    return {
+        "use_absolute_position_embeddings": "learned" in kinds,
+        "use_relative_position_bias": "relative2d" in kinds and not shared,
+        "use_shared_relative_position_bias": shared,
+    }
+
+
+def _mean_pooling(mean: bool) -> dict[str, Any]:
+    return {"use_mean_pooling": mean}
+
+
 def _layer_scale(c: Config, spec: Mapping[str, Any]) -> float | None:
     """The layer scales' initial value; 0 (or less) builds none."""
     value = c.get("layer_scale_init_value", 0.1)
     return value if value > 0 else None
+
+
+def _write_layer_scale(value: float | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"layer_scale_init_value": 0.0 if value is None else value}
 
 
 def _mean(c: Config) -> bool:
@@ -90,16 +109,21 @@ DATA2VEC_VISION = register(
                     "use_relative_position_bias",
                     "use_shared_relative_position_bias",
                 ),
+                _write_positions,
             ),
             "encoder.width": F("hidden_size", 768),
             "encoder.depth": F("num_hidden_layers", 12),
-            "encoder.final_norm": D(lambda c, spec: not _mean(c), ("use_mean_pooling",)),
+            "encoder.final_norm": D(
+                lambda c, spec: not _mean(c),
+                ("use_mean_pooling",),
+                lambda final, get: _mean_pooling(not final),
+            ),
             "encoder.block.heads": count("num_attention_heads", 12),
             "encoder.block.norm.eps": F("layer_norm_eps", 1e-12),
             "encoder.block.mlp.hidden": F("intermediate_size", 3072),
             "encoder.block.mlp.activation": F("hidden_act", "gelu", map=ACTIVATIONS),
             "encoder.block.qkv_bias": [True, False, True],  # no key bias
-            "encoder.block.layer_scale": D(_layer_scale, ("layer_scale_init_value",)),
+            "encoder.block.layer_scale": D(_layer_scale, ("layer_scale_init_value",), _write_layer_scale),
             "encoder.dropout.attention": F("attention_probs_dropout_prob", 0.0),
             "encoder.drop_path": F("drop_path_rate", 0.1),  # linear from 0 over the layers, as specvit's
         },
@@ -140,8 +164,14 @@ DATA2VEC_VISION = register(
             "ForImageClassification": Head(
                 {
                     "head.kind": "classifier",
-                    "head.pool": D(lambda c, spec: "mean" if _mean(c) else "cls", ("use_mean_pooling",)),
-                    "head.norm": D(lambda c, spec: _mean(c), ("use_mean_pooling",)),
+                    "head.pool": D(
+                        lambda c, spec: "mean" if _mean(c) else "cls",
+                        ("use_mean_pooling",),
+                        lambda pool, get: _mean_pooling(pool == "mean"),
+                    ),
+                    "head.norm": D(
+                        lambda c, spec: _mean(c), ("use_mean_pooling",), lambda norm, get: _mean_pooling(norm)
+                    ),
                     "head.classes": LABELS,
                 },
                 {"head.fc": "classifier"},

@@ -73,7 +73,17 @@ def head_ops(*items: Mapping[str, Any]) -> D:
 
         return [{k: value(v) for k, v in item.items()} for item in items]
 
-    return D(read, tuple(f for v in entries for f in v.fields))
+    def write(ops: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+        config: dict[str, Any] = {}
+        for item, op in zip(items, ops if isinstance(ops, list) else [], strict=False):
+            for k, v in item.items():
+                if isinstance(v, F):
+                    config |= v.write(op.get(k))
+                elif isinstance(v, D) and v.inverse is not None:
+                    config |= v.inverse(op.get(k), get)
+        return config
+
+    return D(read, tuple(f for v in entries for f in v.fields), write)
 
 
 def masked_lm(

@@ -18,29 +18,21 @@ One pre-norm block for every tower: ``encoder.layers.{i}.layer_norm1``, ``self_a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from torch import Tensor
-
-from specvit.interop.layout import batched, unbatched
+from specvit.interop.layout import RowShare, Undoable, batched, unbatched
 from specvit.interop.registry import ACTIVATIONS, Config, Family, family
-from specvit.interop.table import BARE, COMMON, D, F, Head, Name, Renamed, Table, count, register
+from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, register
 
 __all__ = ["CLIP_TEXT", "CLIP_VISION", "SIGLIP_VISION"]
 
 
-def _token(ts: Sequence[Tensor]) -> Tensor:
-    return ts[0].reshape(1, 1, -1)  # CLIP's class embedding (D,) as specvit's class token (1, 1, D)
-
-
-def _queries(ts: Sequence[Tensor]) -> Tensor:
-    return ts[0][: ts[0].shape[0] // 3]  # the q rows of nn.MultiheadAttention's in_proj, [q; k; v]
-
-
-def _keys_values(ts: Sequence[Tensor]) -> Tensor:
-    return ts[0][ts[0].shape[0] // 3 :]  # its k and v rows
+_token = Undoable(lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1))
+"""CLIP's class embedding (D,) as specvit's class token (1, 1, D)."""
+_queries, _keys_values = RowShare(0, (1, 2)), RowShare(1, (1, 2))
+"""The q rows of nn.MultiheadAttention's in_proj, [q; k; v], and its k and v rows."""
 
 
 _LAYER = "encoder.layers.{i}."
@@ -64,6 +56,16 @@ def _eos(c: Config, spec: Mapping[str, Any]) -> int | None:
             "eos_token_id", eos, "the pooled token must be a token id", "give the end-of-text token's id"
         )
     return None if eos == 2 else eos
+
+
+def _write_eos(eos: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"eos_token_id": 2 if eos is None else eos}
+
+
+def _write_pooled_id(head: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+    """CLIPTextModel's ``pooler_output``, which a spec without a head does not compute, is read at
+    ``eos_token_id`` all the same (transformers raises on null): the class's default."""
+    return {"eos_token_id": 49407}
 
 
 CLIP_TEXT = register(
@@ -94,12 +96,12 @@ CLIP_TEXT = register(
             "encoder.norm": "final_layer_norm",
         },
         classes={
-            "Model": BARE,  # last_hidden_state, after the final norm
+            "Model": Head({"head": D(lambda c, spec: "none", (), _write_pooled_id)}),  # last_hidden_state
             "ModelWithProjection": Head(
                 {
                     "head.kind": "classifier",
                     "head.pool": "eos",
-                    "head.eos_id": D(_eos, ("eos_token_id",)),
+                    "head.eos_id": D(_eos, ("eos_token_id",), _write_eos),
                     "head.classes": count("projection_dim", 512),
                     "head.bias": False,
                 },
@@ -184,6 +186,10 @@ def _siglip_head(c: Config, spec: Mapping[str, Any]) -> Any:
     return {"kind": "classifier", "pool": "attention", "classes": None}
 
 
+def _write_siglip_head(head: Mapping[str, Any], get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"vision_use_head": head["kind"] != "none"}
+
+
 SIGLIP_VISION = register(
     replace(
         CLIP_VISION.but(
@@ -211,7 +217,9 @@ SIGLIP_VISION = register(
             },
             keys=r"(?:vision_model\.)?embeddings\.patch_embedding\.bias",
         ),
-        classes={"Model": Head({"head": D(_siglip_head, ("vision_use_head",))})},  # CLIP's classes replaced
+        classes={
+            "Model": Head({"head": D(_siglip_head, ("vision_use_head",), _write_siglip_head)})
+        },  # CLIP's classes replaced
     )
 )
 

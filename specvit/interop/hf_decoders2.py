@@ -85,7 +85,7 @@ def full_rope(default_theta: float, layout: str | None = None) -> D:
         position.pop("fraction", None)
         return position
 
-    return D(read, inner.fields)
+    return D(read, inner.fields, inner.inverse)
 
 
 COHERE = register(

@@ -76,6 +76,14 @@ def _embed_width(c: Config, spec: Mapping[str, Any]) -> int | None:
     return None if width == spec["encoder.width"] else width
 
 
+def _write_embed_width(width: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"embedding_size": get("encoder.width") if width is None else width}
+
+
+EMBED_WIDTH = D(_embed_width, ("embedding_size",), _write_embed_width)
+"""ELECTRA's ``embedding_size``: specvit's ``embed_width`` where it is not ``hidden_size``."""
+
+
 ELECTRA = register(
     encoder_family(
         BERT,
@@ -84,7 +92,7 @@ ELECTRA = register(
         "electra.",
         {
             "encoder.width": F("hidden_size", 256),
-            "encoder.embed_width": D(_embed_width, ("embedding_size",)),
+            "encoder.embed_width": EMBED_WIDTH,
             "encoder.block.heads": count("num_attention_heads", 4),
             "encoder.block.mlp.hidden": F("intermediate_size", 1024),
         },
@@ -101,7 +109,7 @@ ELECTRA = register(
                 "generator_predictions.LayerNorm",
                 "generator_lm_head",
                 "gelu",
-                width=D(_embed_width, ("embedding_size",)),
+                width=EMBED_WIDTH,
             ),
             sequence("classifier.dense", "classifier.out_proj", "gelu"),
         ),
@@ -125,6 +133,10 @@ def _albert_width(c: Config, spec: Mapping[str, Any]) -> int:
             "give an embedding_size other than hidden_size (ALBERT's checkpoints use 128)",
         )
     return width
+
+
+def _write_groups(groups: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"num_hidden_groups": get("encoder.depth") if groups is None else groups}
 
 
 def _groups(c: Config, spec: Mapping[str, Any]) -> int | None:
@@ -162,8 +174,10 @@ ALBERT = register(
         {
             "encoder.input.vocab": F("vocab_size", 30000),
             "encoder.width": F("hidden_size", 4096),
-            "encoder.embed_width": D(_albert_width, ("embedding_size",)),
-            "encoder.share.blocks": D(_groups, ("num_hidden_groups",)),
+            "encoder.embed_width": D(
+                _albert_width, ("embedding_size",), lambda value, get: {"embedding_size": value}
+            ),
+            "encoder.share.blocks": D(_groups, ("num_hidden_groups",), _write_groups),
             "encoder.block.heads": count("num_attention_heads", 64),
             "encoder.block.mlp.hidden": F("intermediate_size", 16384),
             "encoder.block.mlp.activation": F("hidden_act", "gelu_new", map=ACTIVATIONS),
@@ -184,7 +198,7 @@ ALBERT = register(
                 "predictions.decoder",
                 F("hidden_act", "gelu_new", map=ACTIVATIONS),
                 bias="predictions.bias",
-                width=D(_albert_width, ("embedding_size",)),
+                width=D(_albert_width, ("embedding_size",), lambda value, get: {"embedding_size": value}),
             ),
             sequence("albert.pooler", "classifier"),
         ),

@@ -12,14 +12,14 @@ which specvit's (BLOOM's) ALiBi is not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from specvit.interop.hf_decoders2 import full_rope
-from specvit.interop.layout import Transform
+from specvit.interop.layout import Transform, Undoable
 from specvit.interop.registry import ACTIVATIONS, Config
 from specvit.interop.table import (
     BARE,
@@ -49,14 +49,22 @@ def grouped_qkv(heads: int, kv_heads: int) -> Transform:
         kv_heads: the key/value heads (the groups).
     """
 
-    def take(ts: Sequence[Tensor]) -> Tensor:
-        t, per = ts[0], heads // kv_heads
+    per = heads // kv_heads
+
+    def take(t: Tensor) -> Tensor:
         rest = t.shape[1:]
         grouped = t.reshape(kv_heads, per + 2, -1, *rest)  # (G, per + 2, head_dim, ...)
         q, k, v = grouped[:, :per], grouped[:, per], grouped[:, per + 1]
         return torch.cat([x.reshape(-1, *rest) for x in (q, k, v)]).contiguous()
 
-    return take
+    def back(t: Tensor) -> Tensor:
+        rest = t.shape[1:]
+        by_head = t.reshape(heads + 2 * kv_heads, -1, *rest)  # (heads + 2 G, hd, ...)
+        q, k, v = by_head.split([heads, kv_heads, kv_heads])
+        groups = [q.reshape(kv_heads, per, *q.shape[1:]), k[:, None], v[:, None]]  # (G, n, hd, ...)
+        return torch.cat(groups, dim=1).reshape(t.shape)  # (G * (per + 2) * hd, ...)
+
+    return Undoable(take, back)
 
 
 def _new(c: Config) -> bool:
@@ -68,6 +76,13 @@ def _kv_heads(c: Config, spec: Mapping[str, Any]) -> int | None:
     if _new(c):
         return c.get("num_kv_heads", None, int)
     return 1 if c.get("multi_query", True) else None
+
+
+def _write_kv_heads(kv_heads: int | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    """One key/value head: multi-query; one a head: ``multi_query: false``; groups: the new architecture."""
+    if kv_heads in (1, None):
+        return {"multi_query": kv_heads == 1}
+    return {"new_decoder_architecture": True, "num_kv_heads": kv_heads}
 
 
 def _parallel(c: Config, spec: Mapping[str, Any]) -> bool:
@@ -135,13 +150,19 @@ FALCON = register(
                 "decoder.block.layers": ["masked_self_attention", "mlp"],
                 "decoder.block.heads": count("num_attention_heads", 71),
                 "decoder.block.kv_heads": D(
-                    _kv_heads, ("num_kv_heads", "multi_query", "new_decoder_architecture")
+                    _kv_heads, ("num_kv_heads", "multi_query", "new_decoder_architecture"), _write_kv_heads
                 ),
-                "decoder.block.parallel": D(_parallel, ("parallel_attn", "num_ln_in_parallel_attn")),
+                "decoder.block.parallel": D(
+                    _parallel,
+                    ("parallel_attn", "num_ln_in_parallel_attn"),
+                    lambda value, get: {"parallel_attn": value},
+                ),
                 "decoder.block.norm.eps": F("layer_norm_epsilon", 1e-5),
                 "decoder.block.qkv_bias": F("bias", False),
                 "decoder.block.proj_bias": F("bias", False),
-                "decoder.block.mlp.hidden": D(_mlp_hidden, ("ffn_hidden_size",)),
+                "decoder.block.mlp.hidden": D(
+                    _mlp_hidden, ("ffn_hidden_size",), lambda value, get: {"ffn_hidden_size": value}
+                ),
                 "decoder.block.mlp.activation": F("activation", "gelu", map=ACTIVATIONS),
                 "decoder.block.mlp.bias": F("bias", False),
             },

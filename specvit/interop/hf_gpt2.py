@@ -11,7 +11,7 @@ training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -91,7 +91,7 @@ GPT2 = register(
             "decoder.block.layers": ["masked_self_attention", "mlp"],
             "decoder.block.heads": count("n_head", 12),
             "decoder.block.norm.eps": F("layer_norm_epsilon", 1e-5),
-            "decoder.block.mlp.hidden": D(_mlp_hidden, ("n_inner",)),
+            "decoder.block.mlp.hidden": D(_mlp_hidden, ("n_inner",), lambda value, get: {"n_inner": value}),
             "decoder.block.mlp.activation": F("activation_function", "gelu_new", map=ACTIVATIONS),
             "decoder.block.attention_scale": D(_scale, ("scale_attn_weights",)),
             "decoder.overrides": D(_inverse_layer, ("scale_attn_by_inverse_layer_idx",)),
@@ -179,6 +179,10 @@ def _rotary_dims(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"kind": "rope", "dims": c.get("rotary_dim", 64), "layout": "interleaved"}
 
 
+def _write_rotary_dims(position: Mapping[str, Any], get: Callable[[str], Any]) -> dict[str, Any]:
+    return {"rotary_dim": position["dims"]}
+
+
 GPTJ = register(
     Table(
         name="GPTJ",
@@ -192,12 +196,12 @@ GPTJ = register(
             "decoder.depth": F("n_layer", 28),
             "decoder.block.layers": ["masked_self_attention", "mlp"],
             "decoder.block.heads": count("n_head", 16),
-            "decoder.position": D(_rotary_dims, ("rotary_dim",)),
+            "decoder.position": D(_rotary_dims, ("rotary_dim",), _write_rotary_dims),
             "decoder.block.parallel": True,
             "decoder.block.norm.eps": F("layer_norm_epsilon", 1e-5),
             "decoder.block.qkv_bias": False,
             "decoder.block.proj_bias": False,
-            "decoder.block.mlp.hidden": D(_mlp_hidden, ("n_inner",)),
+            "decoder.block.mlp.hidden": D(_mlp_hidden, ("n_inner",), lambda value, get: {"n_inner": value}),
             "decoder.block.mlp.activation": F("activation_function", "gelu_new", map=ACTIVATIONS),
             **_dropouts("resid_pdrop", "embd_pdrop", "attn_pdrop", 0.0),
         },
@@ -233,6 +237,15 @@ def _opt_final_norm(c: Config, spec: Mapping[str, Any]) -> bool:
     return c.get("do_layer_norm_before", True) and not c.get("_remove_final_layer_norm", False)
 
 
+def _write_opt_final_norm(final: bool, get: Callable[[str], Any]) -> dict[str, Any]:
+    """A pre-norm stack without its final norm: ``_remove_final_layer_norm``."""
+    return (
+        {"_remove_final_layer_norm": True}
+        if not final and get("decoder.block.norm.placement") == "pre"
+        else {}
+    )
+
+
 def _opt_projection(c: Config, spec: Mapping[str, Any]) -> None:
     """OPT-350m's 512-wide embeddings (``project_in`` before the blocks, ``project_out`` after the last,
     positions added at the model's width) have no spec: specvit's embed_width also narrows the positions."""
@@ -263,17 +276,25 @@ OPT = register(
         spec={
             "decoder.input.kind": "tokens",
             "decoder.input.vocab": F("vocab_size", 50272),
-            "decoder.input.padding_idx": D(_pad, ("pad_token_id",)),
+            "decoder.input.padding_idx": D(
+                _pad, ("pad_token_id",), lambda value, get: {"pad_token_id": value}
+            ),
             "decoder.position.kind": "learned",
             "decoder.position.max_len": F("max_position_embeddings", 2048),
             "decoder.position.offset": 2,  # OPTLearnedPositionalEmbedding starts two rows in
             "decoder.width": F("hidden_size", 768),
             "decoder.embed_width": D(_opt_projection, ("word_embed_proj_dim",)),
             "decoder.depth": F("num_hidden_layers", 12),
-            "decoder.final_norm": D(_opt_final_norm, ("do_layer_norm_before", "_remove_final_layer_norm")),
+            "decoder.final_norm": D(
+                _opt_final_norm, ("do_layer_norm_before", "_remove_final_layer_norm"), _write_opt_final_norm
+            ),
             "decoder.block.layers": ["masked_self_attention", "mlp"],
             "decoder.block.heads": count("num_attention_heads", 12),
-            "decoder.block.norm.placement": D(_opt_placement, ("do_layer_norm_before",)),
+            "decoder.block.norm.placement": D(
+                _opt_placement,
+                ("do_layer_norm_before",),
+                lambda value, get: {"do_layer_norm_before": value == "pre"},
+            ),
             "decoder.block.norm.eps": 1e-5,  # nn.LayerNorm's default
             "decoder.block.norm.affine": F("layer_norm_elementwise_affine", True),
             "decoder.block.qkv_bias": F("enable_bias", True),

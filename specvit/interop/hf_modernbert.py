@@ -10,7 +10,7 @@ activation, LayerNorm) before their linear layer: the head's ``ops``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.hf_bert import head_ops, labels, padding
@@ -87,6 +87,24 @@ def _overrides(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     return overrides
 
 
+def _write_overrides(overrides: list[dict[str, Any]], get: Callable[[str], Any]) -> dict[str, Any]:
+    """The layer types, the local layers' window and both thetas: the overrides :func:`_overrides` reads."""
+    depth, local = get("encoder.depth"), next((o for o in overrides if o["layers"] != [0]), None)
+    window = local["block"]["sliding_window"] if local else None
+    thetas = {
+        "full_attention": get("encoder.position.base"),
+        "sliding_attention": local["block"]["rope"]["base"] if local else _THETA["sliding_attention"][1],
+    }
+    types = [
+        "sliding_attention" if local and i in local["layers"] else "full_attention" for i in range(depth)
+    ]
+    config: dict[str, Any] = {
+        "layer_types": types,
+        "rope_parameters": {t: {"rope_type": "default", "rope_theta": v} for t, v in thetas.items()},
+    }
+    return config | ({"local_attention": 2 * (window - 1)} if window else {})
+
+
 _OVERRIDES = (
     "layer_types",
     "global_attn_every_n_layers",
@@ -142,7 +160,7 @@ MODERNBERT = register(
             "encoder.block.mlp.bias": F("mlp_bias", False),
             "encoder.block.qkv_bias": F("attention_bias", False),
             "encoder.block.proj_bias": F("attention_bias", False),
-            "encoder.overrides": D(_overrides, _OVERRIDES),
+            "encoder.overrides": D(_overrides, _OVERRIDES, _write_overrides),
             "encoder.dropout.embedding": F("embedding_dropout", 0.0),
             "encoder.dropout.attention": F("attention_dropout", 0.0),
             "encoder.dropout.projection": F("attention_dropout", 0.0),  # ModernBERT's out_drop

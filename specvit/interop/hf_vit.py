@@ -4,11 +4,12 @@ position table; DeiT adds a distillation token, DINOv2 layer scales."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from specvit.interop.registry import ACTIVATIONS
-from specvit.interop.table import BARE, LABELS, F, Head, Only, Table, count, register
+from specvit.interop.table import BARE, LABELS, D, F, Head, Only, Table, count, register
 
 __all__ = ["VIT"]
 
@@ -117,6 +118,14 @@ DEIT = register(
 
 _DINO = "encoder.layer.{i}."
 
+
+def _write_mlp_ratio(ratio: float | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    """DINOv2's ``mlp_ratio``, an integer in its config: the MLP's width over the blocks' (none where the
+    spec's widths have no integer ratio, which then reads back as another)."""
+    ratio = ratio or get("encoder.block.mlp.hidden") / get("encoder.width")
+    return {"mlp_ratio": int(ratio)} if float(ratio).is_integer() else {}
+
+
 DINOV2 = register(
     replace(
         VIT.but(
@@ -126,7 +135,9 @@ DINOV2 = register(
                 "encoder.input.size": F("image_size", 224),
                 "encoder.input.patch": F("patch_size", 14),
                 "encoder.block.norm.eps": F("layer_norm_eps", 1e-6),
-                "encoder.block.mlp.ratio": F("mlp_ratio", 4, float),
+                "encoder.block.mlp.ratio": D(
+                    lambda c, spec: c.get("mlp_ratio", 4, float), ("mlp_ratio",), _write_mlp_ratio
+                ),
                 "encoder.block.layer_scale": F("layerscale_value", 1.0),
             },
             drop=("hidden_dropout_prob", "encoder.block.mlp.hidden"),

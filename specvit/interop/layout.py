@@ -20,7 +20,9 @@ __all__ = [
     "Entry",
     "Layout",
     "Misfit",
+    "RowShare",
     "Transform",
+    "Undoable",
     "batched",
     "cat",
     "check_blocks",
@@ -80,6 +82,46 @@ def unbatched(ts: Sequence[Tensor]) -> Tensor:
     return ts[0].squeeze(0)
 
 
+@dataclass(frozen=True)
+class Undoable:
+    """A transform of one source tensor that ``to_hf`` can run backwards (a reordering of rows).
+
+    Args:
+        forward: the source tensor -> specvit's.
+        backward: specvit's tensor -> the source's.
+    """
+
+    forward: Callable[[Tensor], Tensor]
+    backward: Callable[[Tensor], Tensor]
+
+    def __call__(self, ts: Sequence[Tensor]) -> Tensor:
+        return self.forward(ts[0])
+
+    def undo(self, t: Tensor) -> Tensor:
+        """specvit's tensor as the source's."""
+        return self.backward(t).contiguous()
+
+
+@dataclass(frozen=True)
+class RowShare:
+    """Part ``part`` of a source tensor whose rows split in the proportions ``shares`` (the q third of
+    ``nn.MultiheadAttention``'s ``in_proj``, ``RowShare(0, (1, 2))``, and its k and v, ``RowShare(1, (1, 2))``);
+    ``to_hf`` joins the parts back.
+
+    Args:
+        part: which part.
+        shares: the parts' sizes, relative.
+    """
+
+    part: int
+    shares: tuple[int, ...]
+
+    def __call__(self, ts: Sequence[Tensor]) -> Tensor:
+        unit = ts[0].shape[0] // sum(self.shares)
+        start = unit * sum(self.shares[: self.part])
+        return ts[0][start : start + unit * self.shares[self.part]]
+
+
 def rows(start: int, stop: int | None) -> Transform:
     """Rows ``start:stop`` of a packed projection, e.g. ``q`` or ``kv`` out of an ``in_proj``."""
 
@@ -97,12 +139,15 @@ def heads_interleaved(heads: int, parts: int = 3) -> Transform:
     """A fused projection stored per head ([q_h, k_h, v_h] for each head h: GPT-NeoX, BLOOM) as specvit's
     [q; k; v] (all heads' q, then k, then v)."""
 
-    def take(ts: Sequence[Tensor]) -> Tensor:
-        t = ts[0]
+    def take(t: Tensor) -> Tensor:
         grouped = t.reshape(heads, parts, t.shape[0] // (heads * parts), *t.shape[1:])  # (H, 3, hd, ...)
         return grouped.transpose(0, 1).reshape(t.shape).contiguous()  # (3 * H * hd, ...)
 
-    return take
+    def back(t: Tensor) -> Tensor:
+        grouped = t.reshape(parts, heads, t.shape[0] // (heads * parts), *t.shape[1:])  # (3, H, hd, ...)
+        return grouped.transpose(0, 1).reshape(t.shape)  # (H * 3 * hd, ...)
+
+    return Undoable(take, back)
 
 
 # -- layouts ------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from specvit.errors import Problem, SpecError
 from specvit.interop import hf  # noqa: F401  (registers every family's table)
-from specvit.interop.layout import Transform, batched, cat, conv1d, flat, same
-from specvit.interop.registry import Config
+from specvit.interop.layout import RowShare, Transform, Undoable, batched, cat, conv1d, flat, same, unbatched
+from specvit.interop.registry import FAMILIES, Config
 from specvit.interop.table import TABLES, D, F, Table
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
@@ -36,10 +36,14 @@ _INVERSE: dict[Transform, Callable[[Tensor], Tensor]] = {
     batched: lambda t: t.squeeze(0),
     conv1d: lambda t: t.t().contiguous() if t.ndim == 2 else t,
     flat: lambda t: t.reshape(1, -1),
+    unbatched: lambda t: t.unsqueeze(0),
 }
 """Transforms of one source undone; a concatenation is split at the HF shapes."""
 
 _NAMES = ("name", "description")
+
+Shapes = dict[str, tuple[int, ...]]
+Weights = dict[str, Tensor]
 
 
 def _at(data: Any, key: str) -> Any:
@@ -60,9 +64,9 @@ def _written(table: Table, suffix: str, dump: dict[str, Any]) -> dict[str, Any]:
         if isinstance(entry, F):
             config |= entry.write(value)
         elif isinstance(entry, D) and entry.inverse is not None:
-            with contextlib.suppress(
-                TypeError, ValueError, KeyError
-            ):  # another family's spec: read back differs
+            with contextlib.suppress(  # another family's spec (its keys of other shapes): read back differs
+                TypeError, ValueError, KeyError, AttributeError
+            ):
                 config |= entry.inverse(value, lambda k: _at(dump, k))
     return config
 
@@ -86,13 +90,18 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
             comes closest and every key where it differs.
     """
     dump = spec.model_dump(exclude=set(_NAMES))
-    best: tuple[int, str, list[str]] | None = None
+    best: tuple[tuple[bool, int], str, list[str]] | None = (
+        None  # the own family's, then the fewest differences
+    )
     own = spec.name.removesuffix("_from_hf")  # an imported spec goes back to its own family first
     tables = {id(t): t for t in sorted(TABLES.values(), key=lambda t: own not in t.model_types)}.values()
     for table in tables:
         if spec.model != table.role:
             continue
-        for suffix in table.classes:
+        named = [s for s in table.classes if f"({table.name}{s})" in (spec.description or "")]
+        for suffix in dict.fromkeys(
+            [*named, *table.classes]
+        ):  # its own class first (QA is a token classifier)
             config = _written(table, suffix, dump)
             try:
                 back = parse_spec(
@@ -104,9 +113,15 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
                 diffs = _differences(dump, back.model_dump(exclude=set(_NAMES)))
                 if not diffs:
                     return table, config
-            if best is None or len(diffs) < best[0]:
-                best = (len(diffs), table.name + suffix, diffs)
+            rank = (own not in table.model_types, len(diffs))
+            if best is None or rank < best[0]:
+                best = (rank, table.name + suffix, diffs)
     closest = f"; the closest, HF {best[1]}, differs: " + "; ".join(best[2][:6]) if best else ""
+    untabled = [f.name for f in FAMILIES if own in f.model_types and own not in TABLES]
+    if untabled:  # GPT-NeoX and BLOOM are read by a function, not a table
+        closest = (
+            f" (HF {untabled[0]} is read by a converter that is no table, so cannot run backwards)" + closest
+        )
     raise SpecError(
         Problem(
             "",
@@ -129,6 +144,29 @@ def _hf_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def _undone(key: str, tensor: Tensor, entry: tuple[tuple[str, ...], Transform], shapes: Shapes) -> Weights:
+    """One specvit weight as the HF weights it was made of (a concatenation split at their shapes); a
+    :class:`RowShare` as its part, by index, under the HF name."""
+    names, transform = entry
+    if transform is cat:
+        return dict(zip(names, tensor.split([shapes[n][0] for n in names]), strict=True))
+    if isinstance(transform, Undoable):
+        return {names[0]: transform.undo(tensor)}
+    if transform in _INVERSE:
+        return {names[0]: _INVERSE[transform](tensor)}
+    raise SpecError(Problem(key, f"{key} is made of {names} in a way to_hf cannot undo", "report this"))
+
+
+def _joined(table: Table, parts: dict[str, dict[int, Tensor]], shares: dict[str, RowShare]) -> Weights:
+    """The HF weights whose rows several specvit weights are (SigLIP's head's q and k/v ``in_proj``)."""
+    missing = [n for n, got in parts.items() if sorted(got) != list(range(len(shares[n].shares)))]
+    if missing:
+        raise SpecError(
+            Problem("", f"HF {table.name} weights {missing} lack a part in the spec", "report this")
+        )
+    return {n: torch.cat([got[i] for i in range(len(got))]) for n, got in parts.items()}
+
+
 def hf_state_dict(model: SpecModel, table: Table, config: dict[str, Any]) -> dict[str, Tensor]:
     """``model``'s weights under the HF names of ``config``'s class.
 
@@ -139,30 +177,49 @@ def hf_state_dict(model: SpecModel, table: Table, config: dict[str, Any]) -> dic
     """
     shapes = _hf_shapes(config)
     layout = table.layout(model.spec, list(shapes))
-    out: dict[str, Tensor] = {}
+    out: Weights = {}
+    parts: dict[str, dict[int, Tensor]] = {}
+    shares: dict[str, RowShare] = {}
     for key, tensor in model.state_dict().items():
         entry = layout.sources(key)
         if entry is None:
             raise SpecError(Problem(key, f"HF {table.name} has no weight for {key}", "report this"))
-        names, transform = entry
-        if transform is cat:
-            sizes = [shapes[n][0] for n in names]
-            out |= dict(zip(names, tensor.split(sizes), strict=True))
-        elif transform in _INVERSE:
-            out[names[0]] = _INVERSE[transform](tensor)
-        else:
-            raise SpecError(
-                Problem(key, f"{key} is made of {names} in a way to_hf cannot undo", "report this")
-            )
+        if isinstance(share := entry[1], RowShare):
+            parts.setdefault(entry[0][0], {})[share.part], shares[entry[0][0]] = tensor, share
+            continue
+        undone = _undone(key, tensor, entry, shapes)
+        for name, weight in undone.items():
+            if name in out and not torch.equal(out[name], weight):  # Falcon-7B's one norm is specvit's two
+                raise SpecError(
+                    Problem(
+                        key,
+                        f"HF {table.name} has one weight {name} where the spec has two, and they differ",
+                        "make them equal, or keep the model in specvit's own format (save_pretrained)",
+                    )
+                )
+        out |= undone
+    out |= _joined(table, parts, shares)
     for key, want in layout.fixed.items():  # frozen tables the spec computes (Marian's sinusoids)
         if key in shapes:
             out[key] = want(shapes[key]) if callable(want) else want
     missing = sorted(set(shapes) - set(out) - set(layout.tied) - {k for k in shapes if layout.ignored(k)})
     if missing:
-        raise SpecError(
-            Problem("", f"HF {table.name} weights with no specvit counterpart: {missing[:6]}", "report this")
-        )
+        raise SpecError(_unwritten(table, config, missing))
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def _unwritten(table: Table, config: dict[str, Any], missing: list[str]) -> Problem:
+    """The refusal of HF weights no specvit weight is: a base model's pooler, or a part no table names."""
+    cls = config["architectures"][0]
+    if all(".pooler." in f".{k}" for k in missing):
+        return Problem(
+            "head",
+            f"HF {cls} builds a pooler ({', '.join(missing[:4])}) that the spec's head does not compute: the "
+            "class leaves it out only when add_pooling_layer=False is passed to it, which a config cannot say",
+            f"give the spec the head of the {table.name} class that reads the pooler, or keep the model in "
+            "specvit's own format (save_pretrained)",
+        )
+    return Problem("", f"HF {cls} weights with no specvit counterpart: {missing[:6]}", "report this")
 
 
 def to_hf(model: SpecModel, directory: str | os.PathLike[str]) -> Path:
