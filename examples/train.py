@@ -283,15 +283,12 @@ def save_checkpoint(
 ) -> None:
     """Write the model and the optimizer state; a collective: every rank calls it, rank 0 writes."""
     from safetensors.torch import save
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     from specvit.io import atomic_write
-    from specvit.parallel import full_state_dict
+    from specvit.parallel import full_state_dict, optimizer_state_dict
 
     weights = full_state_dict(model)
-    optim: dict[str, Any] = dict(
-        get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    )
+    optim = optimizer_state_dict(model, opt)  # one process's order whatever the layout
     if _rank() == 0:
         model.save_pretrained(directory, overwrite=True, state_dict=weights)
         tensors = {
@@ -355,11 +352,9 @@ def resume(
     directory: Path, model: SpecModel, opt: torch.optim.Optimizer, spec: Spec, args: argparse.Namespace
 ) -> int:
     """Load a checkpoint of :func:`save_checkpoint` into every rank; returns the step it was saved at."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from specvit.parallel import load_optimizer_state_dict
 
     weights: dict[str, Any] = {}
     optim: dict[str, Any] = {}
@@ -373,7 +368,7 @@ def resume(
         step = int(box[0])
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_model_state_dict(model, weights, options=options)
-    set_optimizer_state_dict(model, opt, optim, options=options)
+    load_optimizer_state_dict(model, opt, optim)
     return step
 
 
@@ -511,7 +506,7 @@ def _check_tp(args: argparse.Namespace) -> None:
         return
     if args.parallel == "ddp":
         raise TrainError("--tp with --parallel ddp is not supported: --parallel fsdp shards the data ranks")
-    for flag in ("save", "resume", "bf16", "checkpointing"):
+    for flag in ("bf16", "checkpointing"):
         if getattr(args, flag):
             raise TrainError(f"--{flag} with --tp is not supported yet")
 
@@ -602,7 +597,7 @@ def _train(
                 progress.update(step + 1, value.item())
         if save is not None:
             save_checkpoint(save, model, opt, max(start, args.steps), args)
-            if rank == 0:
+            if _rank() == 0:
                 print(f"saved {save}")
     finally:
         if log is not None:

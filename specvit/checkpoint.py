@@ -164,7 +164,7 @@ def _check_arguments(model: Any, directory: object, overwrite: object, state_dic
     if state_dict is None:
         return
     argcheck.tensors(state_dict, "state_dict")
-    expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    expected = _expected(model)
     problems = check_weights(state_dict, expected)  # type: ignore[arg-type]
     if problems:
         shown = "\n  ".join(problems[:20]) + (
@@ -173,6 +173,23 @@ def _check_arguments(model: Any, directory: object, overwrite: object, state_dic
         raise ValueError(
             f"state_dict is not the weights of {graph.name}, and a checkpoint of it would not load:\n  {shown}"
         )
+
+
+def _expected(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Key -> (shape, dtype) of ``model``'s whole state dict. A split model's (DTensor parameters) is read
+    from its parameters and persistent buffers, whose shapes are the whole ones: its ``state_dict()`` is a
+    collective (a packed projection is gathered), and only rank 0 saves."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    out = {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{path}." if path else ""
+        for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if key not in module._non_persistent_buffers_set:
+                out[prefix + key] = (tuple(value.shape), value.dtype)
+    return out
 
 
 def _stage(staged: Path, data: bytes, final: Path) -> None:

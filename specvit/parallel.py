@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -36,8 +37,10 @@ __all__ = [
     "MemoryEstimate",
     "default_mesh",
     "full_state_dict",
+    "load_optimizer_state_dict",
     "memory_estimate",
     "memory_table",
+    "optimizer_state_dict",
     "parallelize",
     "plan",
     "shard",
@@ -250,3 +253,71 @@ def parallelize(model: SpecModel, mesh: DeviceMesh | None = None) -> SpecModel:
     from specvit.tensor_parallel import parallelize as split
 
     return split(model, mesh if mesh is not None else default_mesh())
+
+
+# ------------------------------------------------------------------------------- optimizer states
+
+
+def _packed_rows(model: nn.Module) -> dict[str, Tensor]:
+    """Parameter name -> the rank-major row order a tensor-parallel packed projection stores it in."""
+    return {
+        f"{path}.{key}" if path else key: module.rank_major
+        for path, module in model.named_modules()
+        if isinstance(getattr(module, "rank_major", None), Tensor)
+        for key, _ in module.named_parameters(recurse=False)
+    }
+
+
+def _reorder(state: dict[str, Any], rows: dict[str, Tensor], back: bool) -> dict[str, Any]:
+    """``state``'s per-parameter tensors of packed projections, their rows put in or out of rank-major order."""
+    out = {"param_groups": state["param_groups"], "state": dict(state["state"])}
+    for name, order in rows.items():
+        if name in out["state"]:
+            index = torch.argsort(order) if back else order
+            out["state"][name] = {
+                k: v[index.to(v.device)]
+                if isinstance(v, Tensor) and v.dim() and v.shape[0] == len(order)
+                else v
+                for k, v in out["state"][name].items()
+            }
+    return out
+
+
+def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's whole state keyed by parameter name, as one process holds it, on rank 0's CPU.
+
+    ``get_optimizer_state_dict`` with full state dicts, and a tensor-parallel packed projection's states
+    (AdamW's moments) put back from the rank-major order its ranks keep into one process's packed order, as
+    ``state_dict`` does for the weights: the dict loads into any layout (:func:`load_optimizer_state_dict`).
+    A collective under a process group: every rank calls it; other ranks get empty states.
+
+    Args:
+        model: the model as trained (split, sharded or plain).
+        optimizer: its optimizer.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = dict(get_optimizer_state_dict(model, optimizer, options=options))
+    return _reorder(state, _packed_rows(model), back=True) if state.get("state") else state
+
+
+def load_optimizer_state_dict(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a state of :func:`optimizer_state_dict` (saved in any layout) into ``optimizer``.
+
+    Under a process group every rank calls it and rank 0's ``state`` is broadcast (others may pass ``{}``).
+
+    Args:
+        model: the model, split, sharded or plain as it will train.
+        optimizer: its optimizer.
+        state: the whole state, parameter names as keys.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    distributed = dist.is_available() and dist.is_initialized()
+    if state.get("state"):
+        state = _reorder(state, _packed_rows(model), back=False)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    set_optimizer_state_dict(model, optimizer, state, options=options)

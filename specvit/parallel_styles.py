@@ -93,6 +93,7 @@ class PackedColwise(ColwiseParallel):
                 param.detach()[order], device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
             )
             module.register_parameter(key, nn.Parameter(split, requires_grad=param.requires_grad))
+        module.rank_major = order  # read by specvit.parallel's optimizer state dicts
         module.register_state_dict_post_hook(partial(_packed_state, order=order))
         module.register_load_state_dict_pre_hook(partial(_packed_load, order=order))
 

@@ -176,10 +176,26 @@ def _single(name: str) -> list[float]:
         torch.set_num_threads(threads)
 
 
+def _one_process(*args: str) -> int:
+    """examples/train.py's TRAIN_ARGS and ``args`` on one thread of this process."""
+    script = worker.load_train_script()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs
+    try:
+        return int(script.main([*worker.TRAIN_ARGS, *args]))
+    finally:
+        torch.set_num_threads(threads)
+
+
 @functools.cache
 def _launch(world: int, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    assert _one_process("--save", str(out / "one_checkpoint")) == 0  # steps 1-3, for the split resume
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SPECVIT_ONE_PROCESS_CHECKPOINT": str(out / "one_checkpoint"),
+    }
     cmd = [
         str(TORCHRUN),
         "--standalone",
@@ -286,6 +302,27 @@ def test_train_script_with_tp_follows_one_process(tp_run: dict[str, Any], tmp_pa
     assert len(one) == 3 and len(set(one)) == 3
     for losses in split:
         assert max(abs(a - b) for a, b in zip(one, losses, strict=True)) <= LOSS_TOL
+
+
+def _log(path: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_split_resumes_on_one_process_and_back(
+    tp_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Steps 1-3 saved at tp N resume on one process, and steps 1-3 saved on one process resume at tp N: steps
+    4-5 are the uninterrupted one-process run's (weights and AdamW moments in one process's order)."""
+    assert tp_run["train_tp_save_exit"] == 0 and tp_run["train_tp_resume_exit"] == 0
+    assert _one_process("--steps", "5", "--log", str(tmp_path / "whole.jsonl")) == 0
+    resumed = ["--resume", str(tp_run["out"] / "tp_checkpoint"), "--steps", "5"]
+    assert _one_process(*resumed, "--log", str(tmp_path / "resumed.jsonl")) == 0
+    whole = _log(tmp_path / "whole.jsonl")
+    assert len(whole) == 5 and len(set(whole)) == 5
+    for later in (_log(tmp_path / "resumed.jsonl"), _log(tp_run["out"] / "tp_resumed.jsonl")):
+        assert len(later) == 2
+        assert max(abs(a - b) for a, b in zip(later, whole[3:], strict=True)) <= LOSS_TOL
 
 
 def test_train_script_refuses_tp_without_its_processes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -269,6 +269,12 @@ def main(out: Path) -> None:
     results["train_tp_exit"] = script.main(
         [*TRAIN_ARGS, "--tp", str(world), "--log-file", str(out / "train_tp.jsonl")]
     )
+    saved = [*TRAIN_ARGS, "--tp", str(world), "--save", str(out / "tp_checkpoint")]  # steps 1-3, split
+    results["train_tp_save_exit"] = script.main(saved)
+    one = os.environ.get("SPECVIT_ONE_PROCESS_CHECKPOINT")  # steps 1-3 on one process, resumed split
+    if one:
+        resumed = [*TRAIN_ARGS, "--tp", str(world), "--resume", one, "--steps", "5"]
+        results["train_tp_resume_exit"] = script.main([*resumed, "--log-file", str(out / "tp_resumed.jsonl")])
     refused = [*TRAIN_ARGS, "--set", "encoder.block.heads=1", "--tp", str(world)]  # 1 head over N ranks
     results["train_tp_refused_exit"] = script.main(refused)
     if world == 4:  # TP inside FSDP2: 2 data ranks x 2 tensor ranks
