@@ -166,6 +166,8 @@ class MoeMlp(nn.Module):
         _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
         fc1, fc2 = local(self.fc1), local(self.fc2)  # (E or E / ranks, F or 2F, D), (..., D, F)
         mine = fc1.shape[0]
+        w1, w2 = fc1.unbind(0), fc2.unbind(0)  # one backward stacks every expert's gradient (fc1[e] each
+        # made a zero gradient of the whole stack per expert)
         expert = (index - self.first_expert).flatten()  # (T * k,) this rank's expert of each slot
         expert = torch.where((expert >= 0) & (expert < mine), expert, mine)  # other ranks' experts: last
         order = torch.argsort(expert, stable=True)  # (T * k,) slots by expert
@@ -173,13 +175,13 @@ class MoeMlp(nn.Module):
         used = order[: sum(counts)]  # the slots this rank's experts run
         token = torch.div(used, self.top_k, rounding_mode="floor")  # (S,) each slot's token
         x = flat[token]  # (S, D) sorted by expert
-        h = torch.cat([F.linear(part, fc1[e]) for e, part in enumerate(x.split(counts))])  # (S, F or 2F)
+        h = torch.cat([F.linear(part, w1[e]) for e, part in enumerate(x.split(counts))])  # (S, F or 2F)
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
             h = self.act(gate) * value  # (S, F)
         else:
             h = self.act(h)
-        y = torch.cat([F.linear(part, fc2[e]) for e, part in enumerate(h.split(counts))])  # (S, D)
+        y = torch.cat([F.linear(part, w2[e]) for e, part in enumerate(h.split(counts))])  # (S, D)
         y = y * weights.flatten()[used, None]  # (S, D) times each slot's routing weight
         return torch.zeros_like(flat).index_add(0, token, y)  # (T, D)
 
