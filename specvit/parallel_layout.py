@@ -12,7 +12,6 @@ allocated or run. The rules behind each column are in :meth:`LayoutReport.table`
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -201,7 +200,9 @@ def _ancestors(path: str) -> list[str]:
 
 def _split_rules(split: dict[str, object]) -> Callable[[str], tuple[str, object] | None]:
     """The plan entry (matched path, style) of a module path or its nearest ancestor, or None."""
-    keys = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), style) for k, style in split.items()]
+    from specvit.tensor_parallel import entry_pattern
+
+    keys = [(entry_pattern(k), style) for k, style in split.items()]
 
     def find(path: str) -> tuple[str, object] | None:
         for anc in _ancestors(path):

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from specvit.model import SpecModel
 
-__all__ = ["Plan", "describe", "parallelize", "plan"]
+__all__ = ["Plan", "describe", "entry_pattern", "parallelize", "plan"]
 
 Plan = dict[str, ParallelStyle]
 """Module path (``*`` for every block) -> its style, as ``parallelize_module`` takes it."""
@@ -278,6 +278,11 @@ def _fold(model: nn.Module, entries: Mapping[str, ParallelStyle]) -> Plan:
     return folded
 
 
+def entry_pattern(path: str) -> re.Pattern[str]:
+    """A plan entry's path as a pattern of the module paths it covers (``*`` stands for any block index)."""
+    return re.compile(re.escape(path).replace(r"\*", r"\d+"))
+
+
 def describe(model: SpecModel, split: Plan) -> str:
     """The plan as text: one line per entry (path, then what is split), then the replicated modules.
 
@@ -287,7 +292,7 @@ def describe(model: SpecModel, split: Plan) -> str:
     """
     width = max(len(p) for p in split) if split else 0
     lines = [f"{path.ljust(width)}  {_note(style)}" for path, style in split.items()]
-    keys = [re.compile(re.escape(p).replace(r"\*", r"\d+")) for p in split]
+    keys = [entry_pattern(p) for p in split]
     covered = [m for m, _ in model.named_modules() if any(k.fullmatch(m) for k in keys)]
 
     def split_in(path: str) -> bool:  # the module, a module inside it or one around it is split

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -165,26 +166,35 @@ def test_parallelize_over_one_rank_is_the_identity(name: str, one_rank: Any) -> 
 # ---------------------------------------------------------------------------------- torchrun, 2 and 4
 
 
-@functools.cache
-def _single(name: str) -> list[float]:
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One thread in this process, as each rank runs."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs
+    torch.set_num_threads(1)
     try:
-        model = worker.build(worker.SPECS[name])
-        return worker.train(model, model.spec)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+@functools.cache
+def _single(name: str, ranks: int = 1) -> list[float]:
+    """One process trained as the ranks train. With ``ranks`` data ranks each step's loss is the mean of
+    the slices' (an MoE's load-balancing loss is computed per data rank, so it is not the whole batch's)."""
+    with _one_thread():
+        model = worker.build(worker.SPECS[name])
+        return worker.train(model, model.spec, ranks=ranks)
 
 
 def _one_process(*args: str) -> int:
     """examples/train.py's TRAIN_ARGS and ``args`` on one thread of this process."""
-    script = worker.load_train_script()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank runs
-    try:
-        return int(script.main([*worker.TRAIN_ARGS, *args]))
-    finally:
-        torch.set_num_threads(threads)
+    with _one_thread():
+        return int(worker.load_train_script().main([*worker.TRAIN_ARGS, *args]))
+
+
+def _log(path: Path) -> list[float]:
+    """The losses a train.py ``--log`` file holds, step by step."""
+    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
 @functools.cache
@@ -230,18 +240,6 @@ def test_split_training_follows_one_process(name: str, tp_run: dict[str, Any]) -
     assert tp_run[f"{name}/local_params"] == tp_run[f"{name}/predicted_params"]
 
 
-def _halves(name: str) -> list[float]:
-    """One process trained as two data ranks train: each step's loss the mean of the two half batches' (an
-    MoE's load-balancing loss is computed per data rank, so it is not the whole batch's)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = worker.build(worker.SPECS[name])
-        return worker.train(model, model.spec, ranks=2)
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(worker.SPECS))
 def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_follows_one_process(
@@ -250,7 +248,7 @@ def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_follows_one_process(
     """4 ranks as 2 data x 2 tensor ranks: parallelize over the tensor ranks, shard over the data ranks."""
     if tp_run["world"] != 4:
         pytest.skip("the 2-D mesh needs 4 ranks")
-    split, single = tp_run[f"{name}/2d/losses"], _halves(name)
+    split, single = tp_run[f"{name}/2d/losses"], _single(name, 2)
     diff = max(abs(a - b) for a, b in zip(split, single, strict=True))
     print(f"{name} on 2 x 2 ranks vs one process, max |loss difference| over 5 steps: {diff:.2e}")
     assert diff <= LOSS_TOL, (split, single)
@@ -286,26 +284,13 @@ def test_train_script_with_tp_follows_one_process(tp_run: dict[str, Any], tmp_pa
     """examples/train.py --tp N (every rank the whole batch) vs the same command on one process."""
     assert tp_run["train_tp_exit"] == 0
     assert tp_run["train_tp_refused_exit"] == 2  # heads 1 over N ranks: refused with the spec's message
-    script = worker.load_train_script()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert script.main([*worker.TRAIN_ARGS, "--log", str(tmp_path / "one.jsonl")]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert _one_process("--log", str(tmp_path / "one.jsonl")) == 0
     runs = ["train_tp.jsonl"] + (["train_2d.jsonl"] if tp_run["world"] == 4 else [])  # and --tp 2 x fsdp 2
     assert tp_run.get("train_2d_exit", 0) == 0
-    one, *split = [
-        [json.loads(line)["loss"] for line in (path).read_text().splitlines()]
-        for path in (tmp_path / "one.jsonl", *(tp_run["out"] / run for run in runs))
-    ]
+    one, *split = [_log(path) for path in (tmp_path / "one.jsonl", *(tp_run["out"] / run for run in runs))]
     assert len(one) == 3 and len(set(one)) == 3
     for losses in split:
         assert max(abs(a - b) for a, b in zip(one, losses, strict=True)) <= LOSS_TOL
-
-
-def _log(path: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
