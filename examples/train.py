@@ -4,12 +4,15 @@
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --parallel fsdp
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --tp 2
     torchrun --standalone --nproc_per_node 4 examples/train.py specs/mnist_vit.yaml --tp 2 --parallel fsdp
+    torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --pp 2 --microbatches 4
+    torchrun --standalone --nproc_per_node 4 examples/train.py specs/mnist_vit.yaml --pp 2 --tp 2
 
 The data is synthetic unless ``--data`` names a safetensors file, and every batch is drawn from
 (seed, step) alone, so a run resumed with ``--resume DIR`` sees the batches the uninterrupted run would
 have seen, and dropout draws from (seed, step, rank): the resumed run continues the same loss curve.
 The global batch is the same for any number of ranks; each rank takes its slice of it (with ``--tp N``,
-tensor parallelism, every rank takes the whole batch and computes 1/N of every layer).
+tensor parallelism, every rank takes the whole batch and computes 1/N of every layer; with ``--pp M``,
+pipeline parallelism, M ranks each run a stage of the blocks on ``--microbatches`` slices of the batch).
 
 Synthetic tasks, by model:
 
@@ -44,7 +47,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -54,7 +57,10 @@ from torch import Tensor, nn
 from specvit.checkpoint import SPEC_FILE, WEIGHTS_FILE, CheckpointError
 from specvit.cli import EXIT_IO_ERROR, EXIT_SPEC_ERROR
 from specvit.errors import SpecError, SpecFileError
-from specvit.model import SpecModel
+from specvit.model import SpecModel, logits_of
+
+if TYPE_CHECKING:
+    from specvit.pipeline import Pipeline
 from specvit.spec.schema import ClassifierHead, FeaturesInput, ImageInput, LMHead, Spec, TokensInput
 
 TRAINER_FILE = "trainer.safetensors"
@@ -230,13 +236,22 @@ def load_data(path: str, spec: Spec) -> dict[str, Tensor]:
 # ------------------------------------------------------------------------------------------- training
 
 
-def loss_of(net: nn.Module, spec: Spec, batch: dict[str, Tensor]) -> Tensor:
-    """Mean cross-entropy of the model on a batch (logits (B, C) or (B, S, V))."""
+def inputs_and_target(spec: Spec, batch: dict[str, Tensor]) -> tuple[tuple[Tensor, ...], Tensor]:
+    """The model's inputs in a batch, and the target of its outputs."""
     if spec.model == "encoder_decoder":
-        logits, targets = net(batch["src"], batch["tgt_in"]), batch["tgt_out"]
-    else:
-        logits, targets = net(batch["inputs"]), batch["targets"]
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+        return (batch["src"], batch["tgt_in"]), batch["tgt_out"]
+    return (batch["inputs"],), batch["targets"]
+
+
+def criterion(out: Tensor | dict[str, Tensor], targets: Tensor) -> Tensor:
+    """Mean cross-entropy of logits (B, C) or (B, S, V) against their targets."""
+    return F.cross_entropy(logits_of(out).flatten(0, -2).float(), targets.flatten())
+
+
+def loss_of(net: nn.Module, spec: Spec, batch: dict[str, Tensor]) -> Tensor:
+    """Mean cross-entropy of the model on a batch."""
+    inputs, targets = inputs_and_target(spec, batch)
+    return criterion(net(*inputs), targets)
 
 
 class Progress:
@@ -279,7 +294,12 @@ class Progress:
 
 
 def save_checkpoint(
-    directory: Path, model: SpecModel, opt: torch.optim.Optimizer, step: int, args: argparse.Namespace
+    directory: Path,
+    model: SpecModel,
+    opt: torch.optim.Optimizer,
+    step: int,
+    args: argparse.Namespace,
+    pipe: Pipeline | None = None,
 ) -> None:
     """Write the model and the optimizer state; a collective: every rank calls it, rank 0 writes."""
     from safetensors.torch import save
@@ -287,8 +307,11 @@ def save_checkpoint(
     from specvit.io import atomic_write
     from specvit.parallel import full_state_dict, optimizer_state_dict
 
-    weights = full_state_dict(model)
-    optim = optimizer_state_dict(model, opt)  # one process's order whatever the layout
+    if pipe is not None:  # each stage's weights and states, gathered
+        weights, optim = pipe.full_state(opt)
+    else:
+        weights = full_state_dict(model)
+        optim = optimizer_state_dict(model, opt)  # one process's order whatever the layout
     if _rank() == 0:
         model.save_pretrained(directory, overwrite=True, state_dict=weights)
         tensors = {
@@ -349,7 +372,12 @@ def _read_checkpoint(
 
 
 def resume(
-    directory: Path, model: SpecModel, opt: torch.optim.Optimizer, spec: Spec, args: argparse.Namespace
+    directory: Path,
+    model: SpecModel,
+    opt: torch.optim.Optimizer,
+    spec: Spec,
+    args: argparse.Namespace,
+    pipe: Pipeline | None = None,
 ) -> int:
     """Load a checkpoint of :func:`save_checkpoint` into every rank; returns the step it was saved at."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -361,6 +389,12 @@ def resume(
     step = 0
     if _rank() == 0:
         weights, optim, step = _read_checkpoint(directory, spec, args)
+    if pipe is not None:  # every rank holds the whole model: load it all, and its stages' optimizer states
+        box: list[Any] = [weights, optim, step]
+        dist.broadcast_object_list(box, src=0)
+        model.load_state_dict(box[0])
+        pipe.load_state(opt, box[1])
+        return int(box[2])
     distributed = dist.is_initialized()
     if distributed:
         box = [step]
@@ -406,6 +440,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="split every layer over N ranks, N processes under torchrun (specvit.parallel.parallelize)",
     )
+    p.add_argument(
+        "--pp",
+        type=int,
+        default=1,
+        metavar="M",
+        help="cut the blocks into M pipeline stages on M ranks (specvit.pipeline.Pipeline); with --tp N, "
+        "M x N processes",
+    )
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        metavar="K",
+        help="slices of the batch a pipeline runs (default: 2 per stage)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=["1f1b", "gpipe", "interleaved"],
+        default="1f1b",
+        help="the pipeline's schedule; interleaved puts two stages on each rank (default 1f1b)",
+    )
     p.add_argument("--checkpointing", action="store_true", help="recompute block activations in backward")
     p.add_argument(
         "--bf16",
@@ -428,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _setup(parallel: str, tp: int = 1) -> tuple[torch.device, bool]:
+def _setup(parallel: str, tp: int = 1, pp: int = 1) -> tuple[torch.device, bool]:
     """This rank's device, starting the process group when one is needed and none is running.
 
     Returns:
@@ -439,12 +493,14 @@ def _setup(parallel: str, tp: int = 1) -> tuple[torch.device, bool]:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if tp > 1 and (world % tp if parallel == "fsdp" else tp != world):
-        more = f"a multiple of {tp} (data x tensor ranks)" if parallel == "fsdp" else str(tp)
+    split = tp * pp
+    if split > 1 and (world % split if parallel == "fsdp" else split != world):
+        more = f"a multiple of {split} (data x tensor ranks)" if parallel == "fsdp" else str(split)
+        what = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
         raise TrainError(
-            f"--tp {tp} splits over {tp} processes, {world} were started: torchrun --nproc_per_node {more}"
+            f"{what} splits over {split} processes, {world} were started: torchrun --nproc_per_node {more}"
         )
-    if parallel == "none" and tp == 1:
+    if parallel == "none" and split == 1:
         if world > 1:
             raise TrainError(
                 f"{world} processes were started: pass --parallel ddp, --parallel fsdp or --tp {world}"
@@ -489,8 +545,8 @@ def train(args: argparse.Namespace) -> None:
     data = load_data(args.data, spec) if args.data else None
     if data is None:
         synthetic_batch(spec, 1, args.seq_len, torch.Generator())  # refuse a model without a task now
-    _check_tp(args)
-    device, started = _setup(args.parallel, args.tp)
+    _check_layout(args)
+    device, started = _setup(args.parallel, args.tp, args.pp)
     try:
         _train(args, spec, data, save, device)
     finally:
@@ -498,46 +554,59 @@ def train(args: argparse.Namespace) -> None:
             dist.destroy_process_group()
 
 
-def _check_tp(args: argparse.Namespace) -> None:
-    """Refuse what tensor parallelism does not combine with yet (issue #31's next parts)."""
-    if args.tp < 1:
-        raise TrainError("--tp must be at least 1")
-    if args.tp == 1:
-        return
-    if args.parallel == "ddp":
-        raise TrainError("--tp with --parallel ddp is not supported: --parallel fsdp shards the data ranks")
-    for flag in ("bf16", "checkpointing"):
-        if getattr(args, flag):
-            raise TrainError(f"--{flag} with --tp is not supported yet")
+def _check_layout(args: argparse.Namespace) -> None:
+    """Refuse what tensor and pipeline parallelism do not combine with."""
+    for flag in ("tp", "pp", "microbatches"):
+        if (getattr(args, flag) or 1) < 1:
+            raise TrainError(f"--{flag} must be at least 1")
+    if args.pp > 1:
+        micro = args.microbatches or 2 * args.pp
+        if args.batch % micro:
+            raise TrainError(f"--batch {args.batch} does not split into {micro} microbatches")
+        if args.parallel != "none":
+            raise TrainError(f"--pp with --parallel {args.parallel} is not supported: use --pp with --tp")
+        if args.save and args.tp > 1:
+            raise TrainError("--save with both --pp and --tp is not supported: save at --pp or --tp alone")
+    for kind in ("tp", "pp"):
+        if getattr(args, kind) == 1:
+            continue
+        if kind == "tp" and args.parallel == "ddp":
+            raise TrainError(
+                "--tp with --parallel ddp is not supported: --parallel fsdp shards the data ranks"
+            )
+        for flag in ("bf16", "checkpointing"):
+            if getattr(args, flag):
+                raise TrainError(f"--{flag} with --{kind} is not supported")
 
 
-def _train(
-    args: argparse.Namespace,
-    spec: Spec,
-    data: dict[str, Tensor] | None,
-    save: Path | None,
-    device: torch.device,
-) -> None:
+def _build(
+    args: argparse.Namespace, spec: Spec, device: torch.device, mesh: Any
+) -> tuple[SpecModel, nn.Module, Pipeline | None]:
+    """The model, the module the loop calls (split, sharded or wrapped), and this rank's pipeline stages."""
     from specvit.compile import build_model
 
-    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
-    group = None  # the data ranks' group, over which the loss is averaged
-    if args.tp > 1:  # a (data, tensor) mesh: each data rank's tensor ranks take the same slice of the batch
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
-        world, rank, group = mesh["dp"].size(), mesh["dp"].get_local_rank(), mesh["dp"].get_group()
-    if args.batch % world:
-        raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
     torch.manual_seed(args.seed)
     net: nn.Module
-    if args.tp > 1:  # the same weights on every rank, split over the tensor ranks, then sharded (FSDP2)
+    pipe = None
+    if mesh is not None:  # the same weights on every rank, split over the tensor ranks, then sharded or cut
         from specvit.parallel import parallelize, shard
 
         model = build_model(spec, device=device)
-        net = parallelize(model, mesh["tp"])
+        net = parallelize(model, mesh["tp"]) if args.tp > 1 else model
         if args.parallel == "fsdp":
             shard(model, mesh["dp"])
+        if args.pp > 1:
+            from specvit.pipeline import Pipeline
+
+            pipe = Pipeline(
+                model,
+                criterion,
+                microbatches=args.microbatches or 2 * args.pp,
+                schedule=args.schedule,
+                stages_per_rank=2 if args.schedule == "interleaved" else 1,
+                inputs=("src", "tgt") if spec.model == "encoder_decoder" else None,
+                group=mesh["pp"].get_group(),
+            )
     elif args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -559,21 +628,51 @@ def _train(
             ids = [device.index] if device.type == "cuda" else None
             net = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
     model.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=args.lr)
-    start = resume(Path(args.resume), model, opt, spec, args) if args.resume else 0
+    return model, net, pipe
+
+
+def _mode(args: argparse.Namespace, world: int) -> str:
+    """How the run is laid out, for its first line."""
+    parts = [
+        f"{name} on {n} ranks" for name, n in (("tensor parallel", args.tp), ("pipeline", args.pp)) if n > 1
+    ]
+    if parts and args.parallel == "fsdp":
+        parts.append(f"fsdp on {world}")
+    if args.pp > 1:
+        parts[-1] += f" ({args.schedule}, {args.microbatches or 2 * args.pp} microbatches)"
+    return " x ".join(parts) or f"{args.parallel} on {world} rank(s)"
+
+
+def _train(
+    args: argparse.Namespace,
+    spec: Spec,
+    data: dict[str, Tensor] | None,
+    save: Path | None,
+    device: torch.device,
+) -> None:
+    world, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
+    group = mesh = None  # the data ranks' group, over which the loss is averaged
+    if (
+        args.tp * args.pp > 1
+    ):  # a (data, pipeline, tensor) mesh: a data rank's others take the same batch slice
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = (world // (args.tp * args.pp), args.pp, args.tp)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("dp", "pp", "tp"))
+        world, rank, group = mesh["dp"].size(), mesh["dp"].get_local_rank(), mesh["dp"].get_group()
+    if args.batch % world:
+        raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
+    model, net, pipe = _build(args, spec, device, mesh)
+    opt = torch.optim.AdamW(pipe.parameters() if pipe else net.parameters(), lr=args.lr)
+    start = resume(Path(args.resume), model, opt, spec, args, pipe) if args.resume else 0
     autocast = args.bf16 and args.parallel != "fsdp"
     batches = Batches(spec, args.batch, args.seed, args.seq_len, data)
     per = args.batch // world
     params = sum(p.numel() for p in model.parameters())  # a sharded DTensor counts its whole size
     log = None
     if _rank() == 0:
-        mode = f"{args.parallel} on {world} rank(s)"
-        if args.tp > 1:
-            mode = f"tensor parallel on {args.tp} ranks" + (
-                f" x fsdp on {world}" if args.parallel == "fsdp" else ""
-            )
         print(
-            f"{spec.name}: {params:,} parameters, {mode} ({device.type}), "
+            f"{spec.name}: {params:,} parameters, {_mode(args, world)} ({device.type}), "
             f"batch {args.batch} ({per} per rank), steps {start + 1}..{args.steps}",
             flush=True,
         )
@@ -584,19 +683,27 @@ def _train(
         for step in range(start, args.steps):
             torch.manual_seed(mix(args.seed, 1, step, rank))  # dropout, the same after a resume
             batch = {k: v[rank * per : (rank + 1) * per].to(device) for k, v in batches(step).items()}
-            with torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
-                loss = loss_of(net, spec, batch)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if pipe is not None:
+                inputs, target = inputs_and_target(spec, batch)
+                value = torch.tensor(pipe.step(*inputs, target=target))
+            else:
+                with (
+                    torch.autocast(device.type, dtype=torch.bfloat16)
+                    if autocast
+                    else contextlib.nullcontext()
+                ):
+                    loss = loss_of(net, spec, batch)
+                loss.backward()
+                value = loss.detach().float().clone()
             opt.step()
-            value = loss.detach().float().clone()
             if world > 1:
                 dist.all_reduce(value, group=group)
                 value /= world
             if progress is not None:
                 progress.update(step + 1, value.item())
         if save is not None:
-            save_checkpoint(save, model, opt, max(start, args.steps), args)
+            save_checkpoint(save, model, opt, max(start, args.steps), args, pipe)
             if _rank() == 0:
                 print(f"saved {save}")
     finally:

@@ -84,12 +84,13 @@ def pipeline_stages(graph: ArchGraph, stages: int) -> list[StageCost]:
     owned = _owners(graph)
     n, stacks = len(owned), len({b.stack for b in owned})
     if stages > n or (1 < stages < stacks):
-        need = f"from {stacks} to {n}" if stacks > 1 else f"at most {n}"
+        need = f"from {stacks} to {n} stages" if stacks > 1 else f"at most {n} stage{'s' if n > 1 else ''}"
         raise SpecError(
             Problem(
                 "",
-                f"{stages} pipeline stages for {n} blocks in {stacks} stack{'s' if stacks > 1 else ''}",
-                f"use --pp 1, or {need} stages (a stage holds whole blocks of one stack)",
+                f"{stages} pipeline stages for {n} block{'s' if n > 1 else ''} in {stacks} "
+                f"stack{'s' if stacks > 1 else ''}",
+                f"use --pp 1, or {need} (a stage holds whole blocks of one stack)",
             )
         )
     prefix = [0]

@@ -1,0 +1,150 @@
+"""The distributed half of tests/test_pipeline.py, run by ``torchrun --nproc_per_node N`` on gloo.
+
+Each spec of ``SPECS`` (tests/tp_worker.py's, four blocks deep so that four stages have a block each) is
+built under the same seed on every rank, cut into pipeline stages by ``specvit.pipeline.Pipeline`` and trained
+``STEPS`` AdamW steps, in each layout of ``LAYOUTS[N]``: a schedule, the stages per rank, the microbatches,
+and tensor-parallel ranks inside each stage. Rank 0 writes into OUT:
+
+- ``results.json``: per layout and spec, the loss of each step; the control (the encoder-decoder whose
+  shared embedding's gradients are not summed over the stages holding it); the exit statuses of
+  examples/train.py runs;
+- ``train_pp.jsonl``, ``pp_resumed.jsonl``: the losses of examples/train.py with ``--pp N``, and of its resume
+  of a one-process checkpoint; ``pp_checkpoint``: a checkpoint it saved at ``--pp N``.
+
+Usage: torchrun --standalone --nproc_per_node N tests/pp_worker.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import tp_worker  # beside this file: the script's directory is first on sys.path
+from torch import Tensor
+
+import specvit
+from specvit.model import logits_of
+from specvit.pipeline import Pipeline
+
+STEPS = tp_worker.STEPS
+SPECS = {
+    name: text if "encoder_decoder" in text else text.replace("depth: 2", "depth: 4")
+    for name, text in tp_worker.SPECS.items()
+}
+"""Four blocks each (the encoder-decoder: two in each stack)."""
+
+LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
+    2: {
+        "1f1b": {"schedule": "1f1b", "microbatches": 2},
+        "gpipe": {"schedule": "gpipe", "microbatches": 4},
+        "interleaved": {"schedule": "interleaved", "microbatches": 4, "stages_per_rank": 2},
+    },
+    4: {
+        "1f1b": {"schedule": "1f1b", "microbatches": 4},
+        "pp2_tp2": {"schedule": "1f1b", "microbatches": 2, "tp": 2},
+    },
+}
+"""Per world size: the layouts run, by name."""
+
+TRAIN_ARGS = [*tp_worker.TRAIN_ARGS, "--set", "encoder.depth=4"]
+"""examples/train.py on a small MNIST ViT of four blocks."""
+
+
+def loss_fn(out: Tensor | dict[str, Tensor], y: Tensor) -> Tensor:
+    """A microbatch's loss: tests/tp_worker.py's ``loss_of`` on the model's output."""
+    loss = F.cross_entropy(logits_of(out).flatten(0, -2), y.flatten())
+    return loss + tp_worker.ROUTER_LOSS * out["router_loss"] if isinstance(out, dict) else loss
+
+
+def inputs_of(spec: specvit.Spec, b: dict[str, Tensor]) -> tuple[Tensor, ...]:
+    return (b["src"], b["tgt_in"]) if spec.model == "encoder_decoder" else (b["x"],)
+
+
+def train(text: str, layout: dict[str, Any], pipe_class: type[Pipeline] = Pipeline) -> list[float]:
+    """STEPS AdamW steps of a spec's model in a layout; the loss of each step."""
+    spec = specvit.parse_spec(text)
+    model = tp_worker.build(text)
+    group = None
+    tp = layout.get("tp", 1)
+    if tp > 1:  # a (pipeline, tensor) mesh: each stage split over its tensor ranks
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from specvit.parallel import parallelize
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // tp, tp), mesh_dim_names=("pp", "tp"))
+        parallelize(model, mesh["tp"])
+        group = mesh["pp"].get_group()
+    pipe = pipe_class(
+        model,
+        loss_fn,
+        microbatches=layout["microbatches"],
+        schedule=layout["schedule"],
+        stages_per_rank=layout.get("stages_per_rank", 1),
+        inputs=("src", "tgt") if spec.model == "encoder_decoder" else None,
+        group=group,
+    )
+    opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
+    losses = []
+    for step in range(STEPS):
+        b = tp_worker.batch(spec, step)
+        opt.zero_grad()
+        losses.append(pipe.step(*inputs_of(spec, b), target=b["y"]))
+        opt.step()
+    return losses
+
+
+class Unsummed(Pipeline):
+    """The control: the gradients of weights several stages hold are left per stage."""
+
+    def _finish_grads(self) -> None:
+        for p in self.parameters():
+            if p.grad is not None:
+                p.grad.div_(self.microbatches)
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results: dict[str, Any] = {"world": world}
+    for layout_name, layout in LAYOUTS[world].items():
+        for name, text in SPECS.items():
+            results[f"{layout_name}/{name}"] = train(text, layout)
+    results["control/encdec"] = train(
+        SPECS["encdec"], LAYOUTS[2]["1f1b"] if world == 2 else LAYOUTS[4]["1f1b"], Unsummed
+    )
+    script = tp_worker.load_train_script()
+    pp = ["--pp", str(world)]
+    results["train_pp_exit"] = script.main([*TRAIN_ARGS, *pp, "--log-file", str(out / "train_pp.jsonl")])
+    results["train_pp_save_exit"] = script.main([*TRAIN_ARGS, *pp, "--save", str(out / "pp_checkpoint")])
+    one = os.environ.get("SPECVIT_ONE_PROCESS_CHECKPOINT")  # steps 1-3 on one process, resumed in stages
+    if one:
+        resumed = [
+            *TRAIN_ARGS,
+            *pp,
+            "--resume",
+            one,
+            "--steps",
+            "5",
+            "--log-file",
+            str(out / "pp_resumed.jsonl"),
+        ]
+        results["train_pp_resume_exit"] = script.main(resumed)
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+    # As tests/dist_worker.py: everything is written and the group destroyed; leave without the interpreter's
+    # finalisation, during which gloo's worker threads can abort the process (pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

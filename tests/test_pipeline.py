@@ -1,0 +1,217 @@
+"""Pipeline parallelism derived from the graph: stages cut at the blocks ``summary --pp`` cuts, their forward
+in one process equal to the model's, the weights each holds; and (slow) training on 2 and 4 gloo ranks with
+1F1B, GPipe and interleaved schedules, and with tensor parallelism inside the stages, that follows one
+process, via tests/pp_worker.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import specvit
+from specvit.errors import SpecError
+from specvit.parallel_layout import pipeline_stages
+from specvit.pipeline import Pipeline, run_split, split
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pp_worker as worker  # tests/ is not a package: import the worker from beside this file
+import tp_worker
+from test_tensor_parallel import _log, _one_thread
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+TIMEOUT = 600  # seconds per launch: 2 ranks take about 20 s, 4 ranks about 35 s on two cores
+# Stages vs one process: the same fp32 maths on the same microbatches, but the microbatches' gradients are
+# accumulated in another order (and, with tensor parallelism inside, split layers sum partial products), so
+# values differ in the last bits: seen over 5 AdamW steps, at most 9.5e-7 (four ulps of losses near 3). The
+# bound allows about 40 ulps; the control (a shared embedding's gradients left per stage) misses by 1e-3 to 3e-2.
+LOSS_TOL = 2e-5
+
+
+def _inputs(model: specvit.SpecModel) -> tuple[torch.Tensor, ...]:
+    b = tp_worker.batch(model.spec, 0)
+    return worker.inputs_of(model.spec, b)
+
+
+@pytest.mark.parametrize("name", sorted(worker.SPECS))
+@pytest.mark.parametrize("stages", [2, 4])
+def test_stages_run_one_after_another_are_the_model(name: str, stages: int) -> None:
+    model = tp_worker.build(worker.SPECS[name])
+    inputs = _inputs(model)
+    names = ("src", "tgt") if model.spec.model == "encoder_decoder" else None
+    cut = split(model, stages, names)
+    assert [s.blocks for s in cut] == [
+        c.blocks for c in pipeline_stages(model.graph, stages)
+    ]  # summary's cut
+    expected, got = model(*inputs), run_split(cut, *inputs)
+    if isinstance(expected, dict):  # an MoE model's logits and router loss: the dict is made again
+        assert got.keys() == expected.keys()
+        assert all(torch.equal(got[k], expected[k]) for k in expected)
+    else:
+        assert torch.equal(got, expected)
+    # every weight is on a stage, under the model's name; only shared ones on more than one
+    keys = [k for s in cut for k in s.module.state_dict()]
+    assert set(keys) == set(model.state_dict())
+    shared = {k for s in cut for k in s.shared}
+    assert len(keys) - len(set(keys)) == sum(sum(k in s.shared for s in cut) - 1 for k in shared)
+
+
+def test_what_crosses_each_cut() -> None:
+    """An encoder-decoder in 4 stages: the decoder's token ids ride the encoder stages, the memory every
+    decoder stage; the shared embedding is held by the stages that embed and by the tied head's."""
+    model = tp_worker.build(worker.SPECS["encdec"])
+    cut = split(model, 4, ("src", "tgt"))
+    assert [s.blocks for s in cut] == [
+        ("encoder.blocks.0",),
+        ("encoder.blocks.1",),
+        ("decoder.blocks.0",),
+        ("decoder.blocks.1",),
+    ]
+    assert [s.inputs for s in cut] == [
+        ["src", "tgt"],
+        ["tgt", "encoder_blocks_0"],
+        ["tgt", "encoder_norm"],
+        ["encoder_norm", "decoder_blocks_0"],
+    ]
+    assert [sorted(s.shared) for s in cut] == [
+        ["encoder.tok_embed.weight"],
+        [],
+        *[["encoder.tok_embed.weight"]] * 2,
+    ]
+    lm = split(tp_worker.build(worker.SPECS["llama"]), 2)  # rotary tables cross as their two tensors
+    assert lm[0].outputs == ["decoder_rope_0", "decoder_rope_1", "decoder_blocks_1"]
+    assert lm[1].shared == {}  # an untied head: nothing shared
+
+
+def test_a_relayed_value_is_what_the_next_stage_reads() -> None:
+    """The control for the equality above: the same stages fed a wrong relayed memory give another output."""
+    model = tp_worker.build(worker.SPECS["encdec"])
+    inputs = _inputs(model)
+    cut = split(model, 3, ("src", "tgt"))
+    tgt, memory = cut[0].module(*inputs)
+    wrong = cut[2].module(*cut[1].module(tgt, torch.zeros_like(memory)))
+    assert not torch.equal(wrong, model(*inputs))
+    assert torch.equal(cut[2].module(*cut[1].module(tgt, memory)), model(*inputs))
+
+
+def test_refusals_name_the_numbers() -> None:
+    model = tp_worker.build(worker.SPECS["vit"])
+    with pytest.raises(
+        SpecError, match=r"5 pipeline stages for 4 blocks in 1 stack \(use --pp 1, or at most 4"
+    ):
+        split(model, 5)
+    encdec = tp_worker.build(worker.SPECS["encdec"])
+    with pytest.raises(SpecError, match=r"5 pipeline stages for 4 blocks in 2 stacks"):
+        split(encdec, 5, ("src", "tgt"))
+    with pytest.raises(TypeError, match=r"inputs: \['images'\] are not arguments of the model's forward"):
+        split(model, 2, ("images",))
+    with pytest.raises(
+        TypeError, match=r"the model's required argument\(s\) \['tgt'\] must be among the inputs"
+    ):
+        split(encdec, 2, ("src",))
+
+
+def test_pipeline_refuses_unknown_schedules() -> None:
+    model = tp_worker.build(worker.SPECS["vit"])
+    with pytest.raises(
+        ValueError, match=r"schedule must be one of \('1f1b', 'gpipe', 'interleaved'\), got 'zb'"
+    ):
+        Pipeline(model, worker.loss_fn, microbatches=2, schedule="zb")
+    with pytest.raises(ValueError, match=r"stages_per_rank=2 needs schedule='interleaved'"):
+        Pipeline(model, worker.loss_fn, microbatches=2, stages_per_rank=2)
+
+
+# ---------------------------------------------------------------------------------- torchrun, 2 and 4
+
+
+@functools.cache
+def _single(name: str, microbatches: int) -> list[float]:
+    """One process trained on the same microbatches: each step's loss the mean of theirs (an MoE's
+    load-balancing loss is computed per microbatch, so it is not the whole batch's)."""
+    with _one_thread():
+        model = tp_worker.build(worker.SPECS[name])
+        return tp_worker.train(model, model.spec, ranks=microbatches)
+
+
+def _one_process(*args: str) -> int:
+    with _one_thread():
+        return int(tp_worker.load_train_script().main([*worker.TRAIN_ARGS, *args]))
+
+
+@functools.cache
+def _launch(world: int, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    assert _one_process("--save", str(out / "one_checkpoint")) == 0  # steps 1-3, resumed in stages
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SPECVIT_ONE_PROCESS_CHECKPOINT": str(out / "one_checkpoint"),
+    }
+    cmd = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        str(ROOT / "tests" / "pp_worker.py"),
+        str(out),
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]  # every run exits 0
+    return {**json.loads((out / "results.json").read_text()), "out": out}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def pp_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _launch(request.param, tmp_path_factory.mktemp(f"pp_{request.param}"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(worker.SPECS))
+def test_pipelined_training_follows_one_process(name: str, pp_run: dict[str, Any]) -> None:
+    for layout, settings in worker.LAYOUTS[pp_run["world"]].items():
+        single = _single(name, settings["microbatches"])
+        assert len(set(single)) == worker.STEPS  # the loss moves: the steps are not no-ops
+        staged = pp_run[f"{layout}/{name}"]
+        diff = max(abs(a - b) for a, b in zip(staged, single, strict=True))
+        print(
+            f"{name}, {layout} on {pp_run['world']} ranks vs one process, max |loss difference|: {diff:.2e}"
+        )
+        assert diff <= LOSS_TOL, (layout, staged, single)
+
+
+@pytest.mark.slow
+def test_the_control_leaves_one_process(pp_run: dict[str, Any]) -> None:
+    """The shared embedding's gradients not summed over the stages holding it: the curve leaves one process's."""
+    micro = worker.LAYOUTS[pp_run["world"]]["1f1b"]["microbatches"]
+    control = pp_run["control/encdec"]
+    assert max(abs(a - b) for a, b in zip(control, _single("encdec", micro), strict=True)) > 5 * LOSS_TOL
+
+
+@pytest.mark.slow
+def test_train_script_with_pp_follows_one_process_and_checkpoints_cross_layouts(
+    pp_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """examples/train.py --pp N vs one process; steps 1-3 saved in stages resume on one process, and steps 1-3
+    saved on one process resume in stages: steps 4-5 as the uninterrupted one-process run."""
+    out = pp_run["out"]
+    assert (pp_run["train_pp_exit"], pp_run["train_pp_save_exit"], pp_run["train_pp_resume_exit"]) == (
+        0,
+        0,
+        0,
+    )
+    assert _one_process("--steps", "5", "--log", str(tmp_path / "one.jsonl")) == 0
+    one = _log(tmp_path / "one.jsonl")
+    assert len(set(one)) == 5
+    assert max(abs(a - b) for a, b in zip(one[:3], _log(out / "train_pp.jsonl"), strict=True)) <= LOSS_TOL
+    assert max(abs(a - b) for a, b in zip(one[3:], _log(out / "pp_resumed.jsonl"), strict=True)) <= LOSS_TOL
+    resumed = ["--resume", str(out / "pp_checkpoint"), "--steps", "5", "--log", str(tmp_path / "back.jsonl")]
+    assert _one_process(*resumed) == 0
+    assert max(abs(a - b) for a, b in zip(one[3:], _log(tmp_path / "back.jsonl"), strict=True)) <= LOSS_TOL
