@@ -389,11 +389,10 @@ def resume(
     step = 0
     if _rank() == 0:
         weights, optim, step = _read_checkpoint(directory, spec, args)
-    if pipe is not None:  # every rank holds the whole model: load it all, and its stages' optimizer states
+    if pipe is not None:  # each rank loads its stages' weights and optimizer states
         box: list[Any] = [weights, optim, step]
         dist.broadcast_object_list(box, src=0)
-        model.load_state_dict(box[0])
-        pipe.load_state(opt, box[1])
+        pipe.load_state(box[0], opt, box[1])
         return int(box[2])
     distributed = dist.is_initialized()
     if distributed:
@@ -479,6 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--every", type=int, default=10, metavar="K", help="report every K steps (default 10)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar between reports on a terminal")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="print each rank's peak resident memory in training, above its resident memory before the build "
+        "(Linux), to set against specvit summary --tp/--pp/--dp",
+    )
     return p
 
 
@@ -591,7 +596,8 @@ def _build(
     if mesh is not None:  # the same weights on every rank, split over the tensor ranks, then sharded or cut
         from specvit.parallel import parallelize, shard
 
-        model = build_model(spec, device=device)
+        # a pipeline alone materialises only its stages' weights; a tensor-parallel split needs them all
+        model = build_model(spec, device="meta" if args.tp == 1 and args.parallel == "none" else device)
         net = parallelize(model, mesh["tp"]) if args.tp > 1 else model
         if args.parallel == "fsdp":
             shard(model, mesh["dp"])
@@ -606,6 +612,7 @@ def _build(
                 stages_per_rank=2 if args.schedule == "interleaved" else 1,
                 inputs=("src", "tgt") if spec.model == "encoder_decoder" else None,
                 group=mesh["pp"].get_group(),
+                device=device,
             )
     elif args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -643,6 +650,28 @@ def _mode(args: argparse.Namespace, world: int) -> str:
     return " x ".join(parts) or f"{args.parallel} on {world} rank(s)"
 
 
+def _status_mb(field: str) -> float:
+    """A field of /proc/self/status in MiB (``VmRSS``: resident now, ``VmHWM``: the peak); 0 off Linux."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _report_memory(peak: float) -> None:
+    """Print on rank 0 every rank's peak resident memory in training above its memory before the build (its
+    weights, their gradients and optimizer states, activations, the collectives' buffers): ``--memory``."""
+    peaks = [peak]
+    if dist.is_initialized():
+        peaks = [0.0] * dist.get_world_size()
+        dist.all_gather_object(peaks, peak)
+    if _rank() == 0:
+        print("peak memory above start, MiB per rank: " + ", ".join(f"{p:.0f}" for p in peaks), flush=True)
+
+
 def _train(
     args: argparse.Namespace,
     spec: Spec,
@@ -662,9 +691,13 @@ def _train(
         world, rank, group = mesh["dp"].size(), mesh["dp"].get_local_rank(), mesh["dp"].get_group()
     if args.batch % world:
         raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
+    start_rss = _status_mb("VmRSS")
     model, net, pipe = _build(args, spec, device, mesh)
     opt = torch.optim.AdamW(pipe.parameters() if pipe else net.parameters(), lr=args.lr)
     start = resume(Path(args.resume), model, opt, spec, args, pipe) if args.resume else 0
+    if args.memory:  # the peak from here on: a tensor-parallel split's whole-model build is not counted
+        with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
     autocast = args.bf16 and args.parallel != "fsdp"
     batches = Batches(spec, args.batch, args.seed, args.seq_len, data)
     per = args.batch // world
@@ -702,6 +735,8 @@ def _train(
                 value /= world
             if progress is not None:
                 progress.update(step + 1, value.item())
+        if args.memory:
+            _report_memory(_status_mb("VmHWM") - start_rss)
         if save is not None:
             save_checkpoint(save, model, opt, max(start, args.steps), args, pipe)
             if _rank() == 0:

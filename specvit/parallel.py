@@ -270,14 +270,15 @@ def _packed_rows(model: nn.Module) -> dict[str, Tensor]:
 
 def _reorder(state: dict[str, Any], rows: dict[str, Tensor], back: bool) -> dict[str, Any]:
     """``state``'s per-parameter tensors of packed projections, their rows put in or out of rank-major order."""
+    from specvit.parallel_styles import first_rows
+
     out = {"param_groups": state["param_groups"], "state": dict(state["state"])}
     for name, order in rows.items():
         if name in out["state"]:
-            index = torch.argsort(order) if back else order
+            index = first_rows(order) if back else order  # rank-major (rows held by several ranks repeated)
+            rows_in = len(order) if back else len(first_rows(order))
             out["state"][name] = {
-                k: v[index.to(v.device)]
-                if isinstance(v, Tensor) and v.dim() and v.shape[0] == len(order)
-                else v
+                k: v[index.to(v.device)] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rows_in else v
                 for k, v in out["state"][name].items()
             }
     return out

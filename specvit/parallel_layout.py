@@ -181,7 +181,8 @@ class LayoutReport:
 
 
 NOTES = (
-    "MB = 2^20 bytes, fp32. Params: a split layer's over the tensor ranks (a row-wise layer's bias whole).",
+    "MB = 2^20 bytes, fp32. Params: a split layer's over the tensor ranks (a row-wise layer's bias whole); a",
+    "weight two stages use (a tied head's embedding) on both.",
     "Activations: every node's output in the stage, times the microbatches 1F1B keeps in flight there.",
     "Sent: tp, 2 ring all-reduces of each summed layer's output per microbatch (1 for an embedding); pp, the",
     "stage's output forward and its input's gradient backward per microbatch; dp, DDP's all-reduce of the",
@@ -232,6 +233,19 @@ def _is_split(name: str, found: tuple[str, object] | None) -> bool:
     return isinstance(style, ExpertSplit) and module == at and leaf in ("fc1", "fc2")
 
 
+def _local_numel(name: str, numel: int, tp: int, found: tuple[str, object] | None) -> int:
+    """The elements of parameter ``name`` a tensor rank holds: a split one's share (a packed projection's
+    key/value heads copied to several ranks count on each), else all."""
+    from specvit.parallel_styles import PackedColwise, rank_major
+
+    if not _is_split(name, found):
+        return numel
+    style = found[1] if found else None
+    if isinstance(style, PackedColwise) and style.heads:
+        return numel // sum(style.parts) * (len(rank_major(style.parts, tp, style.heads)) // tp)
+    return -(-numel // tp)
+
+
 def layout_report(
     spec: Spec, *, tp: int = 1, pp: int = 1, dp: int = 1, fsdp: bool = False, batch: int = 1, **sizes: int
 ) -> LayoutReport:
@@ -254,6 +268,7 @@ def layout_report(
 
     from specvit.compile import build_model
     from specvit.graph import build_graph
+    from specvit.nn.layers import lender
     from specvit.tensor_parallel import plan
 
     for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("batch", batch)):
@@ -266,9 +281,16 @@ def layout_report(
     find = _split_rules(dict(plan(model, tp)) if tp > 1 else {})
     where = {node: i for i, s in enumerate(stages) for node in s.nodes}
     params = [0] * pp
+    per_param: dict[str, int] = {}
     for name, p in model.named_parameters():
         stage = next((where[a] for a in _ancestors(name) if a in where), 0)
-        params[stage] += -(-p.numel() // tp) if _is_split(name, find(name.rpartition(".")[0])) else p.numel()
+        per_param[name] = _local_numel(name, p.numel(), tp, find(name.rpartition(".")[0]))
+        params[stage] += per_param[name]
+    paths = {id(m): path for path, m in model.named_modules()}
+    for node, stage in where.items():  # a tied head's embedding is held by its stage too (Megatron's way)
+        source = lender(model.get_submodule(node)) if graph.nx.nodes[node]["module"] else None
+        if source is not None and where.get(paths[id(source)]) not in (stage, None):
+            params[stage] += sum(per_param[f"{paths[id(source)]}.{k}"] for k, _ in source.named_parameters())
     ring = lambda ranks: 2 * (ranks - 1) / ranks  # noqa: E731  (bytes sent per byte all-reduced, ring)
     out = {n: math.prod(graph.concrete(a["shape"])) * BYTES for n, a in graph.nx.nodes(data=True)}
     handed = [out[[n for n in s.nodes if graph.nx.nodes[n]["block"] == s.blocks[-1]][-1]] for s in stages]

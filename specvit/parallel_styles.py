@@ -54,21 +54,32 @@ class Rowwise(RowwiseParallel):
         self.note = note
 
 
-def rank_major(parts: tuple[int, ...], ranks: int) -> Tensor:
+def rank_major(parts: tuple[int, ...], ranks: int, heads: tuple[int, ...] | None = None) -> Tensor:
     """The rows of a packed projection (``parts`` rows each, e.g. q|k|v) in rank-major order: rank r's block
-    holds the r-th 1/ranks of every part, so a contiguous split gives each rank whole heads of each part.
+    holds the r-th 1/ranks of every part, so a contiguous split gives each rank whole heads of each part. A
+    part of fewer heads than ranks (GQA's key/value heads over more ranks) gives each rank the one head its
+    query heads read: its rows appear once per rank sharing that head.
 
     Args:
-        parts: the rows of each part, each divisible by ``ranks``.
+        parts: the rows of each part.
         ranks: the number of ranks.
+        heads: the heads of each part (default: ``ranks`` each); a count the ranks divide, or that divides them.
     """
     starts = [sum(parts[:i]) for i in range(len(parts))]
-    pieces = [
-        torch.arange(start + r * (rows // ranks), start + (r + 1) * (rows // ranks))
-        for r in range(ranks)
-        for start, rows in zip(starts, parts, strict=True)
-    ]
+    pieces = []
+    for r in range(ranks):
+        for start, rows, g in zip(starts, parts, heads or (ranks,) * len(parts), strict=True):
+            per, first = rows // g, r * g // ranks  # rows of a head; the first head rank r holds
+            pieces.append(torch.arange(start + first * per, start + (first + max(g // ranks, 1)) * per))
     return torch.cat(pieces)
+
+
+def first_rows(order: Tensor) -> Tensor:
+    """Where each row of one process's packed order first stands in ``order`` (rank-major, maybe with rows
+    held by several ranks): the index that takes a rank-major tensor back to the packed order."""
+    back = torch.empty(int(order.max()) + 1, dtype=torch.long)
+    back[order.flip(0)] = torch.arange(len(order) - 1, -1, -1)  # the last write of a row is its first place
+    return back
 
 
 class PackedColwise(ColwiseParallel):
@@ -77,17 +88,22 @@ class PackedColwise(ColwiseParallel):
     The parameters are stored rank-major (see :func:`rank_major`); ``state_dict`` gives them back in the
     packed order of one process and ``load_state_dict`` takes that order (both gather the parameter).
 
+    A part of fewer heads than ranks (key/value heads) is held by every rank whose query heads read it (see
+    :func:`rank_major`); the copies' gradients, each from its rank's query heads, are summed over the ranks.
+
     Args:
         parts: the rows of each part.
         note: the description :func:`describe` prints.
+        heads: the heads of each part (default: split evenly, ``ranks`` pieces each).
     """
 
-    def __init__(self, parts: tuple[int, ...], note: str) -> None:
+    def __init__(self, parts: tuple[int, ...], note: str, heads: tuple[int, ...] | None = None) -> None:
         super().__init__()
-        self.parts, self.note = parts, note
+        self.parts, self.note, self.heads = parts, note, heads
 
     def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
-        order = rank_major(self.parts, device_mesh.size())
+        ranks = device_mesh.size()
+        order = rank_major(self.parts, ranks, self.heads)
         for key, param in list(module.named_parameters(recurse=False)):
             split = distribute_tensor(
                 param.detach()[order], device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
@@ -96,6 +112,41 @@ class PackedColwise(ColwiseParallel):
         module.rank_major = order  # read by specvit.parallel's optimizer state dicts
         module.register_state_dict_post_hook(partial(_packed_state, order=order))
         module.register_load_state_dict_pre_hook(partial(_packed_load, order=order))
+        copies = _copied(
+            self.parts, self.heads or (ranks,) * len(self.parts), ranks, device_mesh.get_local_rank()
+        )
+        if copies:
+            summed = partial(_sum_copies, copies=copies, group=device_mesh.get_group())
+            module.register_forward_pre_hook(partial(_sum_weight_grads, hook=summed))
+
+
+def _copied(
+    parts: tuple[int, ...], heads: tuple[int, ...], ranks: int, rank: int
+) -> list[tuple[int, int, int, int]]:
+    """The rows of ``rank``'s block that other ranks hold too: (offset, rows, head, heads) per copied part."""
+    out, offset = [], 0
+    for rows, g in zip(parts, heads, strict=True):
+        local = rows // g * max(g // ranks, 1)
+        if g < ranks:
+            out.append((offset, local, rank * g // ranks, g))
+        offset += local
+    return out
+
+
+def _sum_copies(grad: Tensor, copies: list[tuple[int, int, int, int]], group: dist.ProcessGroup) -> Tensor:
+    """A packed projection's gradient with each copied head's rows summed over the ranks holding that head:
+    each rank puts its copy's gradient in its head's slot of a zero buffer of every head, one all-reduce."""
+    local = (grad.to_local() if isinstance(grad, DTensor) else grad).clone()
+    for offset, rows, head, heads in copies:
+        buf = local.new_zeros((heads, rows, *local.shape[1:]))
+        buf[head] = local[offset : offset + rows]
+        dist.all_reduce(buf, group=group)
+        local[offset : offset + rows] = buf[head]
+    if isinstance(grad, DTensor):
+        return DTensor.from_local(
+            local, grad.device_mesh, grad.placements, shape=grad.shape, stride=grad.stride()
+        )
+    return local
 
 
 def _reordered(value: Tensor, index: Tensor, mesh: DeviceMesh) -> DTensor:
@@ -107,7 +158,7 @@ def _reordered(value: Tensor, index: Tensor, mesh: DeviceMesh) -> DTensor:
 def _packed_state(
     module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any, *, order: Tensor
 ) -> None:
-    back = torch.argsort(order)  # rank-major -> packed
+    back = first_rows(order)  # rank-major -> packed
     for key, param in module.named_parameters(recurse=False):
         if prefix + key in state and isinstance(param, DTensor):
             state[prefix + key] = _reordered(state[prefix + key], back, param.device_mesh)
@@ -127,7 +178,7 @@ class HeadSplit(ParallelStyle):
 
     Args:
         heads: local query heads H / ranks.
-        kv_heads: local key/value heads Hkv / ranks.
+        kv_heads: local key/value heads: Hkv / ranks, or 1 when each is held by several ranks.
         note: the description :func:`describe` prints.
     """
 
@@ -139,9 +190,12 @@ class HeadSplit(ParallelStyle):
         if not isinstance(module, Attention):
             raise TypeError(f"HeadSplit splits an attention layer, not {type(module).__name__}")
         ranks = device_mesh.size()
+        kv = module.num_kv_heads // self.kv_heads  # a copied key/value head: 1 of Hkv, not Hkv / ranks
         module.num_heads, module.num_kv_heads = self.heads, self.kv_heads
         if hasattr(module, "parts"):  # (name, rows, bias) of the packed projection: this rank's rows
-            module.parts = tuple((name, rows // ranks, bias) for name, rows, bias in module.parts)
+            module.parts = tuple(
+                (name, rows // (kv if name in "kv" else ranks), bias) for name, rows, bias in module.parts
+            )
         summed = partial(_summed, group=device_mesh.get_group())
         for norm in (
             module.q_norm,

@@ -1,41 +1,25 @@
-"""Pipeline parallelism derived from the graph: a model cut into stages at block boundaries, run by
-``torch.distributed.pipelining`` schedules.
+"""Pipeline parallelism derived from the graph: a model cut into stages at block boundaries
+(:mod:`specvit.pipeline_split`), run by ``torch.distributed.pipelining`` schedules.
 
-:func:`split` traces the compiled forward with ``torch.fx`` (blocks and module nodes as leaves, so a block's
-own control flow, such as a mixture-of-experts' data-dependent routing, is never traced), gives every traced
-node the stage :func:`~specvit.parallel_layout.pipeline_stages` gives its block (FLOPs-balanced, an
-encoder-decoder's boundary a cut, the cuts ``summary --pp`` and ``render --pp`` show), and makes one
-``fx.GraphModule`` per stage. A stage takes the values live at its entry (the model's inputs for the first)
-and returns those live at its exit: its own outputs, and every earlier value a later stage reads, relayed
-(token ids for a decoder's first stage, an encoder's memory for every decoder stage, rotary tables). Tuples
-(rotary tables) cross as their tensors, a dict output (an MoE model's ``router_loss``) as its values. A
-stage's modules are the model's own at the model's paths, so its ``state_dict`` keys are the model's.
-
-A weight used by more than one stage (a tied LM head, an encoder-decoder's shared embedding) is held by each
-of them, as Megatron-LM holds a tied embedding on the first and the last stage: :class:`Pipeline` sums its
-gradients over those stages before the optimizer step, so the copies stay equal.
-
-Running the stages one after another in one process is the model's forward (:func:`run_split`).
+:class:`Pipeline` keeps this rank's stages, with real weights for them only: a model built on the meta
+device has its stages' weights materialised and drawn as a one-process build draws them under the same seed,
+a built model has the other stages' weights dropped. A weight several stages use (a tied LM head, shared
+embeddings) is held by each of them, as Megatron-LM holds a tied embedding on its first and last stage;
+its gradients are summed over those stages before the optimizer step, so the copies stay equal.
 """
 
 from __future__ import annotations
 
-import inspect
-import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.fx as fx
 from torch import Tensor, nn
 
-from specvit.codegen.build import helper_names
-from specvit.errors import Problem, SpecError
-from specvit.model import Block, SpecModel
-from specvit.parallel_layout import pipeline_stages
+from specvit.model import SpecModel
+from specvit.pipeline_split import Stage, mark_shared, run_split, split
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining.schedules import _PipelineSchedule
@@ -47,225 +31,15 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 (``ScheduleInterleaved1F1B``, stage ``i`` on rank ``i % ranks``)."""
 
 
-class _Tracer(fx.Tracer):
-    """Blocks and module nodes are leaves; the generated helpers are called, not traced."""
-
-    def __init__(self, model: SpecModel):
-        super().__init__(autowrap_functions=tuple(helper_names(model.graph).values()))
-        self.leaves = set(model.graph.module_nodes())
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, Block) or qualname in self.leaves
-
-
-@dataclass
-class Stage:
-    """One stage of a split model.
-
-    Attributes:
-        module: the stage's forward, an ``fx.GraphModule`` over the model's own modules at the model's paths.
-        blocks: the blocks it runs.
-        inputs: the values it takes, by their traced names (a tuple as one name per tensor).
-        outputs: the values it returns, by their traced names; for the last stage, the keys of the model's
-            output when that is a dict (returned as the tuple of its values: :meth:`output` makes the dict).
-        shared: the parameters it uses that another stage uses too, by their names in the model.
-    """
-
-    module: fx.GraphModule
-    blocks: tuple[str, ...]
-    inputs: list[str]
-    outputs: list[str]
-    shared: dict[str, nn.Parameter] = field(default_factory=dict)
-
-    def output(self, value: Any) -> Any:
-        """The last stage's return value as the model returns it (a dict from the tuple of its values)."""
-        if self.outputs and isinstance(value, tuple):
-            return dict(zip(self.outputs, value, strict=True))
-        return value
-
-
-def _trace(model: SpecModel, inputs: Sequence[str]) -> fx.Graph:
-    """The model's forward with the arguments outside ``inputs`` fixed at their defaults."""
-    params = inspect.signature(model.forward).parameters
-    unknown = [n for n in inputs if n not in params]
-    if unknown:
-        raise TypeError(f"inputs: {unknown} are not arguments of the model's forward {list(params)}")
-    fixed = {n: p.default for n, p in params.items() if n not in inputs}
-    missing = [n for n, v in fixed.items() if v is inspect.Parameter.empty]
-    if missing:
-        raise TypeError(f"inputs: the model's required argument(s) {missing} must be among the inputs")
-    graph = _Tracer(model).trace(model, concrete_args=fixed)
-    doomed: list[fx.Node] = []  # the fixed arguments' placeholders, and the checks fx adds on them
-    for node in graph.nodes:
-        if (node.op == "placeholder" and node.target not in inputs) or (
-            node.op == "call_function" and node.all_input_nodes and set(node.all_input_nodes) <= set(doomed)
-        ):
-            doomed.append(node)
-    for node in reversed(doomed):
-        graph.erase_node(node)
-    return graph
-
-
-def _stages_of(graph: fx.Graph, model: SpecModel, plan: list[set[str]]) -> dict[fx.Node, int]:
-    """Each traced node's stage: a module node's or block's from ``plan`` (the graph nodes and blocks of each
-    stage), any other node the latest among its inputs' (the first for placeholders, the last for the output).
-
-    Raises:
-        SpecError: a node reading a value of a later stage (a forward that does not run in stage order).
-    """
-    where = {path: k for k, paths in enumerate(plan) for path in paths}
-    stage: dict[fx.Node, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_module" and str(node.target) in where:
-            stage[node] = where[str(node.target)]
-        elif node.op == "output":
-            stage[node] = len(plan) - 1
-        else:
-            stage[node] = max((stage[i] for i in node.all_input_nodes), default=0)
-        late = [i for i in node.all_input_nodes if stage[i] > stage[node]]
-        if late:
-            raise SpecError(
-                Problem(
-                    "",
-                    f"{model.graph.name}: {node.name} on pipeline stage {stage[node]} reads {late[0].name} "
-                    f"of stage {stage[late[0]]}: the forward does not run in these stages' order",
-                    "use fewer pipeline stages",
-                )
-            )
-    return stage
-
-
-def _arity(model: SpecModel, node: fx.Node) -> int:
-    """How many tensors a value is: n for a module node returning ``tuple[Tensor, ...]`` (rotary tables), or 1."""
-    target = str(node.target)
-    if node.op == "call_module" and target in model.graph.nx:
-        kind = str(model.graph.op(target).value)
-        if kind.startswith("tuple["):
-            return kind.count("Tensor")
-    return 1
-
-
-def _names(node: fx.Node, arity: int) -> list[str]:
-    return [node.name] if arity == 1 else [f"{node.name}_{i}" for i in range(arity)]
-
-
-def _live(graph: fx.Graph, stage: dict[fx.Node, int], k: int) -> list[fx.Node]:
-    """The values of stages 0..k that a later stage reads, in program order."""
-    return [
-        n for n in graph.nodes if n.op != "output" and stage[n] <= k and any(stage[u] > k for u in n.users)
-    ]
-
-
-def _stage(model: SpecModel, graph: fx.Graph, stage: dict[fx.Node, int], k: int, last: int) -> Stage:
-    """Stage ``k``'s forward: placeholders for the values live at its entry, its nodes, its live exit values."""
-    g = fx.Graph()
-    env: dict[fx.Node, Any] = {}
-    inputs: list[str] = []
-    entry = [n for n in graph.nodes if n.op == "placeholder"] if k == 0 else _live(graph, stage, k - 1)
-    for value in entry:
-        names = _names(value, _arity(model, value))
-        made = tuple(g.placeholder(name) for name in names)
-        env[value] = made[0] if len(made) == 1 else made
-        inputs += names
-    outputs: list[str] = []
-    for node in graph.nodes:
-        if node.op == "output" and k == last:
-            result = fx.map_arg(node.args[0], lambda a: env[a])
-            if isinstance(result, dict):  # schedules pass tensors and tuples
-                outputs, result = list(result), tuple(result.values())
-            g.output(result)
-        elif node.op not in ("placeholder", "output") and stage[node] == k:
-            env[node] = g.node_copy(node, lambda a: env[a])
-    if k < last:
-        flat: list[Any] = []
-        for value in _live(graph, stage, k):
-            arity = _arity(model, value)
-            v = env[value]
-            flat += [v] if arity == 1 else [g.call_function(operator.getitem, (v, i)) for i in range(arity)]
-            outputs += _names(value, arity)
-        g.output(tuple(flat))
-    module = fx.GraphModule(model, g, class_name=f"Stage{k}")  # the modules g calls, at their paths
-    _add_lenders(model, module)
-    return Stage(module, (), inputs, outputs)
-
-
-def _lender(module: nn.Module) -> nn.Module | None:
-    """The module whose weights a ``Shared`` or ``TiedLinear`` layer applies (held unregistered, ``_source``)."""
-    source = getattr(module, "_source", None)
-    return source[0] if isinstance(source, tuple) and source and isinstance(source[0], nn.Module) else None
-
-
-def _add_lenders(model: SpecModel, stage: fx.GraphModule) -> None:
-    """Register on ``stage``, at their model paths, the modules its layers borrow weights from (a tied head's
-    embedding), so that the stage's parameters are every weight it uses."""
-    paths = {id(m): name for name, m in model.named_modules()}
-    for node in stage.graph.nodes:
-        if node.op != "call_module":
-            continue
-        for sub in stage.get_submodule(str(node.target)).modules():
-            lender = _lender(sub)
-            if lender is None:
-                continue
-            *parents, name = paths[id(lender)].split(".")
-            at: nn.Module = stage
-            for part in parents:
-                if not hasattr(at, part):
-                    at.add_module(part, nn.Module())
-                at = getattr(at, part)
-            at.add_module(name, lender)
-
-
-def _mark_shared(model: nn.Module, stages: list[Stage]) -> None:
-    """Record on each stage the parameters it shares with another stage, by their names in the model."""
-    canonical = {id(p): name for name, p in model.named_parameters()}
-    held = [{id(p) for p in s.module.parameters()} for s in stages]
-    for s in stages:
-        s.shared = {canonical[id(p)]: p for p in s.module.parameters() if sum(id(p) in h for h in held) > 1}
-
-
-def split(model: SpecModel, stages: int, inputs: Sequence[str] | None = None) -> list[Stage]:
-    """Cut ``model`` into ``stages`` pipeline stages at block boundaries, balanced by the graph's FLOPs.
-
-    Args:
-        model: a compiled model.
-        stages: the number of stages (at most the number of blocks; each holds blocks of one stack).
-        inputs: the forward's arguments the first stage takes, in order (default: the required ones); the
-            others are fixed at their defaults (no cache, offset 0).
-
-    Raises:
-        SpecError: a number of stages the blocks do not allow.
-        TypeError: ``inputs`` that are not the forward's arguments, or leave out a required one.
-    """
-    params = inspect.signature(model.forward).parameters
-    if inputs is None:
-        inputs = [n for n, p in params.items() if p.default is inspect.Parameter.empty]
-    graph = _trace(model, inputs)
-    costs = pipeline_stages(model.graph, stages)
-    stage = _stages_of(graph, model, [set(c.nodes) | set(c.blocks) for c in costs])
-    out = []
-    for k, cost in enumerate(costs):
-        s = _stage(model, graph, stage, k, stages - 1)
-        s.blocks = cost.blocks
-        out.append(s)
-    _mark_shared(model, out)
-    return out
-
-
-def run_split(stages: Sequence[Stage], *inputs: Tensor) -> Any:
-    """Run the stages one after another in this process: the model's forward on ``inputs``."""
-    values: tuple[Any, ...] = inputs
-    for s in stages[:-1]:
-        values = s.module(*values)
-    return stages[-1].output(stages[-1].module(*values))
-
-
 class Pipeline:
     """This rank's stages of a model split for pipeline parallelism, and their schedule.
 
-    Every rank builds the same model (same seed, or the same weights loaded), then uses only its stages'
-    modules (:meth:`parameters`, :meth:`state_dict`). :meth:`step` runs a batch's forward and backward as
+    Every rank builds the same model, on the meta device (this rank's stages' weights are then materialised
+    on ``device`` and initialised as :meth:`~specvit.model.SpecModel.init_weights` on a one-process build
+    under the same seed initialises them) or materialised (same seed, or the same weights loaded: the other
+    stages' weights are then dropped to the meta device). :meth:`step` runs a batch's forward and backward as
     ``microbatches`` equal slices and leaves the gradients of the mean of their losses, as one process
-    computes them, on every rank's weights.
+    computes them, on this rank's weights (:meth:`parameters`).
 
     Args:
         model: the compiled model, the same on every rank of ``group``.
@@ -276,6 +50,7 @@ class Pipeline:
         stages_per_rank: stages on each rank (more than 1 with ``interleaved`` only).
         inputs: the forward's arguments :meth:`step` passes, in order (default: the required ones).
         group: the pipeline's process group (default: every rank).
+        device: where this rank's stages compute (default: the model's device, or the CPU for a meta build).
     """
 
     def __init__(
@@ -288,6 +63,7 @@ class Pipeline:
         stages_per_rank: int = 1,
         inputs: Sequence[str] | None = None,
         group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -301,8 +77,17 @@ class Pipeline:
         indices = range(self.rank, count, self.ranks)
         self.stages = [every[i] for i in indices]
         self.last = (count - 1) % self.ranks  # the group rank of the last stage
-        device = next(model.parameters()).device
-        runs = [_stage_class()(every[i].module, i, count, device, group=group) for i in indices]
+        here = next(model.parameters()).device
+        self.device = (
+            torch.device(device)
+            if device is not None
+            else here
+            if here.type != "meta"
+            else torch.device("cpu")
+        )
+        _keep_only(model, self.stages, self.device)
+        mark_shared(model, every)  # the parameters of this rank's stages are new objects
+        runs = [_stage_class()(every[i].module, i, count, self.device, group=group) for i in indices]
         last = every[-1]
         self.schedule = _schedule(schedule, runs, microbatches, lambda out, y: loss_fn(last.output(out), y))
         self._shared = _shared_by_rank(every, self.ranks)
@@ -353,7 +138,10 @@ class Pipeline:
             if grad is not None:
                 grad = p.grad = _placed_as(grad, p)
             dist.all_reduce(
-                _local(grad) if grad is not None else torch.zeros_like(_local(p)), group=self.group
+                _local(grad)
+                if grad is not None
+                else torch.zeros(_local(p).shape, dtype=p.dtype, device=self.device),
+                group=self.group,
             )
 
     def _names(self) -> dict[int, str]:
@@ -389,14 +177,24 @@ class Pipeline:
                 into["params"] += [n for n in g["params"] if n not in into["params"]]
         return weights, merged
 
-    def load_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Load into ``optimizer`` (over :meth:`parameters`) this rank's part of a whole optimizer state keyed
-        by parameter name (:meth:`full_state`, or one process's, saved in any layout).
+    def load_state(
+        self,
+        weights: dict[str, Tensor],
+        optimizer: torch.optim.Optimizer | None = None,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        """Load this rank's part of a whole model's weights, and of a whole optimizer state keyed by parameter
+        name (:meth:`full_state`'s, or one process's, saved in any layout).
 
         Args:
-            optimizer: the optimizer.
-            state: ``{"state": {name: {...}}, "param_groups": [...]}``.
+            weights: the model's state dict.
+            optimizer: the optimizer over :meth:`parameters`.
+            state: its state, ``{"state": {name: {...}}, "param_groups": [...]}``.
         """
+        for s in self.stages:
+            s.module.load_state_dict({k: weights[k] for k in s.module.state_dict()})
+        if optimizer is None or state is None:
+            return
         names = self._names()
         for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
@@ -409,6 +207,29 @@ class Pipeline:
 
     def _global(self, rank: int) -> int:
         return dist.get_global_rank(self.group, rank) if self.group is not None else rank
+
+
+def _keep_only(model: SpecModel, stages: list[Stage], device: torch.device) -> None:
+    """Make ``stages``' weights real and every other weight of ``model`` meta: a meta build's stage weights
+    materialised on ``device`` and initialised (:meth:`~specvit.model.SpecModel.init_weights` draws the
+    others on scratch tensors, so the random stream is a one-process build's), a built model's others dropped."""
+    mine = {id(p) for s in stages for p in s.module.parameters()}
+    build = any(p.is_meta for p in model.parameters() if id(p) in mine)
+    made: dict[
+        int, tuple[nn.Parameter, nn.Parameter]
+    ] = {}  # id -> (the old, kept alive so no id recurs; the new)
+    new: set[int] = set()
+    for m in [*model.modules(), *(sub for s in stages for sub in s.module.modules())]:
+        for name, p in list(m._parameters.items()):
+            if p is None or id(p) in new or (id(p) in mine) != build:
+                continue
+            if id(p) not in made:
+                value = torch.empty_like(p, device=device) if build else p.detach().to("meta")
+                made[id(p)] = (p, nn.Parameter(value, requires_grad=p.requires_grad))
+                new.add(id(made[id(p)][1]))
+            m._parameters[name] = made[id(p)][1]
+    if build:
+        model.init_weights()
 
 
 def _placed_as(grad: Tensor, param: Tensor) -> Tensor:

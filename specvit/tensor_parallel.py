@@ -111,8 +111,14 @@ _PER_HEAD_PARTS = {
 
 
 def _attention(d: _Derivation, path: str, attn: Attention) -> None:
-    h, hkv, hd, vd = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
-    ok = d.divides(path, "heads", h) & d.divides(path, "key/value heads", hkv)
+    h, hkv, vd = attn.num_heads, attn.num_kv_heads, attn.v_head_dim
+    copied = hkv < d.ranks and d.ranks % hkv == 0 and h % d.ranks == 0  # each key/value head on several ranks
+    ok = d.divides(path, "heads", h) & (
+        copied
+        or d.divides(
+            path, "key/value heads", hkv, f"a multiple of {hkv} ranks copies each key/value head; or "
+        )
+    )
     found = [why for name, why in _PER_HEAD_PARTS.items() if getattr(attn, name, None)]
     found += ["1x1-conv projections over a map"] * (attn.projection == "conv")
     found += ["no output projection to sum the heads"] * isinstance(attn.proj, nn.Identity)
@@ -132,27 +138,45 @@ def _attention(d: _Derivation, path: str, attn: Attention) -> None:
     if not ok or found:
         return
     n = d.ranks
+    local = 1 if copied else hkv // n  # key/value heads per rank
     norms = any(True for m in (attn.q_norm, attn.k_norm) for _ in m.parameters())
-    note = f"heads {h} -> {h // n}, key/value heads {hkv} -> {hkv // n} per rank"
+    note = f"heads {h} -> {h // n}, key/value heads {hkv} -> {local} per rank"
+    note += f" (each on {n // hkv} ranks, its copies' gradients summed)" if copied else ""
     note += "; QK-norm weights whole, their gradients summed" if norms else ""
-    d.entries[path] = HeadSplit(h // n, hkv // n, note)
-    q, k, v = h * hd, hkv * hd, hkv * vd
-    if hasattr(attn, "qkv"):
-        d.entries[f"{path}.qkv"] = PackedColwise(
-            (q, k, v), f"column-wise, packed q|k|v rows {q}|{k}|{v} -> {q // n}|{k // n}|{v // n} per rank"
-        )
-    else:
-        d.entries[f"{path}.q"] = Colwise(f"column-wise, rows {q} -> {q // n} per rank")
-        if hasattr(attn, "kv"):
-            d.entries[f"{path}.kv"] = PackedColwise(
-                (k, v), f"column-wise, packed k|v rows {k}|{v} -> {k // n}|{v // n} per rank"
-            )
-        else:
-            d.entries[f"{path}.k"] = Colwise(f"column-wise, rows {k} -> {k // n} per rank")
-            d.entries[f"{path}.v"] = Colwise(f"column-wise, rows {v} -> {v // n} per rank")
+    d.entries[path] = HeadSplit(h // n, local, note)
+    _projections(d, path, attn, copied)
     d.entries[f"{path}.proj"] = Rowwise(
         f"row-wise, columns {h * vd} -> {h * vd // n} per rank, outputs summed"
     )
+
+
+def _projections(d: _Derivation, path: str, attn: Attention, copied: bool) -> None:
+    """The entries of the query, key and value projections, packed or not; ``copied``: each key/value head
+    is held by several ranks (one per rank, its rows placed by head)."""
+    h, hkv, n = attn.num_heads, attn.num_kv_heads, d.ranks
+    q, k, v = h * attn.head_dim, hkv * attn.head_dim, hkv * attn.v_head_dim
+    kl, vl = (k // hkv, v // hkv) if copied else (k // n, v // n)
+    by_head = "column-wise by head" if copied else "column-wise"
+    if hasattr(attn, "qkv"):
+        d.entries[f"{path}.qkv"] = PackedColwise(
+            (q, k, v),
+            f"{by_head}, packed q|k|v rows {q}|{k}|{v} -> {q // n}|{kl}|{vl} per rank",
+            (h, hkv, hkv) if copied else None,
+        )
+        return
+    d.entries[f"{path}.q"] = Colwise(f"column-wise, rows {q} -> {q // n} per rank")
+    if hasattr(attn, "kv"):
+        d.entries[f"{path}.kv"] = PackedColwise(
+            (k, v),
+            f"{by_head}, packed k|v rows {k}|{v} -> {kl}|{vl} per rank",
+            (hkv, hkv) if copied else None,
+        )
+    elif copied:
+        d.entries[f"{path}.k"] = PackedColwise((k,), f"{by_head}, rows {k} -> {kl} per rank", (hkv,))
+        d.entries[f"{path}.v"] = PackedColwise((v,), f"{by_head}, rows {v} -> {vl} per rank", (hkv,))
+    else:
+        d.entries[f"{path}.k"] = Colwise(f"column-wise, rows {k} -> {kl} per rank")
+        d.entries[f"{path}.v"] = Colwise(f"column-wise, rows {v} -> {vl} per rank")
 
 
 def _mlp(d: _Derivation, path: str, mlp: Mlp | GluMlp) -> None:

@@ -755,11 +755,12 @@ def run_in_process(case: Case, case_dir: Path) -> Outcome:
     """Give the case (already created in ``case_dir``) to :func:`specvit.load_spec`."""
     import specvit
 
+    load = specvit.load_spec  # imports specvit.spec (lazily, on first use) before the clock starts
     first_line = None
     with privileges_dropped(case):
         start = time.process_time()  # CPU time: what the case costs, whatever else the machine runs
         try:
-            specvit.load_spec(case_dir / case.spec_name)
+            load(case_dir / case.spec_name)
         except specvit.SpecError as exc:
             first_line = str(exc).splitlines()[0]
         seconds = time.process_time() - start

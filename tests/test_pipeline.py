@@ -19,7 +19,7 @@ import torch
 import specvit
 from specvit.errors import SpecError
 from specvit.parallel_layout import pipeline_stages
-from specvit.pipeline import Pipeline, run_split, split
+from specvit.pipeline import Pipeline, _keep_only, run_split, split
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pp_worker as worker  # tests/ is not a package: import the worker from beside this file
@@ -215,3 +215,31 @@ def test_train_script_with_pp_follows_one_process_and_checkpoints_cross_layouts(
     resumed = ["--resume", str(out / "pp_checkpoint"), "--steps", "5", "--log", str(tmp_path / "back.jsonl")]
     assert _one_process(*resumed) == 0
     assert max(abs(a - b) for a, b in zip(one[3:], _log(tmp_path / "back.jsonl"), strict=True)) <= LOSS_TOL
+
+
+@pytest.mark.parametrize("name", ["encdec", "moe"])
+def test_a_rank_holds_only_its_stages_weights(name: str) -> None:
+    """A meta build: the last stage's weights (the tied head's embedding among them) materialised and drawn
+    as a one-process build draws them under the same seed, the others left meta; a built model: the others
+    dropped to meta, its own kept as they were."""
+    text = worker.SPECS[name]
+    whole = tp_worker.build(text).state_dict()
+    torch.manual_seed(0)
+    model = specvit.build_model(specvit.parse_spec(text), device="meta")
+    names = ("src", "tgt") if model.spec.model == "encoder_decoder" else None
+    cut = split(model, 2, names)
+    _keep_only(model, cut[1:], torch.device("cpu"))
+    mine = cut[1].module.state_dict()
+    assert mine and all(torch.equal(v, whole[k]) for k, v in mine.items())
+    assert any(k.endswith("tok_embed.weight") for k in mine)  # borrowed by the tied head
+    others = {k: v for k, v in model.state_dict().items() if k not in mine}
+    assert others and all(v.is_meta for v in others.values())
+    control = specvit.build_model(specvit.parse_spec(text), device="meta")  # another seed's draws differ
+    cut = split(control, 2, names)
+    _keep_only(control, cut[1:], torch.device("cpu"))
+    assert not all(torch.equal(v, whole[k]) for k, v in cut[1].module.state_dict().items())
+    built = tp_worker.build(text)
+    cut = split(built, 2, names)
+    _keep_only(built, cut[:1], torch.device("cpu"))
+    assert all(torch.equal(v, whole[k]) for k, v in cut[0].module.state_dict().items())
+    assert all(v.is_meta for k, v in built.state_dict().items() if k not in cut[0].module.state_dict())

@@ -21,7 +21,15 @@ from reference import printed_by_docs_block
 import specvit
 from specvit.errors import SpecError
 from specvit.parallel import parallelize, plan
-from specvit.parallel_styles import ExpertSplit, HeadSplit, PackedColwise, Rowwise, TiedHead, rank_major
+from specvit.parallel_styles import (
+    ExpertSplit,
+    HeadSplit,
+    PackedColwise,
+    Rowwise,
+    TiedHead,
+    first_rows,
+    rank_major,
+)
 from specvit.tensor_parallel import describe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -92,8 +100,18 @@ def test_plan_refuses_what_does_not_divide_with_the_numbers() -> None:
     assert len(caught.value.problems) == 3  # heads, key/value heads, hidden: once for the 12 blocks
     assert plan(_meta(vit), 4)  # the control: 4 divides all of them
     lm = worker.LM  # 8 heads, 4 key/value heads
-    with pytest.raises(SpecError, match=r"key/value heads 1 over 2 ranks"):
-        plan(_meta(lm.replace("kv_heads: 4", "kv_heads: 1")), 2)  # MQA: one key/value head is not split
+    with pytest.raises(
+        SpecError,
+        match=r"key/value heads 3 over 2 ranks \(a multiple of 3 ranks copies each key/value head; or",
+    ):
+        plan(
+            _meta(
+                lm.replace("width: 64", "width: 48")
+                .replace("heads: 8", "heads: 6")
+                .replace("kv_heads: 4", "kv_heads: 3")
+            ),
+            2,
+        )
     assert plan(_meta(lm), 4)
     with pytest.raises(SpecError, match=r"decoder.blocks.\*.mlp: experts 4 over 3 ranks") as caught:
         plan(_meta(worker.MOE.replace("heads: 4", "heads: 6").replace("width: 32", "width: 48")), 3)
@@ -130,6 +148,28 @@ def test_rank_major_order_gives_each_rank_whole_parts() -> None:
     """q|k|v of 4|2|2 rows over 2 ranks: rank 0 takes q rows 0-1, k row 4, v row 6; rank 1 the others."""
     assert rank_major((4, 2, 2), 2).tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
     assert rank_major((4, 2, 2), 1).tolist() == list(range(8))  # one rank: the packed order itself
+    # 4 query heads and 1 key/value head (rows 4|5 and 6|7) over 4 ranks: every rank holds the copied head
+    order = rank_major((4, 2, 2), 4, heads=(4, 1, 1))
+    assert order.tolist() == [0, 4, 5, 6, 7, 1, 4, 5, 6, 7, 2, 4, 5, 6, 7, 3, 4, 5, 6, 7]
+    assert first_rows(order).tolist() == [0, 5, 10, 15, 1, 2, 3, 4]  # back to the packed order, first copies
+    # 2 key/value heads over 4 ranks: ranks 0, 1 hold head 0 (rows 8-9), ranks 2, 3 head 1 (rows 10-11)
+    order = rank_major((8, 4), 4, heads=(4, 2))
+    assert order.tolist() == [0, 1, 8, 9, 2, 3, 8, 9, 4, 5, 10, 11, 6, 7, 10, 11]
+    assert rank_major((4, 2, 2), 2, heads=(2, 2, 2)).tolist() == rank_major((4, 2, 2), 2).tolist()
+
+
+def test_plan_copies_key_value_heads_over_more_ranks() -> None:
+    """8 query and 2 key/value heads over 4 ranks: 2 query heads and 1 key/value head per rank, each key/value
+    head on 2 ranks; 2 key/value heads over 3 ranks is refused (neither count divides the other)."""
+    split = plan(_meta(worker.LM.replace("kv_heads: 4", "kv_heads: 2")), 4)
+    attn, qkv = split["decoder.blocks.*.attn"], split["decoder.blocks.*.attn.qkv"]
+    assert isinstance(attn, HeadSplit) and (attn.heads, attn.kv_heads) == (2, 1)
+    assert "key/value heads 2 -> 1 per rank (each on 2 ranks, its copies' gradients summed)" in attn.note
+    assert isinstance(qkv, PackedColwise) and qkv.heads == (8, 2, 2)
+    assert qkv.note == "column-wise by head, packed q|k|v rows 64|16|16 -> 16|8|8 per rank"
+    lm = worker.LM.replace("width: 64", "width: 48").replace("heads: 8", "heads: 6")
+    with pytest.raises(SpecError, match=r"key/value heads 2 over 3 ranks"):
+        plan(_meta(lm.replace("kv_heads: 4", "kv_heads: 2")), 3)
 
 
 @pytest.fixture
@@ -274,9 +314,13 @@ def test_split_shapes_and_the_control(tp_run: dict[str, Any]) -> None:
         "S(0)",
     ]  # tied: the head has no weight of its own
     assert "head.fc.weight" not in moe
-    # the control: QK-norm weights' gradients left per rank -> the curve leaves one process's
-    control = tp_run["llama/unsummed/losses"]
-    assert max(abs(a - b) for a, b in zip(control, _single("llama"), strict=True)) > 5 * LOSS_TOL
+    mqa = tp_run["mqa/facts"]  # one key/value head, copied: each rank holds all of it
+    assert mqa["heads"]["decoder.blocks.0.attn"] == [8 // n, 1]
+    assert mqa["local"]["decoder.blocks.0.attn.qkv.weight"] == [[64 // n + 8 + 8, 64], "S(0)"]
+    # the controls: QK-norm weights' gradients, or a copied key/value head's, left per rank -> the curve
+    # leaves one process's
+    for name, control in (("llama", tp_run["llama/unsummed/losses"]), ("mqa", tp_run["mqa/uncopied/losses"])):
+        assert max(abs(a - b) for a, b in zip(control, _single(name), strict=True)) > 5 * LOSS_TOL
 
 
 @pytest.mark.slow

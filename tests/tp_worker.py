@@ -128,7 +128,10 @@ head: {kind: lm}
 """
 """A BERT-like encoder: padding index, token types, post-norm, an untied LM head over its tokens."""
 
-SPECS = {"vit": VIT, "bert": BERT, "llama": LM, "encdec": ENCDEC, "moe": MOE}
+MQA = LM.replace("name: tp_llama", "name: tp_mqa").replace("kv_heads: 4", "kv_heads: 1")
+"""The Llama decoder with one key/value head (MQA): copied to every rank, its copies' gradients summed."""
+
+SPECS = {"vit": VIT, "bert": BERT, "llama": LM, "mqa": MQA, "encdec": ENCDEC, "moe": MOE}
 ROUTER_LOSS = 0.02
 """The load-balancing loss's coefficient (Mixtral's), so that the router's gradient has both parts."""
 
@@ -208,17 +211,18 @@ def facts(model: nn.Module) -> dict[str, Any]:
     return {"heads": heads, "local": local}
 
 
-def _unsummed(mesh: Any) -> list[float]:
-    """The control: the Llama decoder split without summing its QK-norm weights' gradients over the ranks."""
+def _unsummed(mesh: Any, what: str = "_summed", text: str = LM) -> list[float]:
+    """The controls: the Llama decoder split without summing its QK-norm weights' gradients over the ranks
+    (``_summed``), the MQA decoder without summing its key/value head's copies' (``_sum_copies``)."""
     from specvit import parallel_styles
     from specvit.parallel import parallelize
 
-    summed = parallel_styles._summed
-    parallel_styles._summed = lambda grad, group: grad  # each rank keeps only its own heads' part
+    summed = getattr(parallel_styles, what)
+    setattr(parallel_styles, what, lambda grad, **_: grad)  # each rank keeps only its own heads' part
     try:
-        model = parallelize(build(LM), mesh)
+        model = parallelize(build(text), mesh)
     finally:
-        parallel_styles._summed = summed
+        setattr(parallel_styles, what, summed)
     return train(model, model.spec)
 
 
@@ -265,6 +269,7 @@ def main(out: Path) -> None:
         if rank == 0:
             results[f"{name}/reloaded_equal"] = all(torch.equal(again[k], before[k]) for k in before)
     results["llama/unsummed/losses"] = _unsummed(mesh)
+    results["mqa/uncopied/losses"] = _unsummed(mesh, "_sum_copies", MQA)
     script = load_train_script()
     results["train_tp_exit"] = script.main(
         [*TRAIN_ARGS, "--tp", str(world), "--log-file", str(out / "train_tp.jsonl")]

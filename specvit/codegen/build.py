@@ -274,12 +274,16 @@ def _fill_full(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:
     """Initialise ``param`` in place with ``fn``; a sharded DTensor gets its shard of the full tensor.
 
     ``fn`` always sees a tensor of the parameter's full shape, so the random stream it draws from (and hence
-    every value) is the same on one process as under FSDP, on every rank.
+    every value) is the same on one process as under FSDP, on every rank. A parameter left on the meta device
+    (a pipeline stage's rank holds only its stages' weights) is drawn on a CPU scratch tensor and stays meta,
+    so that the weights after it are still the ones a whole build draws.
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     with torch.no_grad():
-        if isinstance(param, DTensor):
+        if param.is_meta:
+            fn(torch.empty(param.shape, dtype=param.dtype))
+        elif isinstance(param, DTensor):
             local = param.to_local()
             full = torch.empty(param.shape, dtype=param.dtype, device=local.device)
             fn(full)

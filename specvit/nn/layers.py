@@ -155,3 +155,9 @@ class TiedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return onednn_linear(x, self.weight, self.bias)  # (B, S, V)
+
+
+def lender(module: nn.Module) -> nn.Module | None:
+    """The module whose weights ``module`` applies without owning them (a :class:`Shared` layer's source, a
+    :class:`TiedLinear` head's embedding), or None."""
+    return module._source[0] if isinstance(module, Shared | TiedLinear) else None
