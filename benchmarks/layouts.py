@@ -60,7 +60,9 @@ def predicted(spec: object, batch: int, seq_len: int, report: dict[str, object])
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.layouts", description=__doc__.splitlines()[0])
-    p.add_argument("--depth", type=int, default=6, help="blocks of the SmolLM-135M-shaped decoder (default 6)")
+    p.add_argument(
+        "--depth", type=int, default=6, help="blocks of the SmolLM-135M-shaped decoder (default 6)"
+    )
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=12)
     a = p.parse_args(argv)
