@@ -1,35 +1,47 @@
 """The ``specvit`` command line: validate, summary, diff, presets, schema, render, export, eject.
 
-Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command
-exits with status 2, never a traceback. ``validate`` and ``schema`` do not import torch. Everything
-printed passes through :func:`_say`, which escapes control characters (ANSI sequences) that came
-from the input, so no spec, file name or checkpoint can write to the terminal.
-"""
+Every problem in a spec is printed as ``file:line:col: key.path: message (hint)`` and the command exits with
+status 2, never a traceback. ``validate`` and ``schema`` do not import torch. Everything printed passes through
+:func:`_say`, which escapes control characters (ANSI sequences) from the input, so no spec, file name or
+checkpoint can write to the terminal."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
 
-from specvit import __version__
-from specvit.arguments import (
-    add_json,
-    add_macs,
-    add_quiet,
-    add_set,
-    add_sizes,
-    add_view,
-    at_least_2,
-    positive,
-)
-from specvit.commands import add_import, add_serve, cmd_presets
-from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
-from specvit.process import describe, named_stdout
-from specvit.text import escape
-from specvit.units import flop_unit
+
+def _interrupted(command: str) -> int:
+    """Ctrl-C: one line, and 130 (128 + SIGINT). An interrupt through an ``exec`` of a string (dataclasses make
+    methods so) stays marked unhandled once caught, so ``python -m`` ended by SIGINT: a string run clears it."""
+    sys.stderr.write(f"{command}: interrupted\n")
+    exec("pass")
+    return 130
+
+
+try:  # Ctrl-C while the command starts (its first tenth of a second), as once main() runs
+    import argparse
+    import json
+    from collections.abc import Sequence
+    from typing import TYPE_CHECKING, Any, NoReturn
+
+    from specvit import __version__
+    from specvit.arguments import (
+        add_json,
+        add_macs,
+        add_quiet,
+        add_set,
+        add_sizes,
+        add_view,
+        at_least_2,
+        positive,
+    )
+    from specvit.commands import add_import, add_serve, cmd_presets
+    from specvit.errors import CheckpointError, MissingDependencyError, Problem, SpecError, SpecFileError
+    from specvit.process import describe, named_stdout
+    from specvit.text import escape
+    from specvit.units import flop_unit
+except KeyboardInterrupt:
+    raise SystemExit(_interrupted("specvit")) from None
 
 if TYPE_CHECKING:
     from specvit.spec import Spec
@@ -37,7 +49,6 @@ if TYPE_CHECKING:
 EXIT_IO_ERROR = 1  # a file cannot be read or written
 EXIT_SPEC_ERROR = 2  # the spec is invalid
 EXIT_USAGE = 2  # the command line is wrong (as argparse exits)
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 def _say(text: object, *, err: bool = False) -> None:
@@ -450,7 +461,10 @@ def _add_writing(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted("specvit")
     try:
         with named_stdout():
             return int(args.func(args))
@@ -461,8 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(exc, err=True)
         return EXIT_SPEC_ERROR
     except KeyboardInterrupt:  # Ctrl-C: one line, and the status a shell gives a command ended by SIGINT
-        _say(f"specvit {args.command}: interrupted", err=True)
-        return EXIT_INTERRUPTED
+        return _interrupted(f"specvit {args.command}")
     except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
         sys.stderr.close()
         return 0

@@ -970,6 +970,11 @@ BEYOND: list[Beyond] = [
            _FILES + "test_a_full_standard_output_is_named"),
     Beyond("cli_ctrl_c", "Ctrl-C (SIGINT) while a command runs", "`specvit CMD: interrupted`, status 130, "
            "no traceback", _SIG + "test_ctrl_c_in_the_cli_is_one_line_and_status_130"),
+    Beyond("cli_ctrl_c_start", "Ctrl-C while the command starts (specvit.cli's imports, the argument parsing), "
+           "or through code made by `exec` (dataclasses) under `python -m`", "`specvit: interrupted`, status "
+           "130 (`python -m` ended by SIGINT, -2: CPython kept such an interrupt marked unhandled once caught); "
+           "CPython's own start and `import specvit` (the first 30 to 90 ms) print Python's traceback, as for "
+           "any Python program", _SIG + "test_ctrl_c_while_the_cli_starts_is_one_line_and_status_130"),
     Beyond("hf_config_file", "`import hf` / `from_hf` of a config.json that is a FIFO, a device, a sparse "
            "4 GiB file or a directory", "`SpecError` naming the file; the CLI exits 1 with one line",
            _HF + "test_a_config_that_is_not_a_regular_file_is_refused"),

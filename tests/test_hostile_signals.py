@@ -124,6 +124,27 @@ def test_ctrl_c_in_the_cli_is_one_line_and_status_130(tmp_path: Path) -> None:
     assert err == "specvit summary: interrupted\n"
 
 
+def test_ctrl_c_in_code_made_by_exec_still_ends_with_status_130(tmp_path: Path) -> None:
+    """An interrupt that passes through code run by ``exec`` of a string (as dataclasses make their methods)
+    stays marked unhandled in CPython once caught: ``python -m`` ended by SIGINT (-2), not with status 130."""
+    (tmp_path / "interrupting.py").write_text(
+        "import sys, specvit.cli as cli\n"
+        "def load(*args):\n"
+        "    exec('import os, signal\\nos.kill(os.getpid(), signal.SIGINT)\\nfor i in range(9): pass')\n"
+        "cli._load = load if sys.argv[1] == 'exec' else cli._load\n"
+        f"sys.exit(cli.main(['validate', {str(MNIST)!r}]))\n"
+    )
+    env = {**ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    for how in ("exec", "none"):
+        run = subprocess.run(
+            [sys.executable, "-m", "interrupting", how], capture_output=True, text=True, env=env, timeout=60
+        )
+        if how == "none":  # the control: uninterrupted, it validates
+            assert run.returncode == 0 and run.stdout.startswith("ok  mnist_vit"), run.stderr
+        else:
+            assert run.returncode == 130 and run.stderr == "specvit validate: interrupted\n", run.stderr
+
+
 def test_ctrl_c_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
@@ -131,6 +152,51 @@ def test_ctrl_c_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     monkeypatch.setattr("specvit.cli._load", interrupted)
     assert main(["validate", str(MNIST)]) == 130
     assert capsys.readouterr().err == "specvit validate: interrupted\n"
+
+
+# Ctrl-C while the command line starts: the child interrupts itself as one of specvit.cli's imports begins
+# (the first tenth of a second of every command, before main() ran: a traceback, status 1 or -2)
+_STARTING = """
+import builtins, os, runpy, signal, sys
+real, module = builtins.__import__, sys.argv[1]
+def interrupting(name, *args, **kwargs):
+    if name == module:
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupting
+sys.argv = ["specvit", "validate", sys.argv[2]]
+runpy.run_module("specvit.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("module", ["specvit.commands", "specvit.units", "no.such.module"])
+def test_ctrl_c_while_the_cli_starts_is_one_line_and_status_130(module: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _STARTING, module, str(MNIST)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
+    if module == "no.such.module":  # the control: no interrupt, the command runs
+        assert run.returncode == 0 and run.stdout.startswith("ok  mnist_vit"), run.stderr
+        return
+    assert run.returncode == 130 and run.stderr == "specvit: interrupted\n", run.stderr
+
+
+def test_ctrl_c_while_the_arguments_are_parsed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("specvit.cli.build_parser", interrupted)
+    try:
+        status = main(["validate", str(MNIST)])
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt left main()")
+    assert status == 130
+    assert capsys.readouterr().err == "specvit: interrupted\n"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
