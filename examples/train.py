@@ -6,6 +6,7 @@
     torchrun --standalone --nproc_per_node 4 examples/train.py specs/mnist_vit.yaml --tp 2 --parallel fsdp
     torchrun --standalone --nproc_per_node 2 examples/train.py specs/mnist_vit.yaml --pp 2 --microbatches 4
     torchrun --standalone --nproc_per_node 4 examples/train.py specs/mnist_vit.yaml --pp 2 --tp 2
+    torchrun --standalone --nproc_per_node 8 examples/train.py specs/mnist_vit.yaml --pp 2 --tp 2 --parallel fsdp
 
 The data is synthetic unless ``--data`` names a safetensors file, and every batch is drawn from
 (seed, step) alone, so a run resumed with ``--resume DIR`` sees the batches the uninterrupted run would
@@ -568,10 +569,12 @@ def _check_layout(args: argparse.Namespace) -> None:
         micro = args.microbatches or 2 * args.pp
         if args.batch % micro:
             raise TrainError(f"--batch {args.batch} does not split into {micro} microbatches")
-        if args.parallel != "none":
-            raise TrainError(f"--pp with --parallel {args.parallel} is not supported: use --pp with --tp")
-        if args.save and args.tp > 1:
-            raise TrainError("--save with both --pp and --tp is not supported: save at --pp or --tp alone")
+        if args.parallel == "ddp":
+            raise TrainError(
+                "--pp with --parallel ddp is not supported: --parallel fsdp shards the data ranks"
+            )
+        if (args.save or args.resume) and args.tp > 1:
+            raise TrainError("--save and --resume with both --pp and --tp are not supported: use one of them")
     for kind in ("tp", "pp"):
         if getattr(args, kind) == 1:
             continue
@@ -597,9 +600,9 @@ def _build(
         from specvit.parallel import parallelize, shard
 
         # a pipeline alone materialises only its stages' weights; a tensor-parallel split needs them all
-        model = build_model(spec, device="meta" if args.tp == 1 and args.parallel == "none" else device)
+        model = build_model(spec, device="meta" if args.tp == 1 and args.pp > 1 else device)
         net = parallelize(model, mesh["tp"]) if args.tp > 1 else model
-        if args.parallel == "fsdp":
+        if args.parallel == "fsdp" and args.pp == 1:  # a pipeline shards its stages
             shard(model, mesh["dp"])
         if args.pp > 1:
             from specvit.pipeline import Pipeline
@@ -613,6 +616,7 @@ def _build(
                 inputs=("src", "tgt") if spec.model == "encoder_decoder" else None,
                 group=mesh["pp"].get_group(),
                 device=device,
+                data=mesh["dp"] if args.parallel == "fsdp" else None,
             )
     elif args.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -640,13 +644,12 @@ def _build(
 
 def _mode(args: argparse.Namespace, world: int) -> str:
     """How the run is laid out, for its first line."""
-    parts = [
-        f"{name} on {n} ranks" for name, n in (("tensor parallel", args.tp), ("pipeline", args.pp)) if n > 1
-    ]
+    parts = [f"tensor parallel on {args.tp} ranks"] if args.tp > 1 else []
+    if args.pp > 1:
+        micro = args.microbatches or 2 * args.pp
+        parts.append(f"pipeline on {args.pp} ranks ({args.schedule}, {micro} microbatches)")
     if parts and args.parallel == "fsdp":
         parts.append(f"fsdp on {world}")
-    if args.pp > 1:
-        parts[-1] += f" ({args.schedule}, {args.microbatches or 2 * args.pp} microbatches)"
     return " x ".join(parts) or f"{args.parallel} on {world} rank(s)"
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "parallelize",
     "plan",
     "shard",
+    "shard_blocks",
 ]
 
 ADAMW_BYTES_PER_PARAM = 16
@@ -108,18 +109,36 @@ def shard(
     Returns:
         The same model object, now also an ``FSDPModule`` (``model.unshard()``, ``model.reshard()``).
     """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(model, SpecModel):
         raise TypeError(f"shard() takes a specvit model, got {type(model).__name__} (unwrap it first)")
     if isinstance(model, FSDPModule):
         raise TypeError("the model is already sharded")
-    mesh = mesh if mesh is not None else default_mesh()
-    policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
-    for block in [m for m in model.modules() if isinstance(m, Block)]:  # every stack (and stage)
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    shard_blocks(model, mesh if mesh is not None else default_mesh(), reshard_after_forward, mp_policy)
     return model
+
+
+def shard_blocks(
+    module: nn.Module,
+    mesh: DeviceMesh,
+    reshard_after_forward: bool = True,
+    mp_policy: MixedPrecisionPolicy | None = None,
+) -> None:
+    """FSDP2 on every block inside ``module`` (a model, or a pipeline stage), then on ``module`` itself.
+
+    Args:
+        module: the module whose blocks and remaining weights are sharded, in place.
+        mesh: the data ranks' mesh.
+        reshard_after_forward: as :func:`shard`'s.
+        mp_policy: as :func:`shard`'s.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
+    for block in [m for m in module.modules() if isinstance(m, Block)]:  # every stack (and stage)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:

@@ -22,6 +22,7 @@ from specvit.model import SpecModel
 from specvit.pipeline_split import Stage, mark_shared, run_split, split
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 __all__ = ["SCHEDULES", "Pipeline", "Stage", "run_split", "split"]
@@ -51,6 +52,8 @@ class Pipeline:
         inputs: the forward's arguments :meth:`step` passes, in order (default: the required ones).
         group: the pipeline's process group (default: every rank).
         device: where this rank's stages compute (default: the model's device, or the CPU for a meta build).
+        data: the data ranks' mesh (a rank's peers holding the same stages): each stage's blocks and the rest
+            of it sharded over them with FSDP2, as :func:`specvit.parallel.shard` shards a model.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Pipeline:
         inputs: Sequence[str] | None = None,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
+        data: DeviceMesh | None = None,
     ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -86,6 +90,12 @@ class Pipeline:
             else torch.device("cpu")
         )
         _keep_only(model, self.stages, self.device)
+        if data is not None:
+            from specvit.parallel import shard_blocks
+
+            for s in self.stages:
+                shard_blocks(s.module, data)
+        self.data = data
         mark_shared(model, every)  # the parameters of this rank's stages are new objects
         runs = [_stage_class()(every[i].module, i, count, self.device, group=group) for i in indices]
         last = every[-1]
@@ -140,9 +150,18 @@ class Pipeline:
             dist.all_reduce(
                 _local(grad)
                 if grad is not None
-                else torch.zeros(_local(p).shape, dtype=p.dtype, device=self.device),
+                else torch.zeros(self._held(p), dtype=p.dtype, device=self.device),
                 group=self.group,
             )
+
+    def _held(self, p: Tensor) -> torch.Size:
+        """The shape of the part of weight ``p`` a rank of this rank's data and tensor coordinates holds."""
+        shape = _local(p).shape  # a tensor-parallel weight's shard
+        if self.data is None:
+            return shape
+        rows = torch.chunk(torch.empty(shape[0], device="meta"), self.data.size())  # FSDP2's dim-0 shards
+        r = self.data.get_local_rank()
+        return torch.Size((rows[r].shape[0] if r < len(rows) else 0, *shape[1:]))
 
     def _names(self) -> dict[int, str]:
         """Each parameter of this rank's stages -> its name in the model."""
@@ -156,9 +175,9 @@ class Pipeline:
             optimizer: the optimizer over :meth:`parameters`.
         """
         names = self._names()
-        weights = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        weights = {k: _whole(v) for k, v in self.state_dict().items()}
         state = {
-            names[id(p)]: {k: v.detach().cpu() if isinstance(v, Tensor) else v for k, v in st.items()}
+            names[id(p)]: {k: _whole(v) if isinstance(v, Tensor) else v for k, v in st.items()}
             for p, st in optimizer.state.items()
         }
         groups = [
@@ -192,7 +211,12 @@ class Pipeline:
             state: its state, ``{"state": {name: {...}}, "param_groups": [...]}``.
         """
         for s in self.stages:
-            s.module.load_state_dict({k: weights[k] for k in s.module.state_dict()})
+            if self.data is None:  # a tensor-parallel split's own hooks place whole weights
+                s.module.load_state_dict({k: weights[k] for k in s.module.state_dict()})
+                continue
+            with torch.no_grad():
+                for name, p in s.module.named_parameters():
+                    _local(p).copy_(_local(_part(weights[name], p)))
         if optimizer is None or state is None:
             return
         names = self._names()
@@ -202,7 +226,7 @@ class Pipeline:
             saved = state["state"].get(names[id(p)])
             if saved is not None:
                 optimizer.state[p] = {
-                    k: v.to(p.device) if isinstance(v, Tensor) else v for k, v in saved.items()
+                    k: _part(v, p) if isinstance(v, Tensor) and v.dim() else v for k, v in saved.items()
                 }
 
     def _global(self, rank: int) -> int:
@@ -230,6 +254,23 @@ def _keep_only(model: SpecModel, stages: list[Stage], device: torch.device) -> N
             m._parameters[name] = made[id(p)][1]
     if build:
         model.init_weights()
+
+
+def _whole(t: Tensor) -> Tensor:
+    """A weight or optimizer state whole on the CPU (a collective for a sharded one: its ranks call it)."""
+    from torch.distributed.tensor import DTensor
+
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+
+
+def _part(whole: Tensor, like: Tensor) -> Tensor:
+    """The part of a whole tensor that ``like`` (a weight, plain or sharded over the data ranks) holds."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    whole = whole.to(_local(like).device)
+    if isinstance(like, DTensor):
+        return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
+    return whole
 
 
 def _placed_as(grad: Tensor, param: Tensor) -> Tensor:

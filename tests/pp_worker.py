@@ -48,6 +48,7 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     4: {
         "1f1b": {"schedule": "1f1b", "microbatches": 4},
         "pp2_tp2": {"schedule": "1f1b", "microbatches": 2, "tp": 2},
+        "pp2_fsdp2": {"schedule": "1f1b", "microbatches": 2, "dp": 2},
     },
 }
 """Per world size: the layouts run, by name."""
@@ -69,17 +70,22 @@ def inputs_of(spec: specvit.Spec, b: dict[str, Tensor]) -> tuple[Tensor, ...]:
 def train(text: str, layout: dict[str, Any], pipe_class: type[Pipeline] = Pipeline) -> list[float]:
     """STEPS AdamW steps of a spec's model in a layout; the loss of each step."""
     spec = specvit.parse_spec(text)
-    model = tp_worker.build(text)
-    group = None
-    tp = layout.get("tp", 1)
-    if tp > 1:  # a (pipeline, tensor) mesh: each stage split over its tensor ranks
+    model = tp_worker.build(text)  # on this rank's device
+    group = data = None
+    dp, tp = layout.get("dp", 1), layout.get("tp", 1)
+    if (
+        dp * tp > 1
+    ):  # a (data, pipeline, tensor) mesh: stages split over tensor ranks, sharded over data ranks
         from torch.distributed.device_mesh import init_device_mesh
 
         from specvit.parallel import parallelize
 
-        mesh = init_device_mesh("cpu", (dist.get_world_size() // tp, tp), mesh_dim_names=("pp", "tp"))
-        parallelize(model, mesh["tp"])
+        shape = (dp, dist.get_world_size() // (dp * tp), tp)
+        mesh = init_device_mesh(tp_worker.DEVICE.type, shape, mesh_dim_names=("dp", "pp", "tp"))
+        if tp > 1:
+            parallelize(model, mesh["tp"])
         group = mesh["pp"].get_group()
+        data = mesh["dp"] if dp > 1 else None
     pipe = pipe_class(
         model,
         loss_fn,
@@ -88,14 +94,24 @@ def train(text: str, layout: dict[str, Any], pipe_class: type[Pipeline] = Pipeli
         stages_per_rank=layout.get("stages_per_rank", 1),
         inputs=("src", "tgt") if spec.model == "encoder_decoder" else None,
         group=group,
+        device=tp_worker.DEVICE,
+        data=data,
     )
     opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
     losses = []
     for step in range(STEPS):
-        b = tp_worker.batch(spec, step)
+        mine, per = data.get_local_rank() if data else 0, tp_worker.BATCH // dp  # this data rank's slice
+        b = {
+            k: v[mine * per : (mine + 1) * per].to(tp_worker.DEVICE)
+            for k, v in tp_worker.batch(spec, step).items()
+        }
         opt.zero_grad()
-        losses.append(pipe.step(*inputs_of(spec, b), target=b["y"]))
+        loss = torch.tensor(pipe.step(*inputs_of(spec, b), target=b["y"]))
         opt.step()
+        if data is not None:  # the batch's loss: the mean of the data ranks'
+            dist.all_reduce(loss, group=data.get_group())
+            loss /= dp
+        losses.append(float(loss))
     return losses
 
 
@@ -109,7 +125,9 @@ class Unsummed(Pipeline):
 
 
 def main(out: Path) -> None:
-    dist.init_process_group("gloo")
+    if tp_worker.BACKEND == "nccl":
+        torch.cuda.set_device(tp_worker.DEVICE)
+    dist.init_process_group(tp_worker.BACKEND)
     rank, world = dist.get_rank(), dist.get_world_size()
     results: dict[str, Any] = {"world": world}
     for layout_name, layout in LAYOUTS[world].items():
@@ -135,6 +153,13 @@ def main(out: Path) -> None:
             str(out / "pp_resumed.jsonl"),
         ]
         results["train_pp_resume_exit"] = script.main(resumed)
+    if world == 4:  # 2 pipelines of 2 stages, each stage sharded over the 2 data ranks holding it
+        log = ["--log-file", str(out / "train_pp_fsdp.jsonl")]
+        results["train_pp_fsdp_exit"] = script.main([*TRAIN_ARGS, "--pp", "2", "--parallel", "fsdp", *log])
+        save = ["--save", str(out / "pp_fsdp_checkpoint")]
+        results["train_pp_fsdp_save_exit"] = script.main(
+            [*TRAIN_ARGS, "--pp", "2", "--parallel", "fsdp", *save]
+        )
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()

@@ -24,7 +24,7 @@ from specvit.pipeline import Pipeline, _keep_only, run_split, split
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pp_worker as worker  # tests/ is not a package: import the worker from beside this file
 import tp_worker
-from test_tensor_parallel import _log, _one_thread
+from test_tensor_parallel import CUDA_TOL, _log, _one_thread, gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -147,13 +147,14 @@ def _one_process(*args: str) -> int:
 
 
 @functools.cache
-def _launch(world: int, out: Path) -> dict[str, Any]:
+def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     assert _one_process("--save", str(out / "one_checkpoint")) == 0  # steps 1-3, resumed in stages
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "SPECVIT_ONE_PROCESS_CHECKPOINT": str(out / "one_checkpoint"),
+        "SPECVIT_TEST_BACKEND": backend,
     }
     cmd = [
         str(TORCHRUN),
@@ -177,7 +178,7 @@ def pp_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 @pytest.mark.parametrize("name", sorted(worker.SPECS))
 def test_pipelined_training_follows_one_process(name: str, pp_run: dict[str, Any]) -> None:
     for layout, settings in worker.LAYOUTS[pp_run["world"]].items():
-        single = _single(name, settings["microbatches"])
+        single = _single(name, settings["microbatches"] * settings.get("dp", 1))  # every slice's loss
         assert len(set(single)) == worker.STEPS  # the loss moves: the steps are not no-ops
         staged = pp_run[f"{layout}/{name}"]
         diff = max(abs(a - b) for a, b in zip(staged, single, strict=True))
@@ -212,9 +213,14 @@ def test_train_script_with_pp_follows_one_process_and_checkpoints_cross_layouts(
     assert len(set(one)) == 5
     assert max(abs(a - b) for a, b in zip(one[:3], _log(out / "train_pp.jsonl"), strict=True)) <= LOSS_TOL
     assert max(abs(a - b) for a, b in zip(one[3:], _log(out / "pp_resumed.jsonl"), strict=True)) <= LOSS_TOL
-    resumed = ["--resume", str(out / "pp_checkpoint"), "--steps", "5", "--log", str(tmp_path / "back.jsonl")]
-    assert _one_process(*resumed) == 0
-    assert max(abs(a - b) for a, b in zip(one[3:], _log(tmp_path / "back.jsonl"), strict=True)) <= LOSS_TOL
+    for saved in ["pp_checkpoint"] + (["pp_fsdp_checkpoint"] if pp_run["world"] == 4 else []):
+        back = tmp_path / f"{saved}.jsonl"
+        assert _one_process("--resume", str(out / saved), "--steps", "5", "--log", str(back)) == 0
+        assert max(abs(a - b) for a, b in zip(one[3:], _log(back), strict=True)) <= LOSS_TOL
+    if pp_run["world"] == 4:  # --pp 2 --parallel fsdp: 2 pipelines, each stage sharded over 2 data ranks
+        assert (pp_run["train_pp_fsdp_exit"], pp_run["train_pp_fsdp_save_exit"]) == (0, 0)
+        fsdp = _log(out / "train_pp_fsdp.jsonl")
+        assert max(abs(a - b) for a, b in zip(one[:3], fsdp, strict=True)) <= LOSS_TOL
 
 
 @pytest.mark.parametrize("name", ["encdec", "moe"])
@@ -243,3 +249,15 @@ def test_a_rank_holds_only_its_stages_weights(name: str) -> None:
     _keep_only(built, cut[:1], torch.device("cpu"))
     assert all(torch.equal(v, whole[k]) for k, v in cut[0].module.state_dict().items())
     assert all(v.is_meta for k, v in built.state_dict().items() if k not in cut[0].module.state_dict())
+
+
+@pytest.mark.slow
+def test_pipelines_on_cuda_gpus_with_nccl(tmp_path: Path) -> None:
+    """The 2-rank worker on NCCL, each stage on its GPU: every schedule follows one CPU process."""
+    gpus(2)
+    run = _launch(2, tmp_path, "nccl")
+    for layout, settings in worker.LAYOUTS[2].items():
+        for name in worker.SPECS:
+            single = _single(name, settings["microbatches"])
+            diff = max(abs(a - b) for a, b in zip(run[f"{layout}/{name}"], single, strict=True))
+            assert diff <= CUDA_TOL, (layout, name, diff)

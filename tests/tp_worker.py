@@ -38,6 +38,11 @@ from specvit.model import SpecModel, logits_of
 BATCH = 4
 SEQ = 8
 STEPS = 5
+BACKEND = os.environ.get("SPECVIT_TEST_BACKEND", "gloo")
+"""``nccl``: every rank on its CUDA GPU (tests/test_tensor_parallel.py runs it when GPUs are present)."""
+DEVICE = (
+    torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if BACKEND == "nccl" else torch.device("cpu")
+)
 
 VIT = """specvit: 1
 name: tp_vit
@@ -169,9 +174,10 @@ def loss_of(model: nn.Module, spec: specvit.Spec, b: dict[str, Tensor]) -> Tenso
 
 
 def build(text: str) -> SpecModel:
-    """The model of a spec under seed 0: the same weights on every rank and in the test process."""
+    """The model of a spec under seed 0: the same weights on every rank and in the test process (drawn on
+    the CPU, then moved to this rank's device)."""
     torch.manual_seed(0)
-    return specvit.build_model(specvit.parse_spec(text))
+    return specvit.build_model(specvit.parse_spec(text)).to(DEVICE)
 
 
 def train(model: nn.Module, spec: specvit.Spec, ranks: int = 1, group: Any = None) -> list[float]:
@@ -182,7 +188,7 @@ def train(model: nn.Module, spec: specvit.Spec, ranks: int = 1, group: Any = Non
     losses = []
     mine = [dist.get_group_rank(group, dist.get_rank())] if group is not None else range(ranks)
     for step in range(STEPS):
-        whole, per = batch(spec, step), BATCH // ranks
+        whole, per = {k: v.to(DEVICE) for k, v in batch(spec, step).items()}, BATCH // ranks
         parts = [
             loss_of(model, spec, {k: v[r * per : (r + 1) * per] for k, v in whole.items()}) for r in mine
         ]
@@ -235,9 +241,11 @@ def main(out: Path) -> None:
     from specvit.parallel import full_state_dict, parallelize
     from specvit.parallel_layout import layout_report
 
-    dist.init_process_group("gloo")
+    if BACKEND == "nccl":
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(BACKEND)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(DEVICE.type, (world,))
     results: dict[str, Any] = {"world": world}
     for name, text in SPECS.items():
         model = build(text)
@@ -260,7 +268,9 @@ def main(out: Path) -> None:
             results[f"{name}/twice"] = str(exc)
         trained = full_state_dict(model)
         if rank == 0:
-            save_file({k: v.contiguous() for k, v in trained.items()}, out / f"state_{name}.safetensors")
+            save_file(
+                {k: v.cpu().contiguous() for k, v in trained.items()}, out / f"state_{name}.safetensors"
+            )
         load = {
             k: v.clone() for k, v in before.items()
         }  # set_model_state_dict replaces the values it is given
@@ -285,7 +295,7 @@ def main(out: Path) -> None:
     if world == 4:  # TP inside FSDP2: 2 data ranks x 2 tensor ranks
         from specvit.parallel import shard
 
-        grid = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        grid = init_device_mesh(DEVICE.type, (2, 2), mesh_dim_names=("dp", "tp"))
         for name, text in SPECS.items():
             model = parallelize(build(text), grid["tp"])
             shard(model, grid["dp"])
