@@ -566,9 +566,6 @@ def _check_layout(args: argparse.Namespace) -> None:
         if (getattr(args, flag) or 1) < 1:
             raise TrainError(f"--{flag} must be at least 1")
     if args.pp > 1:
-        micro = args.microbatches or 2 * args.pp
-        if args.batch % micro:
-            raise TrainError(f"--batch {args.batch} does not split into {micro} microbatches")
         if args.parallel == "ddp":
             raise TrainError(
                 "--pp with --parallel ddp is not supported: --parallel fsdp shards the data ranks"
@@ -694,6 +691,11 @@ def _train(
         world, rank, group = mesh["dp"].size(), mesh["dp"].get_local_rank(), mesh["dp"].get_group()
     if args.batch % world:
         raise TrainError(f"--batch {args.batch} does not split over {world} ranks")
+    micro = args.microbatches or 2 * args.pp
+    if args.pp > 1 and (args.batch // world) % micro:
+        raise TrainError(
+            f"--batch {args.batch} over {world} data rank(s) does not split into {micro} microbatches"
+        )
     start_rss = _status_mb("VmRSS")
     model, net, pipe = _build(args, spec, device, mesh)
     opt = torch.optim.AdamW(pipe.parameters() if pipe else net.parameters(), lr=args.lr)

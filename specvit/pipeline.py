@@ -82,13 +82,8 @@ class Pipeline:
         self.stages = [every[i] for i in indices]
         self.last = (count - 1) % self.ranks  # the group rank of the last stage
         here = next(model.parameters()).device
-        self.device = (
-            torch.device(device)
-            if device is not None
-            else here
-            if here.type != "meta"
-            else torch.device("cpu")
-        )
+        meta = here.type == "meta"
+        self.device = torch.device(device) if device is not None else torch.device("cpu") if meta else here
         _keep_only(model, self.stages, self.device)
         if data is not None:
             from specvit.parallel import shard_blocks
@@ -129,9 +124,7 @@ class Pipeline:
         self.schedule.step(*(inputs if self.rank == 0 else ()), return_outputs=False, **kwargs)
         self._finish_grads()
         loss = torch.stack(losses).mean().detach().float() if losses else torch.zeros(())
-        dist.broadcast(
-            loss, dist.get_global_rank(self.group, self.last) if self.group else self.last, self.group
-        )
+        dist.broadcast(loss, self._global(self.last), self.group)
         return float(loss)
 
     def _finish_grads(self) -> None:
@@ -239,9 +232,8 @@ def _keep_only(model: SpecModel, stages: list[Stage], device: torch.device) -> N
     others on scratch tensors, so the random stream is a one-process build's), a built model's others dropped."""
     mine = {id(p) for s in stages for p in s.module.parameters()}
     build = any(p.is_meta for p in model.parameters() if id(p) in mine)
-    made: dict[
-        int, tuple[nn.Parameter, nn.Parameter]
-    ] = {}  # id -> (the old, kept alive so no id recurs; the new)
+    # id -> (the old parameter, kept alive so that no new one takes its id; the new one)
+    made: dict[int, tuple[nn.Parameter, nn.Parameter]] = {}
     new: set[int] = set()
     for m in [*model.modules(), *(sub for s in stages for sub in s.module.modules())]:
         for name, p in list(m._parameters.items()):
