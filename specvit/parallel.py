@@ -294,8 +294,8 @@ def _reorder(state: dict[str, Any], rows: dict[str, Tensor], back: bool) -> dict
     out = {"param_groups": state["param_groups"], "state": dict(state["state"])}
     for name, order in rows.items():
         if name in out["state"]:
-            index = first_rows(order) if back else order  # rank-major (rows held by several ranks repeated)
-            rows_in = len(order) if back else len(first_rows(order))
+            first = first_rows(order)  # rank-major order repeats the rows several ranks hold
+            index, rows_in = (first, len(order)) if back else (order, len(first))
             out["state"][name] = {
                 k: v[index.to(v.device)] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rows_in else v
                 for k, v in out["state"][name].items()

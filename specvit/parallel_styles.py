@@ -112,9 +112,7 @@ class PackedColwise(ColwiseParallel):
         module.rank_major = order  # read by specvit.parallel's optimizer state dicts
         module.register_state_dict_post_hook(partial(_packed_state, order=order))
         module.register_load_state_dict_pre_hook(partial(_packed_load, order=order))
-        copies = _copied(
-            self.parts, self.heads or (ranks,) * len(self.parts), ranks, device_mesh.get_local_rank()
-        )
+        copies = _copied(self.parts, self.heads, ranks, device_mesh.get_local_rank()) if self.heads else []
         if copies:
             summed = partial(_sum_copies, copies=copies, group=device_mesh.get_group())
             module.register_forward_pre_hook(partial(_sum_weight_grads, hook=summed))

@@ -319,17 +319,27 @@ def main(out: Path) -> None:
 
     if rank == 0:
         save_file({k: v.contiguous() for k, v in outputs.items()}, out / "outputs.safetensors")
+    finish(out, results)
+
+
+def finish(out: Path, results: dict[str, Any]) -> None:
+    """Rank 0 writes ``results`` to OUT/results.json; every rank waits for it and ends the process group."""
+    if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))
-    # Everything is written and the group destroyed. Leave without the interpreter's finalisation: on a
-    # loaded machine gloo's C++ worker threads can still hold work whose tensors reference Python objects,
-    # and freeing them during finalisation aborts the process ("terminate called without an active
-    # exception", SIGABRT; pytorch/pytorch#179291 describes it) after every result is already on disk.
+def leave() -> None:
+    """End a worker whose results are written and group destroyed, without the interpreter's finalisation:
+    on a loaded machine gloo's C++ worker threads can still hold work whose tensors reference Python objects,
+    and freeing them during finalisation aborts the process ("terminate called without an active
+    exception", SIGABRT; pytorch/pytorch#179291 describes it) after every result is already on disk."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+    leave()

@@ -16,16 +16,16 @@ Usage: torchrun --standalone --nproc_per_node N tests/pp_worker.py OUT
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import dist_worker  # beside this file: the script's directory is first on sys.path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import tp_worker  # beside this file: the script's directory is first on sys.path
+import tp_worker
 from torch import Tensor
 
 import specvit
@@ -128,7 +128,7 @@ def main(out: Path) -> None:
     if tp_worker.BACKEND == "nccl":
         torch.cuda.set_device(tp_worker.DEVICE)
     dist.init_process_group(tp_worker.BACKEND)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     results: dict[str, Any] = {"world": world}
     for layout_name, layout in LAYOUTS[world].items():
         for name, text in SPECS.items():
@@ -160,16 +160,9 @@ def main(out: Path) -> None:
         results["train_pp_fsdp_save_exit"] = script.main(
             [*TRAIN_ARGS, "--pp", "2", "--parallel", "fsdp", *save]
         )
-    if rank == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    dist_worker.finish(out, results)
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    # As tests/dist_worker.py: everything is written and the group destroyed; leave without the interpreter's
-    # finalisation, during which gloo's worker threads can abort the process (pytorch/pytorch#179291).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist_worker.leave()

@@ -6,9 +6,6 @@ process, via tests/pp_worker.py."""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,11 +21,8 @@ from specvit.pipeline import Pipeline, _keep_only, run_split, split
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pp_worker as worker  # tests/ is not a package: import the worker from beside this file
 import tp_worker
-from test_tensor_parallel import CUDA_TOL, _log, _one_thread, gpus
+from test_tensor_parallel import CUDA_TOL, _log, gpus, launch, one_process_losses, train_script
 
-ROOT = Path(__file__).resolve().parents[1]
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-TIMEOUT = 600  # seconds per launch: 2 ranks take about 20 s, 4 ranks about 35 s on two cores
 # Stages vs one process: the same fp32 maths on the same microbatches, but the microbatches' gradients are
 # accumulated in another order (and, with tensor parallelism inside, split layers sum partial products), so
 # values differ in the last bits: seen over 5 AdamW steps, at most 9.5e-7 (four ulps of losses near 3). The
@@ -132,41 +126,18 @@ def test_pipeline_refuses_unknown_schedules() -> None:
 # ---------------------------------------------------------------------------------- torchrun, 2 and 4
 
 
-@functools.cache
 def _single(name: str, microbatches: int) -> list[float]:
-    """One process trained on the same microbatches: each step's loss the mean of theirs (an MoE's
-    load-balancing loss is computed per microbatch, so it is not the whole batch's)."""
-    with _one_thread():
-        model = tp_worker.build(worker.SPECS[name])
-        return tp_worker.train(model, model.spec, ranks=microbatches)
+    """One process trained on the same microbatches: each step's loss the mean of theirs."""
+    return one_process_losses(worker.SPECS[name], microbatches)
 
 
 def _one_process(*args: str) -> int:
-    with _one_thread():
-        return int(tp_worker.load_train_script().main([*worker.TRAIN_ARGS, *args]))
+    return train_script(worker.TRAIN_ARGS, *args)
 
 
 @functools.cache
 def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    assert _one_process("--save", str(out / "one_checkpoint")) == 0  # steps 1-3, resumed in stages
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "SPECVIT_ONE_PROCESS_CHECKPOINT": str(out / "one_checkpoint"),
-        "SPECVIT_TEST_BACKEND": backend,
-    }
-    cmd = [
-        str(TORCHRUN),
-        "--standalone",
-        "--nproc_per_node",
-        str(world),
-        str(ROOT / "tests" / "pp_worker.py"),
-        str(out),
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]  # every run exits 0
-    return {**json.loads((out / "results.json").read_text()), "out": out}
+    return launch("pp_worker.py", worker.TRAIN_ARGS, world, out, backend)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])

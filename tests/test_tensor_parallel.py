@@ -37,7 +37,8 @@ import tp_worker as worker  # tests/ is not a package: import the worker from be
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-TIMEOUT = 600  # seconds per launch; 2 ranks take about 30 s, 4 ranks about 80 s on two loaded cores
+TIMEOUT = 600  # seconds per launch; 2 ranks take about 30 s, 4 ranks about 80 s on two loaded cores (the
+# pipeline workers of tests/test_pipeline.py, launched by the same function, about 20 s and 35 s)
 # Split vs one process: the same fp32 maths, but a row-wise layer sums its ranks' partial products (and the
 # gradients of the inputs of column-wise layers) in another order, so values differ in the last bits. Seen
 # over 5 AdamW steps: at most 4.8e-7 (two ulps of losses near 2.8) on 2 and on 4 ranks. The bound allows
@@ -218,18 +219,27 @@ def _one_thread() -> Iterator[None]:
 
 
 @functools.cache
-def _single(name: str, ranks: int = 1) -> list[float]:
-    """One process trained as the ranks train. With ``ranks`` data ranks each step's loss is the mean of
-    the slices' (an MoE's load-balancing loss is computed per data rank, so it is not the whole batch's)."""
+def one_process_losses(text: str, ranks: int = 1) -> list[float]:
+    """A spec's model trained in one process as the ranks train it. With ``ranks`` data ranks (or
+    microbatches) each step's loss is the mean of the slices' (an MoE's load-balancing loss is computed per
+    slice, so it is not the whole batch's)."""
     with _one_thread():
-        model = worker.build(worker.SPECS[name])
+        model = worker.build(text)
         return worker.train(model, model.spec, ranks=ranks)
 
 
-def _one_process(*args: str) -> int:
-    """examples/train.py's TRAIN_ARGS and ``args`` on one thread of this process."""
+def _single(name: str, ranks: int = 1) -> list[float]:
+    return one_process_losses(worker.SPECS[name], ranks)
+
+
+def train_script(base: list[str], *args: str) -> int:
+    """examples/train.py with ``base`` and ``args`` on one thread of this process; its exit status."""
     with _one_thread():
-        return int(worker.load_train_script().main([*worker.TRAIN_ARGS, *args]))
+        return int(worker.load_train_script().main([*base, *args]))
+
+
+def _one_process(*args: str) -> int:
+    return train_script(worker.TRAIN_ARGS, *args)
 
 
 def _log(path: Path) -> list[float]:
@@ -237,10 +247,11 @@ def _log(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
-@functools.cache
-def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
+def launch(script: str, base: list[str], world: int, out: Path, backend: str) -> dict[str, Any]:
+    """tests/``script`` under ``torchrun --nproc_per_node world``, after a one-process checkpoint of train.py
+    with ``base`` (steps 1-3) for the worker to resume; its results.json, which must exit 0 on every rank."""
     out.mkdir(parents=True, exist_ok=True)
-    assert _one_process("--save", str(out / "one_checkpoint")) == 0  # steps 1-3, for the split resume
+    assert train_script(base, "--save", str(out / "one_checkpoint")) == 0
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -252,12 +263,17 @@ def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
         "--standalone",
         "--nproc_per_node",
         str(world),
-        str(ROOT / "tests" / "tp_worker.py"),
+        str(ROOT / "tests" / script),
         str(out),
     ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]  # every run exits 0
     return {**json.loads((out / "results.json").read_text()), "out": out}
+
+
+@functools.cache
+def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
+    return launch("tp_worker.py", worker.TRAIN_ARGS, world, out, backend)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])

@@ -20,7 +20,6 @@ Usage: torchrun --standalone --nproc_per_node N tests/tp_worker.py OUT
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -107,16 +106,7 @@ TRAIN_ARGS = [
 """examples/train.py on a small MNIST ViT, run with ``--tp N`` by the worker and on one process by the test."""
 
 
-def load_train_script() -> Any:
-    """examples/train.py as a module."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "train.py"
-    spec = importlib.util.spec_from_file_location("specvit_train_example_tp", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load_train_script = dist_worker.load_train_script  # examples/train.py as a module
 
 
 BERT = """specvit: 1
@@ -304,16 +294,9 @@ def main(out: Path) -> None:
         results["train_2d_exit"] = script.main(
             [*TRAIN_ARGS, "--tp", "2", "--parallel", "fsdp", "--log-file", str(log)]
         )
-    if rank == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    dist_worker.finish(out, results)
 
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    # As tests/dist_worker.py: everything is written and the group destroyed; leave without the interpreter's
-    # finalisation, during which gloo's worker threads can abort the process (pytorch/pytorch#179291).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    dist_worker.leave()
