@@ -1,7 +1,7 @@
 """Know before you launch: what each rank of a (data, tensor, pipeline) layout holds and sends, from the graph.
 
-:func:`pipeline_stages` cuts a model's blocks into pipeline stages balanced by FLOPs (an encoder-decoder's
-stages never straddle the encoder/decoder boundary). :func:`layout_report` adds, per stage, the parameters a
+:func:`pipeline_stages` cuts a model's blocks into pipeline stages balanced by FLOPs, then parameters (an
+encoder-decoder's stages never straddle the encoder/decoder boundary). :func:`layout_report` adds, per stage, the parameters a
 rank holds under the tensor-parallel plan :func:`specvit.tensor_parallel.plan` derives (a split layer's
 parameters over the tensor ranks, a row-wise layer's bias replicated), their gradients and AdamW states
 (sharded over the data ranks with FSDP2), the activations a 1F1B schedule keeps in flight, and the bytes a
@@ -11,12 +11,15 @@ allocated or run. The rules behind each column are in :meth:`LayoutReport.table`
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specvit.errors import Problem, SpecError
+from specvit.ops.embed import Ref
 
 if TYPE_CHECKING:
     from specvit.graph import ArchGraph
@@ -30,11 +33,13 @@ ADAMW = 8  # exp_avg and exp_avg_sq per parameter
 
 @dataclass(frozen=True)
 class StageCost:
-    """One pipeline stage: its blocks, the graph nodes it runs, its FLOPs at the graph's sizes."""
+    """One pipeline stage: its blocks, the graph nodes it runs, its FLOPs at the graph's sizes, and the
+    parameters it holds (those it reads from another stage's nodes included: a tied head's embedding)."""
 
     blocks: tuple[str, ...]
     nodes: tuple[str, ...]
     flops: int
+    params: int
 
 
 @dataclass
@@ -70,9 +75,52 @@ def _owners(graph: ArchGraph) -> list[_Block]:
     return order
 
 
+def _lent(graph: ArchGraph, owned: list[_Block]) -> list[tuple[int, str, int]]:
+    """The weights blocks read from other nodes (a tied head's embedding, a shared layer): (the reading
+    block, the node lending them, its parameters). A stage holds them too when it does not hold their owner."""
+    out = []
+    for i, b in enumerate(owned):
+        for node in b.nodes:
+            for value in graph.op(node).ctor(graph.nx.nodes[node]["p"]).values():
+                if isinstance(value, Ref):
+                    out.append((i, value.path, int(graph.nx.nodes[value.path]["params"])))
+    return out
+
+
+def _best_cut(
+    n: int,
+    stages: int,
+    cost: Callable[[int, int], int],
+    allowed: Callable[[int, int], bool],
+    total: Callable[[float, int], float] = max,
+) -> tuple[float, list[tuple[int, int]]]:
+    """The cut of ``n`` blocks into ``stages`` consecutive runs ``[j, i)`` of only ``allowed`` runs whose
+    ``total`` of the runs' ``cost`` (the largest, or with ``operator.add`` the sum) is least: it and the runs."""
+    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: the first i blocks in k stages
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for k in range(1, stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                if best[k - 1][j] < math.inf and allowed(j, i):
+                    value = total(best[k - 1][j], cost(j, i))
+                    if value < best[k][i]:
+                        best[k][i], cut[k][i] = value, j
+    bounds, i = [], n
+    for k in range(stages, 0, -1):
+        bounds.append((cut[k][i], i))
+        i = cut[k][i]
+    return best[stages][n], bounds[::-1]
+
+
 def pipeline_stages(graph: ArchGraph, stages: int) -> list[StageCost]:
-    """Cut ``graph``'s blocks into ``stages`` consecutive stages with the largest stage's FLOPs least; with
+    """Cut ``graph``'s blocks into ``stages`` consecutive stages balanced by FLOPs, then parameters; with
     more than one stage, no stage holds blocks of two stacks (an encoder-decoder's boundary is a cut).
+
+    Throughput first: no cut has a lighter heaviest stage in FLOPs. Of the cuts that reach it, the most even
+    in FLOPs and parameters (the memory of their values, gradients and optimizer states) together: the least
+    sum over the stages of the squares of their shares of the model's FLOPs and of its parameters. A stage
+    holds the weights it reads from another stage too (a tied head's embedding, as Megatron-LM does).
 
     Args:
         graph: the model's graph (its FLOPs at the sizes it was built with).
@@ -93,31 +141,35 @@ def pipeline_stages(graph: ArchGraph, stages: int) -> list[StageCost]:
                 f"use --pp 1, or {need} (a stage holds whole blocks of one stack)",
             )
         )
-    prefix = [0]
-    for b in owned:
-        prefix.append(prefix[-1] + sum(int(graph.nx.nodes[node]["flops"]) for node in b.nodes))
-    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]  # best[k][i]: the first i blocks in k stages
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0
-    for k in range(1, stages + 1):
-        for i in range(k, n + 1):
-            for j in range(k - 1, i):
-                if stages > 1 and owned[j].stack != owned[i - 1].stack:
-                    continue
-                value = max(best[k - 1][j], prefix[i] - prefix[j])
-                if value < best[k][i]:
-                    best[k][i], cut[k][i] = value, j
-    bounds, i = [], n
-    for k in range(stages, 0, -1):
-        bounds.append((cut[k][i], i))
-        i = cut[k][i]
+    nodes = graph.nx.nodes
+    flops = list(
+        itertools.accumulate((sum(int(nodes[v]["flops"]) for v in b.nodes) for b in owned), initial=0)
+    )
+    own = list(
+        itertools.accumulate((sum(int(nodes[v]["params"]) for v in b.nodes) for b in owned), initial=0)
+    )
+    where = {node: i for i, b in enumerate(owned) for node in b.nodes}
+    lent = _lent(graph, owned)
+
+    def params(j: int, i: int) -> int:
+        held = {node: count for b, node, count in lent if j <= b < i and not j <= where[node] < i}
+        return own[i] - own[j] + sum(held.values())
+
+    whole = lambda j, i: stages == 1 or owned[j].stack == owned[i - 1].stack  # noqa: E731
+    fastest, _ = _best_cut(n, stages, lambda j, i: flops[i] - flops[j], whole)
+    fast = lambda j, i: whole(j, i) and flops[i] - flops[j] <= fastest  # noqa: E731
+    # the shares, both scaled by the product of the totals (exact integers)
+    total_f, total_p = max(flops[-1], 1), max(graph.total_params, 1)
+    even = lambda j, i: ((flops[i] - flops[j]) * total_p) ** 2 + (params(j, i) * total_f) ** 2  # noqa: E731
+    _, bounds = _best_cut(n, stages, even, fast, operator.add)
     return [
         StageCost(
             tuple(b.path for b in owned[lo:hi]),
             tuple(node for b in owned[lo:hi] for node in b.nodes),
-            prefix[hi] - prefix[lo],
+            flops[hi] - flops[lo],
+            params(lo, hi),
         )
-        for lo, hi in reversed(bounds)
+        for lo, hi in bounds
     ]
 
 

@@ -2,9 +2,9 @@
 
 :func:`split` traces the compiled forward with ``torch.fx`` (blocks and module nodes as leaves, so a block's
 own control flow, such as a mixture-of-experts' data-dependent routing, is never traced), gives every traced
-node the stage :func:`~specvit.parallel_layout.pipeline_stages` gives its block (FLOPs-balanced, an
-encoder-decoder's boundary a cut, the cuts ``summary --pp`` and ``render --pp`` show), and makes one
-``fx.GraphModule`` per stage. A stage takes the values live at its entry (the model's inputs for the first)
+node the stage :func:`~specvit.parallel_layout.pipeline_stages` gives its block (balanced by FLOPs, then
+parameters, an encoder-decoder's boundary a cut, the cuts ``summary --pp`` and ``render --pp`` show), and
+makes one ``fx.GraphModule`` per stage. A stage takes the values live at its entry (the model's inputs for the first)
 and returns those live at its exit: its own outputs, and every earlier value a later stage reads, relayed
 (token ids for a decoder's first stage, an encoder's memory for every decoder stage, rotary tables). Tuples
 (rotary tables) cross as their tensors, a dict output (an MoE model's ``router_loss``) as its values. A
@@ -205,7 +205,7 @@ def mark_shared(model: nn.Module, stages: list[Stage]) -> None:
 
 
 def split(model: SpecModel, stages: int, inputs: Sequence[str] | None = None) -> list[Stage]:
-    """Cut ``model`` into ``stages`` pipeline stages at block boundaries, balanced by the graph's FLOPs.
+    """Cut ``model`` into ``stages`` pipeline stages at block boundaries, balanced by FLOPs, then parameters.
 
     Args:
         model: a compiled model.

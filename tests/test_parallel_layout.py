@@ -1,6 +1,6 @@
-"""``specvit summary --tp/--pp/--dp``: pipeline stages balanced by the graph's FLOPs (an encoder-decoder cut at
-its boundary), parameters per rank under the derived tensor-parallel plan, counted by hand here; the counts
-on real split ranks are checked by tests/test_tensor_parallel.py's slow run."""
+"""``specvit summary --tp/--pp/--dp``: pipeline stages balanced by the graph's FLOPs, then its parameters (an
+encoder-decoder cut at its boundary), parameters per rank under the derived tensor-parallel plan, counted by
+hand here; the counts on real split ranks are checked by tests/test_tensor_parallel.py's slow run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import specvit
 from specvit.cli import main
 from specvit.errors import SpecError
-from specvit.graph import build_graph
+from specvit.graph import ArchGraph, build_graph
 from specvit.parallel_layout import _owners, layout_report, pipeline_stages
 
 TINY_GPT = {
@@ -56,26 +56,49 @@ def test_fsdp_shards_the_state_and_ddp_all_reduces_the_gradients() -> None:
     assert fsdp.sent["dp"] == int(4 * 108288 * 3 * 3 / 4)  # two all-gathers and a reduce-scatter
 
 
-def _costs(name: str) -> list[int]:
-    graph = build_graph(specvit.load_spec(name))
-    return [sum(int(graph.nx.nodes[n]["flops"]) for n in b.nodes) for b in _owners(graph)]
+def _runs(graph: ArchGraph, cut: tuple[int, ...]) -> list[tuple[int, int]]:
+    return list(itertools.pairwise((0, *cut, len(_owners(graph)))))
 
 
-@pytest.mark.parametrize(("name", "stages"), [("vit_tiny_patch16_224", 3), ("gpt2_small", 4)])
-def test_stages_are_the_best_cut_by_flops(name: str, stages: int) -> None:
-    graph = build_graph(specvit.load_spec(name))
+@pytest.mark.parametrize(
+    ("name", "stages"), [("vit_tiny_patch16_224", 3), ("gpt2_small", 4), ("bloom_560m", 4)]
+)
+def test_stages_are_the_fastest_cut_then_the_most_even_in_flops_and_parameters(
+    name: str, stages: int
+) -> None:
+    """Against every cut: the heaviest stage's FLOPs least, then the least sum of squared shares of FLOPs and
+    parameters; each stage's parameters as the meta-built model's (a tied head's embedding on both stages)."""
+    spec = specvit.load_spec(name)
+    graph = build_graph(spec)
     got = pipeline_stages(graph, stages)
     assert sum(s.flops for s in got) == graph.total_flops  # every node in exactly one stage
     assert sorted(n for s in got for n in s.nodes) == sorted(graph.nx.nodes)
-    costs = _costs(name)
-    best = min(
-        max(sum(costs[a:b]) for a, b in itertools.pairwise((0, *cut, len(costs))))
-        for cut in itertools.combinations(range(1, len(costs)), stages - 1)
-    )
-    assert max(s.flops for s in got) == best  # no cut has a lighter heaviest stage
-    even = len(costs) // stages  # the control: equal block counts leave GPT-2's head stage heavier
-    naive = max(sum(costs[i * even : (i + 1) * even if i < stages - 1 else None]) for i in range(stages))
-    assert name != "gpt2_small" or naive > best
+    assert [s.params for s in got] == [s.params for s in layout_report(spec, pp=stages).stages]
+    owned = _owners(graph)
+    flops = [sum(int(graph.nx.nodes[n]["flops"]) for n in b.nodes) for b in owned]
+    params = [sum(int(graph.nx.nodes[n]["params"]) for n in b.nodes) for b in owned]
+    tied = name != "vit_tiny_patch16_224"  # the LM head, in the last block, reads the first block's embedding
+    embedding = graph.nx.nodes["decoder.tok_embed"]["params"] if tied else 0
+
+    def shares(cut: tuple[int, ...]) -> tuple[list[float], list[float]]:
+        runs = _runs(graph, cut)
+        f = [sum(flops[a:b]) / graph.total_flops for a, b in runs]
+        p = [
+            (sum(params[a:b]) + embedding * (b == len(owned) and a > 0)) / graph.total_params for a, b in runs
+        ]
+        return f, p
+
+    cuts = list(itertools.combinations(range(1, len(owned)), stages - 1))
+    fastest = min(max(shares(cut)[0]) for cut in cuts)
+    even = lambda cut: sum(x * x for x in shares(cut)[0] + shares(cut)[1])  # noqa: E731
+    best = min(even(cut) for cut in cuts if max(shares(cut)[0]) == fastest)
+    mine = tuple(itertools.accumulate(len(s.blocks) for s in got[:-1]))
+    assert max(shares(mine)[0]) == fastest and even(mine) == pytest.approx(best, rel=1e-12)
+    # the control: the fastest cut the DP finds with FLOPs alone holds less even parameters
+    flops_only = {"gpt2_small": (3, 7, 11), "bloom_560m": (7, 15, 23)}.get(name)
+    if flops_only is not None:
+        assert max(shares(flops_only)[0]) == fastest and even(flops_only) > best * (1 + 1e-9)
+        assert max(shares(flops_only)[1]) > max(shares(mine)[1])
 
 
 def test_an_encoder_decoder_is_cut_at_its_boundary_and_bad_counts_are_refused() -> None:
