@@ -35,7 +35,10 @@ epoch visits the N samples in an order drawn from (seed, epoch). The loss is the
 them) and ``trainer.safetensors``: the AdamW state of every parameter (``{parameter}/{state}``
 tensors), with the step, seed, batch and parameter groups in its metadata. Under torchrun rank 0
 writes both files from full state dicts gathered from every rank, and on ``--resume`` reads them and
-sends every rank its part, so a checkpoint can be resumed on a different number of ranks.
+sends every rank its part. The files hold the weights and moments as one process holds them, whatever the
+layout (a tensor-parallel packed projection's rows put back from the rank-major order its ranks keep, a
+copied key/value head once), so a checkpoint saved in any layout (``--parallel``, ``--tp``, ``--pp`` and
+their combinations, on any number of ranks) resumes in any other, continuing the same loss curve.
 """
 
 from __future__ import annotations
@@ -381,9 +384,7 @@ def resume(
     pipe: Pipeline | None = None,
 ) -> int:
     """Load a checkpoint of :func:`save_checkpoint` into every rank; returns the step it was saved at."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from specvit.parallel import load_optimizer_state_dict
+    from specvit.parallel import load_full_state_dict, load_optimizer_state_dict
 
     weights: dict[str, Any] = {}
     optim: dict[str, Any] = {}
@@ -400,8 +401,7 @@ def resume(
         box = [step]
         dist.broadcast_object_list(box, src=0)
         step = int(box[0])
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
-    set_model_state_dict(model, weights, options=options)
+    load_full_state_dict(model, weights)
     load_optimizer_state_dict(model, opt, optim)
     return step
 
@@ -565,13 +565,8 @@ def _check_layout(args: argparse.Namespace) -> None:
     for flag in ("tp", "pp", "microbatches"):
         if (getattr(args, flag) or 1) < 1:
             raise TrainError(f"--{flag} must be at least 1")
-    if args.pp > 1:
-        if args.parallel == "ddp":
-            raise TrainError(
-                "--pp with --parallel ddp is not supported: --parallel fsdp shards the data ranks"
-            )
-        if (args.save or args.resume) and args.tp > 1:
-            raise TrainError("--save and --resume with both --pp and --tp are not supported: use one of them")
+    if args.pp > 1 and args.parallel == "ddp":
+        raise TrainError("--pp with --parallel ddp is not supported: --parallel fsdp shards the data ranks")
     for kind in ("tp", "pp"):
         if getattr(args, kind) == 1:
             continue

@@ -178,17 +178,24 @@ def _check_arguments(model: Any, directory: object, overwrite: object, state_dic
 def _expected(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Key -> (shape, dtype) of ``model``'s whole state dict. A split model's (DTensor parameters) is read
     from its parameters and persistent buffers, whose shapes are the whole ones: its ``state_dict()`` is a
-    collective (a packed projection is gathered), and only rank 0 saves."""
+    collective (a packed projection is gathered), and only rank 0 saves. A packed projection's rows are
+    counted in one process's order (a key/value head copied over several ranks once)."""
     from torch.distributed.tensor import DTensor
+
+    from specvit.parallel_styles import first_rows, packed_rows
 
     if not any(isinstance(p, DTensor) for p in model.parameters()):
         return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    rows = packed_rows(model)
     out = {}
     for path, module in model.named_modules(remove_duplicate=False):
         prefix = f"{path}." if path else ""
         for key, value in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             if key not in module._non_persistent_buffers_set:
-                out[prefix + key] = (tuple(value.shape), value.dtype)
+                shape = tuple(value.shape)
+                if prefix + key in rows:
+                    shape = (len(first_rows(rows[prefix + key])), *shape[1:])
+                out[prefix + key] = (shape, value.dtype)
     return out
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "MemoryEstimate",
     "default_mesh",
     "full_state_dict",
+    "load_full_state_dict",
     "load_optimizer_state_dict",
     "memory_estimate",
     "memory_table",
@@ -142,20 +143,59 @@ def shard_blocks(
 
 
 def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The whole, unsharded state dict of a plain, DDP-wrapped or FSDP2-sharded model, on the CPU.
+    """The whole, unsharded state dict of a plain, DDP-wrapped, FSDP2-sharded or tensor-parallel model (or
+    both), on the CPU, as one process holds it.
 
     A collective under a process group: every rank must call it. The full dict comes back on rank 0
     only, other ranks get ``{}``; save it from rank 0 with ``model.save_pretrained(dir, state_dict=...)``.
-    Keys are those of the plain model (no ``module.`` prefix of DDP). For a model that is not sharded
-    the tensors are the live parameters themselves, not copies: save (or clone) before the next step.
+    Keys are those of the plain model (no ``module.`` prefix of DDP). A tensor-parallel packed projection is
+    gathered as its ranks hold it and put back in one process's packed order (:func:`~specvit.parallel_styles.
+    packed_order`), as :func:`optimizer_state_dict` puts back its AdamW moments. For a model that is not
+    sharded the other tensors are the live parameters themselves, not copies: save (or clone) before the next
+    step.
 
     Args:
         model: the model, as trained (sharded, wrapped or plain).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {name: value for name, value in state.items() if isinstance(value, Tensor)}
+    from specvit.parallel_styles import held_order, packed_rows
+
+    with held_order():
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return _in_order(
+        {name: value for name, value in state.items() if isinstance(value, Tensor)}, packed_rows(model), True
+    )
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Load a whole state dict in one process's order (:func:`full_state_dict`'s, or one process's, saved in
+    any layout) into ``model`` as it trains: plain, sharded, split over tensor ranks, or both.
+
+    ``set_model_state_dict`` with full state dicts; a packed projection's rows are first put in the
+    rank-major order its ranks hold them in (a key/value head copied over several ranks once per rank), so
+    each rank takes its rows. Under a process group every rank calls it and rank 0's ``state`` is broadcast
+    tensor by tensor (others may pass ``{}``).
+
+    Args:
+        model: the model, split, sharded or plain as it will train.
+        state: the whole state dict, the plain model's keys.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from specvit.parallel_styles import held_order, packed_rows
+
+    distributed = dist.is_available() and dist.is_initialized()
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+    with held_order():
+        set_model_state_dict(model, _in_order(state, packed_rows(model), False), options=options)
+
+
+def _in_order(tensors: dict[str, Any], rows: dict[str, Tensor], back: bool) -> dict[str, Any]:
+    """``tensors`` by parameter name, those of packed projections put out of (``back``) or into rank-major order."""
+    from specvit.parallel_styles import packed_order
+
+    return {k: packed_order(v, rows[k], back) if k in rows else v for k, v in tensors.items()}
 
 
 # ------------------------------------------------------------------------------------ memory per rank
@@ -277,27 +317,15 @@ def parallelize(model: SpecModel, mesh: DeviceMesh | None = None) -> SpecModel:
 # ------------------------------------------------------------------------------- optimizer states
 
 
-def _packed_rows(model: nn.Module) -> dict[str, Tensor]:
-    """Parameter name -> the rank-major row order a tensor-parallel packed projection stores it in."""
-    return {
-        f"{path}.{key}" if path else key: module.rank_major
-        for path, module in model.named_modules()
-        if isinstance(getattr(module, "rank_major", None), Tensor)
-        for key, _ in module.named_parameters(recurse=False)
-    }
-
-
 def _reorder(state: dict[str, Any], rows: dict[str, Tensor], back: bool) -> dict[str, Any]:
     """``state``'s per-parameter tensors of packed projections, their rows put in or out of rank-major order."""
-    from specvit.parallel_styles import first_rows
+    from specvit.parallel_styles import packed_order
 
     out = {"param_groups": state["param_groups"], "state": dict(state["state"])}
     for name, order in rows.items():
         if name in out["state"]:
-            first = first_rows(order)  # rank-major order repeats the rows several ranks hold
-            index, rows_in = (first, len(order)) if back else (order, len(first))
             out["state"][name] = {
-                k: v[index.to(v.device)] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rows_in else v
+                k: packed_order(v, order, back) if isinstance(v, Tensor) else v
                 for k, v in out["state"][name].items()
             }
     return out
@@ -319,7 +347,11 @@ def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = dict(get_optimizer_state_dict(model, optimizer, options=options))
-    return _reorder(state, _packed_rows(model), back=True) if state.get("state") else state
+    if not state.get("state"):
+        return state
+    from specvit.parallel_styles import packed_rows
+
+    return _reorder(state, packed_rows(model), back=True)
 
 
 def load_optimizer_state_dict(
@@ -338,6 +370,8 @@ def load_optimizer_state_dict(
 
     distributed = dist.is_available() and dist.is_initialized()
     if state.get("state"):
-        state = _reorder(state, _packed_rows(model), back=False)
+        from specvit.parallel_styles import packed_rows
+
+        state = _reorder(state, packed_rows(model), back=False)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
     set_optimizer_state_dict(model, optimizer, state, options=options)

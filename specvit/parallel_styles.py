@@ -8,7 +8,9 @@ Each style has a ``note``: what :func:`specvit.tensor_parallel.describe` prints 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,19 @@ from specvit.nn.moe import MoeMlp
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["Colwise", "ExpertSplit", "HeadSplit", "PackedColwise", "Rowwise", "TiedHead", "rank_major"]
+__all__ = [
+    "Colwise",
+    "ExpertSplit",
+    "HeadSplit",
+    "PackedColwise",
+    "Rowwise",
+    "TiedHead",
+    "first_rows",
+    "held_order",
+    "packed_order",
+    "packed_rows",
+    "rank_major",
+]
 
 
 class Colwise(ColwiseParallel):
@@ -82,6 +96,57 @@ def first_rows(order: Tensor) -> Tensor:
     return back
 
 
+def packed_order(value: Tensor, order: Tensor, back: bool) -> Tensor:
+    """A whole tensor of a packed projection's parameter (its weight or bias, or an optimizer state of one:
+    AdamW's moments) taken from the rank-major ``order`` its ranks hold it in to one process's packed order
+    (``back``: a row several ranks hold, a copied key/value head's, kept once), or from the packed order to
+    the rank-major one. A tensor with another number of rows (a scalar step) comes back as it is.
+
+    Args:
+        value: the whole tensor, its rows along dim 0.
+        order: the parameter's rank-major row order (:func:`rank_major`).
+        back: rank-major -> packed (True), or packed -> rank-major.
+    """
+    first = first_rows(order)
+    index, rows_in = (first, len(order)) if back else (order, len(first))
+    if not value.dim() or value.shape[0] != rows_in:
+        return value
+    return value[index.to(value.device)]
+
+
+def packed_rows(module: nn.Module) -> dict[str, Tensor]:
+    """Parameter name -> the rank-major row order it is held in, for each tensor-parallel packed projection in
+    ``module`` (a model, or a pipeline stage: names as in the model); the names :func:`packed_order` needs.
+
+    Args:
+        module: the split model, or a part of it.
+    """
+    return {
+        f"{path}.{key}" if path else key: sub.rank_major
+        for path, sub in module.named_modules()
+        if isinstance(getattr(sub, "rank_major", None), Tensor)
+        for key, _ in sub.named_parameters(recurse=False)
+    }
+
+
+_HELD: ContextVar[bool] = ContextVar("specvit_held_order", default=False)
+
+
+@contextmanager
+def held_order() -> Iterator[None]:
+    """Within it, ``state_dict()`` and ``load_state_dict()`` of a packed projection take its parameters as its
+    ranks hold them (rank-major, a copied key/value head once per rank) instead of translating them from and
+    to one process's packed order: for code that gathers or scatters whole tensors through
+    ``torch.distributed.checkpoint`` and translates them itself with :func:`packed_order`, the weights as the
+    optimizer states (checkpoints: :func:`specvit.parallel.full_state_dict`,
+    :func:`specvit.parallel.load_full_state_dict`, ``Pipeline.full_state``)."""
+    token = _HELD.set(True)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
 class PackedColwise(ColwiseParallel):
     """Column-wise split of a Linear packing ``parts`` (q|k|v, k|v, gate|value), each part split.
 
@@ -109,7 +174,7 @@ class PackedColwise(ColwiseParallel):
                 param.detach()[order], device_mesh, [Shard(0)], src_data_rank=self.src_data_rank
             )
             module.register_parameter(key, nn.Parameter(split, requires_grad=param.requires_grad))
-        module.rank_major = order  # read by specvit.parallel's optimizer state dicts
+        module.rank_major = order  # read by packed_rows: optimizer state dicts, pipeline checkpoints
         module.register_state_dict_post_hook(partial(_packed_state, order=order))
         module.register_load_state_dict_pre_hook(partial(_packed_load, order=order))
         copies = _copied(self.parts, self.heads, ranks, device_mesh.get_local_rank()) if self.heads else []
@@ -147,25 +212,31 @@ def _sum_copies(grad: Tensor, copies: list[tuple[int, int, int, int]], group: di
     return local
 
 
-def _reordered(value: Tensor, index: Tensor, mesh: DeviceMesh) -> DTensor:
-    """``value`` (whole or a DTensor) with its rows taken in ``index`` order, split by rows over ``mesh``."""
+def _reordered(value: Tensor, order: Tensor, back: bool, like: DTensor) -> DTensor:
+    """``value`` (whole or a DTensor) put out of (``back``) or into the rank-major ``order``, laid out as the
+    parameter ``like``: over its mesh with its placements (the tensor ranks', or under FSDP2 the data and
+    tensor ranks' of a 2-D mesh)."""
     whole = value.full_tensor() if isinstance(value, DTensor) else value
-    return distribute_tensor(whole.to(value.device)[index], mesh, [Shard(0)], src_data_rank=None)
+    rows = packed_order(whole.to(like.device), order, back)
+    return distribute_tensor(rows, like.device_mesh, like.placements, src_data_rank=None)
 
 
 def _packed_state(
     module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any, *, order: Tensor
 ) -> None:
-    back = first_rows(order)  # rank-major -> packed
+    if _HELD.get():
+        return
     for key, param in module.named_parameters(recurse=False):
         if prefix + key in state and isinstance(param, DTensor):
-            state[prefix + key] = _reordered(state[prefix + key], back, param.device_mesh)
+            state[prefix + key] = _reordered(state[prefix + key], order, True, param)
 
 
 def _packed_load(module: nn.Module, state: dict[str, Any], prefix: str, *_: Any, order: Tensor) -> None:
+    if _HELD.get():
+        return
     for key, param in module.named_parameters(recurse=False):
         if prefix + key in state and isinstance(param, DTensor):
-            state[prefix + key] = _reordered(state[prefix + key], order, param.device_mesh)
+            state[prefix + key] = _reordered(state[prefix + key], order, False, param)
 
 
 class HeadSplit(ParallelStyle):

@@ -160,6 +160,12 @@ class Pipeline:
         """Each parameter of this rank's stages -> its name in the model."""
         return {id(p): name for s in self.stages for name, p in s.module.named_parameters()}
 
+    def _rows(self) -> dict[str, Tensor]:
+        """Each tensor-parallel packed projection's parameter of this rank's stages -> its rank-major rows."""
+        from specvit.parallel_styles import packed_rows
+
+        return {name: order for s in self.stages for name, order in packed_rows(s.module).items()}
+
     def full_state(self, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """The whole model's weights and ``optimizer``'s state keyed by parameter name, as one process holds
         them, on the group's rank 0 (empty elsewhere): a collective, every rank of the group calls it.
@@ -167,10 +173,15 @@ class Pipeline:
         Args:
             optimizer: the optimizer over :meth:`parameters`.
         """
-        names = self._names()
-        weights = {k: _whole(v) for k, v in self.state_dict().items()}
+        from specvit.parallel_styles import held_order
+
+        names, rows = self._names(), self._rows()
+        with held_order():  # packed weights as their ranks hold them, put in order as their states are
+            weights = {k: _whole(v, rows.get(k)) for k, v in self.state_dict().items()}
         state = {
-            names[id(p)]: {k: _whole(v) if isinstance(v, Tensor) else v for k, v in st.items()}
+            names[id(p)]: {
+                k: _whole(v, rows.get(names[id(p)])) if isinstance(v, Tensor) else v for k, v in st.items()
+            }
             for p, st in optimizer.state.items()
         }
         groups = [
@@ -203,13 +214,14 @@ class Pipeline:
             optimizer: the optimizer over :meth:`parameters`.
             state: its state, ``{"state": {name: {...}}, "param_groups": [...]}``.
         """
-        for s in self.stages:
-            if self.data is None:  # a tensor-parallel split's own hooks place whole weights
-                s.module.load_state_dict({k: weights[k] for k in s.module.state_dict()})
-                continue
-            with torch.no_grad():
-                for name, p in s.module.named_parameters():
-                    _local(p).copy_(_local(_part(weights[name], p)))
+        rows = self._rows()
+        with torch.no_grad():
+            for s in self.stages:
+                for name, p in s.module.named_parameters():  # each rank's part, whatever splits or shards it
+                    _local(p).copy_(_local(_part(weights[name], p, rows.get(name))))
+                for name, b in s.module.named_buffers():
+                    if name in weights:  # persistent ones
+                        b.copy_(weights[name])
         if optimizer is None or state is None:
             return
         names = self._names()
@@ -218,8 +230,10 @@ class Pipeline:
         for p in self.parameters():
             saved = state["state"].get(names[id(p)])
             if saved is not None:
+                order = rows.get(names[id(p)])
                 optimizer.state[p] = {
-                    k: _part(v, p) if isinstance(v, Tensor) and v.dim() else v for k, v in saved.items()
+                    k: _part(v, p, order) if isinstance(v, Tensor) and v.dim() else v
+                    for k, v in saved.items()
                 }
 
     def _global(self, rank: int) -> int:
@@ -248,18 +262,28 @@ def _keep_only(model: SpecModel, stages: list[Stage], device: torch.device) -> N
         model.init_weights()
 
 
-def _whole(t: Tensor) -> Tensor:
-    """A weight or optimizer state whole on the CPU (a collective for a sharded one: its ranks call it)."""
+def _whole(t: Tensor, order: Tensor | None = None) -> Tensor:
+    """A weight or optimizer state whole on the CPU, in one process's order (a collective for a split or
+    sharded one: its ranks call it). ``order``: the rank-major rows of a packed projection's weight."""
     from torch.distributed.tensor import DTensor
 
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+    from specvit.parallel_styles import packed_order
+
+    whole = (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+    return packed_order(whole, order, back=True) if order is not None else whole
 
 
-def _part(whole: Tensor, like: Tensor) -> Tensor:
-    """The part of a whole tensor that ``like`` (a weight, plain or sharded over the data ranks) holds."""
+def _part(whole: Tensor, like: Tensor, order: Tensor | None = None) -> Tensor:
+    """The part of a whole tensor in one process's order that ``like`` (a weight, plain, split over the tensor
+    ranks or sharded over the data ranks) holds. ``order``: the rank-major rows of a packed projection's
+    weight, which its ranks hold in that order."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    from specvit.parallel_styles import packed_order
+
     whole = whole.to(_local(like).device)
+    if order is not None:
+        whole = packed_order(whole, order, back=False)
     if isinstance(like, DTensor):
         return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
     return whole

@@ -9,15 +9,22 @@ and tensor-parallel ranks inside each stage. Rank 0 writes into OUT:
   shared embedding's gradients are not summed over the stages holding it); the exit statuses of
   examples/train.py runs;
 - ``train_pp.jsonl``, ``pp_resumed.jsonl``: the losses of examples/train.py with ``--pp N``, and of its resume
-  of a one-process checkpoint; ``pp_checkpoint``: a checkpoint it saved at ``--pp N``.
+  of a one-process checkpoint; ``pp_checkpoint``: a checkpoint it saved at ``--pp N``;
+- on 4 ranks, for the decoders of ``CHECKPOINTED`` (their specs and one-process checkpoints of steps 1-3
+  written into OUT by the test process): ``pptp_<spec>``, steps 1-3 saved at ``--pp 2 --tp 2``,
+  ``pptp_resumed_<spec>.jsonl``, steps 4-5 resumed there from the one-process checkpoint,
+  ``tp_fsdp_resumed_mqa.jsonl``, steps 4-5 of ``pptp_mqa`` resumed at ``--tp 2 --parallel fsdp``, and
+  ``pptp_control``: the control's checkpoint (AdamW's moments saved as the ranks hold them).
 
 Usage: torchrun --standalone --nproc_per_node N tests/pp_worker.py OUT
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,55 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
 
 TRAIN_ARGS = [*tp_worker.TRAIN_ARGS, "--set", "encoder.depth=4"]
 """examples/train.py on a small MNIST ViT of four blocks."""
+
+CHECKPOINTED = {
+    "llama": ["--pp", "2", "--tp", "2"],
+    "mqa": ["--pp", "2", "--tp", "2", "--parallel", "fsdp"],
+}
+"""The decoders whose checkpoints cross between one process and 2 stages x 2 tensor ranks, and that layout:
+the Llama-style GQA decoder (packed q|k|v, 4 key/value heads split over the tensor ranks), and its MQA twin
+(its one key/value head copied on both tensor ranks) with FSDP2 inside each stage (one data rank: each
+stage's weights on a (data, tensor) mesh)."""
+
+
+def lm_args(out: Path, name: str) -> list[str]:
+    """examples/train.py on a decoder of ``SPECS``, 3 steps; its spec file is OUT/<name>.yaml."""
+    return [str(out / f"{name}.yaml"), "--batch", "8", "--every", "1", "--steps", "3"]
+
+
+@contextlib.contextmanager
+def moments_as_held() -> Iterator[None]:
+    """The control: a pipeline's checkpoint as before the fix: the weights put in one process's order by
+    their ``state_dict`` hooks, AdamW's moments left in the rank-major order the tensor ranks hold them."""
+    from specvit import parallel_styles
+
+    held, rows = parallel_styles.held_order, Pipeline._rows
+    parallel_styles.held_order = contextlib.nullcontext  # the hooks translate the weights
+    Pipeline._rows = lambda self: {}  # and nothing the states
+    try:
+        yield
+    finally:
+        parallel_styles.held_order, Pipeline._rows = held, rows
+
+
+def pp_tp_checkpoints(script: Any, out: Path) -> dict[str, int]:
+    """examples/train.py at 2 stages x 2 tensor ranks: steps 1-3 saved, and steps 4-5 resumed from one
+    process's steps 1-3, for each decoder of ``CHECKPOINTED``; the control's save. Their exit statuses."""
+    exits = {}
+    for name, layout in CHECKPOINTED.items():
+        args = [*lm_args(out, name), *layout]
+        exits[f"pptp_save_exit/{name}"] = script.main([*args, "--save", str(out / f"pptp_{name}")])
+        log = ["--log-file", str(out / f"pptp_resumed_{name}.jsonl")]
+        resumed = [*args, "--resume", str(out / f"one_{name}"), "--steps", "5", *log]
+        exits[f"pptp_resume_exit/{name}"] = script.main(resumed)
+    # and in another layout again: 2 data x 2 tensor ranks, no pipeline, the key/value head copied
+    log = ["--log-file", str(out / "tp_fsdp_resumed_mqa.jsonl")]
+    tp_fsdp = [*lm_args(out, "mqa"), "--tp", "2", "--parallel", "fsdp", "--steps", "5", *log]
+    exits["tp_fsdp_resume_exit/mqa"] = script.main([*tp_fsdp, "--resume", str(out / "pptp_mqa")])
+    with moments_as_held():
+        control = [*lm_args(out, "llama"), *CHECKPOINTED["llama"], "--save", str(out / "pptp_control")]
+        exits["pptp_control_save_exit"] = script.main(control)
+    return exits
 
 
 def loss_fn(out: Tensor | dict[str, Tensor], y: Tensor) -> Tensor:
@@ -160,6 +216,7 @@ def main(out: Path) -> None:
         results["train_pp_fsdp_save_exit"] = script.main(
             [*TRAIN_ARGS, "--pp", "2", "--parallel", "fsdp", *save]
         )
+        results.update(pp_tp_checkpoints(script, out))
     dist_worker.finish(out, results)
 
 

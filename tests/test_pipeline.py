@@ -1,7 +1,8 @@
 """Pipeline parallelism derived from the graph: stages cut at the blocks ``summary --pp`` cuts, their forward
 in one process equal to the model's, the weights each holds; and (slow) training on 2 and 4 gloo ranks with
 1F1B, GPipe and interleaved schedules, and with tensor parallelism inside the stages, that follows one
-process, via tests/pp_worker.py."""
+process, and checkpoints of those layouts that resume in others (pipeline x tensor parallel among them), via
+tests/pp_worker.py."""
 
 from __future__ import annotations
 
@@ -137,6 +138,11 @@ def _one_process(*args: str) -> int:
 
 @functools.cache
 def _launch(world: int, out: Path, backend: str = "gloo") -> dict[str, Any]:
+    if world == 4:  # the decoders' spec files and one-process checkpoints of steps 1-3, for the worker
+        out.mkdir(parents=True, exist_ok=True)
+        for name in worker.CHECKPOINTED:
+            (out / f"{name}.yaml").write_text(worker.SPECS[name])
+            assert train_script(worker.lm_args(out, name), "--save", str(out / f"one_{name}")) == 0
     return launch("pp_worker.py", worker.TRAIN_ARGS, world, out, backend)
 
 
@@ -192,6 +198,50 @@ def test_train_script_with_pp_follows_one_process_and_checkpoints_cross_layouts(
         assert (pp_run["train_pp_fsdp_exit"], pp_run["train_pp_fsdp_save_exit"]) == (0, 0)
         fsdp = _log(out / "train_pp_fsdp.jsonl")
         assert max(abs(a - b) for a, b in zip(one[:3], fsdp, strict=True)) <= LOSS_TOL
+
+
+@pytest.mark.slow
+def test_checkpoints_of_pipeline_x_tensor_parallel_runs_cross_layouts(
+    pp_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """Decoders with packed q|k|v (GQA; MQA, its key/value head copied on both tensor ranks, with FSDP2 inside
+    the stages): steps 1-3 saved at --pp 2 --tp 2 resume on one process (and the MQA's at --tp 2 --parallel
+    fsdp), and steps 1-3 saved on one process resume at --pp 2 --tp 2: steps 4-5 are the uninterrupted
+    one-process run's, the weights and AdamW's moments having been saved in one process's order. The control,
+    whose moments were saved as the ranks hold them, resumes with the right weights (step 4) but leaves the
+    curve at step 5."""
+    if pp_run["world"] != 4:
+        pytest.skip("2 stages x 2 tensor ranks need 4 ranks")
+    out = pp_run["out"]
+    whole = {}
+    for name in worker.CHECKPOINTED:
+        assert (pp_run[f"pptp_save_exit/{name}"], pp_run[f"pptp_resume_exit/{name}"]) == (0, 0)
+        base = worker.lm_args(out, name)
+        assert train_script(base, "--steps", "5", "--log", str(tmp_path / f"{name}.jsonl")) == 0
+        whole[name] = _log(tmp_path / f"{name}.jsonl")
+        assert len(set(whole[name])) == 5  # the loss moves
+        back = tmp_path / f"{name}_back.jsonl"
+        resumed = ["--resume", str(out / f"pptp_{name}"), "--steps", "5", "--log", str(back)]
+        assert train_script(base, *resumed) == 0
+        logs = [back, out / f"pptp_resumed_{name}.jsonl"]  # saved at pp x tp; saved on one process
+        logs += [out / "tp_fsdp_resumed_mqa.jsonl"] if name == "mqa" else []  # saved at pp x tp x fsdp
+        for log in logs:
+            later = _log(log)
+            assert len(later) == 2
+            diff = max(abs(a - b) for a, b in zip(later, whole[name][3:], strict=True))
+            print(f"{name}, {log.name}: max |loss difference| over steps 4-5 vs one process: {diff:.2e}")
+            assert diff <= LOSS_TOL, (log.name, later, whole[name][3:])
+    assert pp_run["tp_fsdp_resume_exit/mqa"] == 0 and pp_run["pptp_control_save_exit"] == 0
+    control = tmp_path / "control.jsonl"
+    resumed = ["--resume", str(out / "pptp_control"), "--steps", "5", "--log", str(control)]
+    assert train_script(worker.lm_args(out, "llama"), *resumed) == 0
+    got = _log(control)
+    print(
+        f"control vs one process, steps 4 and 5: {abs(got[0] - whole['llama'][3]):.2e}, "
+        f"{abs(got[1] - whole['llama'][4]):.2e}"
+    )
+    assert abs(got[0] - whole["llama"][3]) <= LOSS_TOL  # the weights were saved right
+    assert abs(got[1] - whole["llama"][4]) > 5 * LOSS_TOL  # the moments were not
 
 
 @pytest.mark.parametrize("name", ["encdec", "moe"])
