@@ -13,8 +13,8 @@ and tensor-parallel ranks inside each stage. Rank 0 writes into OUT:
 - on 4 ranks, for the decoders of ``CHECKPOINTED`` (their specs and one-process checkpoints of steps 1-3
   written into OUT by the test process): ``pptp_<spec>``, steps 1-3 saved at ``--pp 2 --tp 2``,
   ``pptp_resumed_<spec>.jsonl``, steps 4-5 resumed there from the one-process checkpoint,
-  ``tp_fsdp_resumed_mqa.jsonl``, steps 4-5 of ``pptp_mqa`` resumed at ``--tp 2 --parallel fsdp``, and
-  ``pptp_control``: the control's checkpoint (AdamW's moments saved as the ranks hold them).
+  ``tp_fsdp_resumed_mqa.jsonl``, steps 4-5 of ``pptp_mqa`` resumed at ``--tp 2 --parallel fsdp``,
+  ``tp_fsdp_mqa``, steps 1-3 saved at ``--tp 2 --parallel fsdp``, and ``pptp_control``: the control's checkpoint (AdamW's moments saved as the ranks hold them).
 
 Usage: torchrun --standalone --nproc_per_node N tests/pp_worker.py OUT
 """
@@ -107,6 +107,8 @@ def pp_tp_checkpoints(script: Any, out: Path) -> dict[str, int]:
     log = ["--log-file", str(out / "tp_fsdp_resumed_mqa.jsonl")]
     tp_fsdp = [*lm_args(out, "mqa"), "--tp", "2", "--parallel", "fsdp", "--steps", "5", *log]
     exits["tp_fsdp_resume_exit/mqa"] = script.main([*tp_fsdp, "--resume", str(out / "pptp_mqa")])
+    saved = [*lm_args(out, "mqa"), "--tp", "2", "--parallel", "fsdp", "--save", str(out / "tp_fsdp_mqa")]
+    exits["tp_fsdp_save_exit/mqa"] = script.main(saved)  # saved there, the copied head's rows once
     with moments_as_held():
         control = [*lm_args(out, "llama"), *CHECKPOINTED["llama"], "--save", str(out / "pptp_control")]
         exits["pptp_control_save_exit"] = script.main(control)

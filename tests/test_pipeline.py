@@ -206,7 +206,7 @@ def test_checkpoints_of_pipeline_x_tensor_parallel_runs_cross_layouts(
 ) -> None:
     """Decoders with packed q|k|v (GQA; MQA, its key/value head copied on both tensor ranks, with FSDP2 inside
     the stages): steps 1-3 saved at --pp 2 --tp 2 resume on one process (and the MQA's at --tp 2 --parallel
-    fsdp), and steps 1-3 saved on one process resume at --pp 2 --tp 2: steps 4-5 are the uninterrupted
+    fsdp, whose own save resumes on one process), and steps 1-3 saved on one process resume at --pp 2 --tp 2: steps 4-5 are the uninterrupted
     one-process run's, the weights and AdamW's moments having been saved in one process's order. The control,
     whose moments were saved as the ranks hold them, resumes with the right weights (step 4) but leaves the
     curve at step 5."""
@@ -224,7 +224,11 @@ def test_checkpoints_of_pipeline_x_tensor_parallel_runs_cross_layouts(
         resumed = ["--resume", str(out / f"pptp_{name}"), "--steps", "5", "--log", str(back)]
         assert train_script(base, *resumed) == 0
         logs = [back, out / f"pptp_resumed_{name}.jsonl"]  # saved at pp x tp; saved on one process
-        logs += [out / "tp_fsdp_resumed_mqa.jsonl"] if name == "mqa" else []  # saved at pp x tp x fsdp
+        if name == "mqa":  # saved at pp x tp x fsdp, resumed at tp x fsdp; saved at tp x fsdp, on one process
+            logs.append(out / "tp_fsdp_resumed_mqa.jsonl")
+            logs.append(tmp_path / "from_tp_fsdp.jsonl")
+            from_tp = ["--resume", str(out / "tp_fsdp_mqa"), "--steps", "5", "--log", str(logs[-1])]
+            assert pp_run["tp_fsdp_save_exit/mqa"] == 0 and train_script(base, *from_tp) == 0
         for log in logs:
             later = _log(log)
             assert len(later) == 2
