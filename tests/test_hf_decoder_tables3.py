@@ -1,5 +1,5 @@
 """GPT-NeoX and BLOOM (tables, specvit/interop/hf_neox.py), and Ministral, Helium, InternLM 3, EXAONE,
-Seed-OSS, ERNIE 4.5, Arcee, GLM, GLM-4, Nemotron, Persimmon and Granite (tables over the Llama-like layout,
+IQuest-Coder, Seed-OSS, ERNIE 4.5, Arcee, GLM, GLM-4, Nemotron, Persimmon and Granite (tables over the Llama-like layout,
 specvit/interop/hf_decoders3.py): from the config a spec, from the state dict specvit's weights, and the same
 logits (fp32, <= 1e-4) and greedy tokens as transformers; every weight and buffer is moved off its init by
 N(0, 0.08) noise.
@@ -55,6 +55,7 @@ CASES: dict[str, Case] = {
     "internlm3": ("InternLM3Config", "LlamaForCausalLM", GQA,  # transformers refuses two bias settings
                   [(("attention_bias", "mlp_bias"), (True, True)), *LLAMA_SWITCHES]),
     "exaone": ("ExaoneConfig", "LlamaForCausalLM", GQA, [*BIASES, *LLAMA_SWITCHES]),
+    "iquestcoder": ("IQuestCoderConfig", "LlamaForCausalLM", GQA, [*BIASES, *LLAMA_SWITCHES]),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", GQA,
                  [("attention_bias", False), ("attention_out_bias", True), ("mlp_bias", True), *LLAMA_SWITCHES]),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", GQA,

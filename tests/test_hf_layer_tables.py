@@ -1,5 +1,5 @@
-"""Decoders whose layers differ along the depth, as tables over the Llama-like layout: SmolLM3, OLMo 3 and
-Cohere 2 (specvit/interop/hf_layers.py: layers without rotary positions, windows and thetas per layer type)
+"""Decoders whose layers differ along the depth, as tables over the Llama-like layout: SmolLM3, OLMo 3, Gemma 3
+and Cohere 2 (specvit/interop/hf_layers.py: layers without rotary positions, windows and thetas per layer type)
 and the mixtures of experts Qwen2-MoE, Qwen3-MoE and OLMoE (specvit/interop/hf_moe.py: a shared expert
 behind its gate, dense layers among the sparse ones). From the config a spec, from the state dict specvit's
 weights, and the same logits (fp32, <= 1e-4) and greedy tokens as transformers; every weight and buffer is
@@ -52,6 +52,12 @@ CASES: dict[str, Case] = {
     "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", FOUR | dict(sliding_window=5),
               [("sliding_window", 3), ("layer_types", TYPES), ("rope_parameters", PER_TYPE), ("rms_norm_eps", 0.3),
                ("attention_bias", True), *COMMON[:2], ("tie_word_embeddings", True)]),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                    FOUR | dict(head_dim=12, sliding_window=5, layer_types=TYPES, tie_word_embeddings=False),
+                    [("sliding_window", 3), ("layer_types", TYPES[1:] + TYPES[:1]), ("rope_parameters", PER_TYPE),
+                     ("query_pre_attn_scalar", 8), ("final_logit_softcapping", 3.0), ("attention_bias", True),
+                     ("rms_norm_eps", 0.3), ("hidden_activation", "silu"), ("num_key_value_heads", 4),
+                     ("head_dim", 8), ("tie_word_embeddings", True)]),
     "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", FOUR | dict(sliding_window=5, logit_scale=1.0),
                 [("sliding_window", 3), ("layer_types", TYPES), ("logit_scale", 0.5), ("layer_norm_eps", 0.3),
                  ("attention_bias", True), ("head_dim", 8), *COMMON[:3], ("tie_word_embeddings", False)]),
@@ -163,6 +169,8 @@ def test_dense_layers_are_overrides_of_one_mlp() -> None:
          "config.decoder_sparse_step: qwen2_moe config has decoder_sparse_step=0: it must be 1 or more"),
         ("qwen2_moe", {"mlp_only_layers": ["1"]},
          "config.mlp_only_layers: qwen2_moe config has mlp_only_layers=['1']: expected layer indexes"),
+        ("gemma3_text", {"attn_logit_softcapping": 50.0},
+         "config.attn_logit_softcapping: gemma3_text config has attn_logit_softcapping=50.0: transformers' default"),
         ("olmoe", {"clip_qkv": 8.0}, "config.clip_qkv: olmoe config has clip_qkv=8.0: clipping q, k and v"),
         ("olmoe", {"architectures": ["OlmoeForSequenceClassification"]},
          "config.architectures: olmoe config has architectures=['OlmoeForSequenceClassification']"),

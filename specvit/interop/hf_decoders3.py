@@ -1,6 +1,6 @@
 """More families of the Llama-like decoder layout (:data:`~specvit.interop.hf_llama.LLAMA`), each a table of
-what it changes: Ministral, Helium, InternLM 3 and EXAONE (Llama's classes under their own model types),
-Seed-OSS, ERNIE 4.5, Arcee, GLM, GLM-4, Nemotron, Persimmon and Granite.
+what it changes: Ministral, Helium, InternLM 3, EXAONE and IQuest-Coder (Llama's classes under model types of
+their own), Seed-OSS, ERNIE 4.5, Arcee, GLM, GLM-4, Nemotron, Persimmon and Granite.
 
 ERNIE 4.5, Helium and GLM rotate interleaved pairs of channels (GPT-J's layout); Arcee, Nemotron and
 Persimmon have an MLP of one ``up_proj`` and a squared ReLU; GLM-4 norms each branch's output too
@@ -170,6 +170,24 @@ EXAONE = register(
             "decoder.block.mlp.activation": first_of(
                 ("hidden_act", "activation_function"), "silu", map=GATED
             ),
+        },
+        drop=_TP,
+    )
+)
+
+IQUESTCODER = register(
+    LLAMA.but(
+        "Llama",  # transformers builds IQuest-Coder as LlamaForCausalLM
+        ("iquestcoder",),
+        {
+            "decoder.input.vocab": F("vocab_size", 76800),
+            "decoder.width": F("hidden_size", 5120),
+            "decoder.depth": F("num_hidden_layers", 80),
+            "decoder.block.heads": count("num_attention_heads", 40),
+            "decoder.block.kv_heads": F("num_key_value_heads", 8),
+            "decoder.block.head_dim": head_dim(128),
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),
+            "decoder.block.mlp.hidden": F("intermediate_size", 27648),
         },
         drop=_TP,
     )

@@ -1,6 +1,6 @@
 """Families of the Llama-like decoder layout whose layers differ along the depth, each a table of what it
-changes: SmolLM3 (rotary positions left out of every ``no_rope_layer_interval``-th layer), OLMo 3 (windows in
-three layers of four, a theta per layer type) and Command R7B / Cohere 2 (windows with rotary positions in
+changes: SmolLM3 (rotary positions left out of every ``no_rope_layer_interval``-th layer), OLMo 3 and Gemma 3
+(windows in most layers, a theta per layer type) and Command R7B / Cohere 2 (windows with rotary positions in
 three layers of four, global layers without positions).
 
 A layer's differences are spec ``overrides`` of those layers: ``rope: false`` for a layer without rotary
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.hf_decoders import OLMO2
+from specvit.interop.hf_decoders import GEMMA2, OLMO2
 from specvit.interop.hf_decoders2 import COHERE, full_rope
 from specvit.interop.hf_llama import LLAMA, rope, sliding
 from specvit.interop.registry import Config, listable
-from specvit.interop.table import D, F, count, lm, register
+from specvit.interop.table import BARE, SEQUENCE, D, F, Only, count, lm, register
 
 __all__ = ["layer_types", "overrides"]
 
@@ -118,18 +118,14 @@ SMOLLM3 = register(
 # -- OLMo 3 ----------------------------------------------------------------------------------------------
 
 
-def _olmo3_types(c: Config, depth: int) -> list[str]:
-    return layer_types(c, depth, lambda c, i: (i + 1) % 4 != 0)
-
-
-def _theta(c: Config, layer_type: str) -> float:
+def _theta(c: Config, layer_type: str, default: float) -> float:
     """The theta of one layer type's entry in ``rope_parameters`` (plain RoPE only)."""
     params = c.sub("rope_parameters")
     if params.values and not set(params.values) <= {"full_attention", "sliding_attention"}:
         raise c.refuse(
             "rope_parameters",
             params.values,
-            "OLMo 3 reads an entry per layer type (full_attention, sliding_attention)",
+            f"{c.model_type} reads an entry per layer type (full_attention, sliding_attention)",
             "give rope_parameters by layer type",
         )
     entry = params.sub(layer_type)
@@ -141,44 +137,61 @@ def _theta(c: Config, layer_type: str) -> float:
             f"{kind} RoPE scaling has no specvit position kind",
             "use plain RoPE",
         )
-    return float(entry.get("rope_theta", 500000.0))
+    return float(entry.get("rope_theta", default))
 
 
-def _olmo3_position(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """RoPE at the full layers' theta (the sliding layers' where every layer slides)."""
-    depth = c.get("num_hidden_layers", 32)  # read before the depth, where Llama's table reads the position
-    types = _olmo3_types(c, depth) if listable(depth) else ["full_attention"]
-    kind = "full_attention" if "full_attention" in types else "sliding_attention"
-    return {"kind": "rope", "base": _theta(c, kind)}
+def per_type(
+    slides: Callable[[Config, int], bool], full: float, local: float, window: int, depth: tuple[str, int]
+) -> dict[str, D]:
+    """The entries of decoders with a theta per layer type (OLMo 3, Gemma 3): RoPE at the full layers' theta,
+    and the sliding layers' window and theta as overrides (the block's, where every layer slides).
+
+    Args:
+        slides: (config, layer) -> whether it slides, the class's ``layer_types`` where a config has none.
+        full: the class's default theta of the full layers.
+        local: its default theta of the sliding layers.
+        window: its default ``sliding_window``.
+        depth: the depth's field and default (the position is read before the depth).
+    """
+
+    def types(c: Config, depth: int) -> list[str]:
+        return layer_types(c, depth, slides)
+
+    def position(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
+        n = c.get(*depth)
+        kinds = types(c, n) if listable(n) else ["full_attention"]
+        kind = "full_attention" if "full_attention" in kinds else "sliding_attention"
+        return {"kind": "rope", "base": _theta(c, kind, full if kind == "full_attention" else local)}
+
+    def block(c: Config, spec: Mapping[str, Any]) -> int | None:
+        n = spec["decoder.depth"]
+        if not listable(n) or "full_attention" in types(c, n):
+            return None
+        return c.get("sliding_window", window, int)
+
+    def layers(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        n = spec["decoder.depth"]
+        if not listable(n):
+            return None
+        indexes = [i for i, t in enumerate(types(c, n)) if t == "sliding_attention"]
+        if not indexes or len(indexes) == n:
+            return None
+        out: dict[str, Any] = {}
+        if (w := c.get("sliding_window", window, int)) is not None:
+            out["sliding_window"] = w
+        if (theta := _theta(c, "sliding_attention", local)) != spec["decoder.position"]["base"]:
+            out["rope"] = {"base": theta}
+        return [{"layers": indexes, "block": out}] if out else None
+
+    fields = ("sliding_window", "layer_types", "rope_parameters")
+    return {
+        "decoder.position": D(position, ("rope_parameters", "layer_types")),
+        "decoder.block.sliding_window": D(block, fields),
+        "decoder.overrides": D(layers, fields, _per_type_write),
+    }
 
 
-def _olmo3_window(c: Config, spec: Mapping[str, Any]) -> int | None:
-    depth = spec["decoder.depth"]
-    if not listable(depth) or "full_attention" in _olmo3_types(c, depth):
-        return None
-    return c.get("sliding_window", 4096, int)
-
-
-def _olmo3_layers(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The sliding layers' window and theta, where some layers slide and others do not."""
-    depth = spec["decoder.depth"]
-    if not listable(depth):
-        return None
-    types = _olmo3_types(c, depth)
-    layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    if not layers or len(layers) == depth:
-        return None
-    block: dict[str, Any] = {}
-    window = c.get("sliding_window", 4096, int)
-    if window is not None:
-        block["sliding_window"] = window
-    theta = _theta(c, "sliding_attention")
-    if theta != spec["decoder.position"]["base"]:
-        block["rope"] = {"base": theta}
-    return [{"layers": layers, "block": block}] if block else None
-
-
-def _olmo3_write(value: list[dict[str, Any]] | None, get: Callable[[str], Any]) -> dict[str, Any]:
+def _per_type_write(value: list[dict[str, Any]] | None, get: Callable[[str], Any]) -> dict[str, Any]:
     """The window, layer types and thetas of the spec's sliding layers: every layer where the block has the
     window, else those of the override naming a window or a theta."""
     depth, base = get("decoder.depth"), get("decoder.position")["base"]
@@ -196,16 +209,46 @@ def _olmo3_write(value: list[dict[str, Any]] | None, get: Callable[[str], Any]) 
     return {"sliding_window": window, "layer_types": types, "rope_parameters": params}
 
 
-_OLMO3_FIELDS = ("sliding_window", "layer_types", "rope_parameters")
-
 OLMO3 = register(
     OLMO2.but(
         "Olmo3",
         ("olmo3",),
+        per_type(lambda c, i: (i + 1) % 4 != 0, 500000.0, 500000.0, 4096, ("num_hidden_layers", 32)),
+    )
+)
+
+
+def _gemma3_slides(c: Config, i: int) -> bool:
+    """Gemma 3's default layer types: one full layer in every ``sliding_window_pattern``."""
+    pattern = c.size("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+    return bool((i + 1) % pattern)
+
+
+GEMMA3 = register(
+    GEMMA2.but(
+        "Gemma3",
+        ("gemma3_text",),
         {
-            "decoder.position": D(_olmo3_position, ("rope_parameters", "layer_types")),
-            "decoder.block.sliding_window": D(_olmo3_window, _OLMO3_FIELDS),
-            "decoder.overrides": D(_olmo3_layers, _OLMO3_FIELDS, _olmo3_write),
+            "decoder.input.vocab": F("vocab_size", 262208),
+            "decoder.block.qk_norm": "head",  # Gemma's RMSNorm over each head's channels, shared by the heads
+            "decoder.block.attention_softcap": None,
+            **per_type(_gemma3_slides, 1000000.0, 10000.0, 4096, ("num_hidden_layers", 26)),
+        },
+        drop=("Model", "ForSequenceClassification", "ForTokenClassification"),
+        only=(
+            Only(
+                "attn_logit_softcapping",
+                None,
+                (None,),
+                "transformers' default (SDPA) attention leaves it out and its eager attention applies it: no one "
+                "model to state",
+            ),
+        ),
+        inert=("sliding_window_pattern", "_sliding_window_pattern"),  # read for layer_types a config lacks
+        classes={
+            "TextModel": BARE,
+            "ForCausalLM": lm(tied=True, softcap=F("final_logit_softcapping", None, float)),
+            "TextForSequenceClassification": SEQUENCE,
         },
     )
 )
