@@ -154,6 +154,17 @@ def test_dense_layers_are_overrides_of_one_mlp() -> None:
 
 
 @pytest.mark.parametrize(
+    ("family", "change"),
+    [("qwen2_moe", WINDOWS | dict(mlp_only_layers=[0], max_window_layers=2)), ("qwen3_moe", dict(mlp_only_layers=[1])),
+     ("qwen2_moe", dict(mlp_only_layers=[0, 1])), ("smollm3", dict(no_rope_layer_interval=2) | WINDOWS)],
+)  # fmt: skip
+def test_layers_that_differ_go_back(family: str, change: dict[str, Any], tmp_path: Path) -> None:
+    """to_hf writes the overrides back as the fields they were read from: dense layers as mlp_only_layers,
+    windows as layer_types, layers without rotary positions as no_rope_layers."""
+    check_round_trip(hf(CASES[family], **change), tmp_path)
+
+
+@pytest.mark.parametrize(
     ("family", "change", "message"),
     [
         ("smollm3", {"no_rope_layers": [1]},

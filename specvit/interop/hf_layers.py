@@ -18,7 +18,7 @@ from specvit.interop.hf_llama import LLAMA, rope, sliding
 from specvit.interop.registry import Config, listable
 from specvit.interop.table import BARE, SEQUENCE, D, F, Only, count, lm, register
 
-__all__ = ["layer_types", "overrides"]
+__all__ = ["layer_types", "overrides", "per_type"]
 
 Part = Callable[[Config, Mapping[str, Any]], list[dict[str, Any]] | None]
 
@@ -35,14 +35,27 @@ def overrides(*parts: Part | D, fields: tuple[str, ...] = ()) -> D:
         out = [o for p in parts for o in ((p.read(c, spec) if isinstance(p, D) else p(c, spec)) or [])]
         return out or None
 
-    return D(
-        read, tuple(dict.fromkeys([f for p in parts if isinstance(p, D) for f in p.fields] + list(fields)))
-    )
+    def write(value: list[dict[str, Any]] | None, get: Callable[[str], Any]) -> dict[str, Any]:
+        """The config fields each part's inverse writes of the spec's overrides."""
+        out: dict[str, Any] = {}
+        for p in parts:
+            if isinstance(p, D) and p.inverse is not None:
+                out |= p.inverse(value, get)
+        return out
+
+    named = [f for p in parts if isinstance(p, D) for f in p.fields]
+    return D(read, tuple(dict.fromkeys(named + list(fields))), write)
 
 
 def layer_types(c: Config, depth: int, pattern: Callable[[Config, int], bool]) -> list[str]:
     """The config's ``layer_types`` (``full_attention`` or ``sliding_attention`` per layer), or those the class
-    derives by ``pattern`` (layer -> whether it slides) where a config leaves them out."""
+    derives where a config leaves them out.
+
+    Args:
+        c: the config.
+        depth: the stack's depth.
+        pattern: (config, layer) -> whether the layer slides, as the class derives its layer types.
+    """
     types = c.get("layer_types", kind=list)
     if types is None:
         return ["sliding_attention" if pattern(c, i) else "full_attention" for i in range(depth)]
@@ -88,6 +101,13 @@ def _no_rope(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return [{"layers": layers, "block": {"rope": False}}] if layers else None
 
 
+def _write_no_rope(value: list[dict[str, Any]] | None, get: Callable[[str], Any]) -> dict[str, Any]:
+    """``no_rope_layers`` of the overrides without rotary positions."""
+    depth = get("decoder.depth")
+    layers = {i % depth for o in value or [] if o["block"].get("rope") is False for i in o["layers"]}
+    return {"no_rope_layers": [0 if i in layers else 1 for i in range(depth)]}
+
+
 _SMOL_WINDOWS = sliding(
     None, _smol_slides, fields=("use_sliding_window", "no_rope_layers", "no_rope_layer_interval")
 )
@@ -106,7 +126,7 @@ SMOLLM3 = register(
             "decoder.block.mlp.hidden": F("intermediate_size", 11008),
             **_SMOL_WINDOWS,
             "decoder.overrides": overrides(
-                _SMOL_WINDOWS["decoder.overrides"], _no_rope, fields=("no_rope_layers",)
+                _SMOL_WINDOWS["decoder.overrides"], D(_no_rope, ("no_rope_layers",), _write_no_rope)
             ),
         },
         drop=("pretraining_tp",),
