@@ -34,6 +34,13 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[Any, ...]]]] =
         [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("num_channels", 1), ("image_size", 40),
          ("patch_size", 4), ("projection_dim", 7, "CLIPVisionModelWithProjection")],
     ),
+    "chinese_clip_vision_model": (
+        "ChineseCLIPVisionConfig",
+        ["ChineseCLIPVisionModel"],
+        VISION,
+        [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("num_channels", 1), ("image_size", 40),
+         ("patch_size", 4)],
+    ),
     "siglip_vision_model": (
         "SiglipVisionConfig",
         ["SiglipVisionModel"],

@@ -37,6 +37,13 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] =
         [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("qkv_bias", False), ("num_channels", 1),
          ("image_size", 40), ("patch_size", 4), ("intermediate_size", 24)],
     ),
+    "vit_msn": (
+        "ViTMSNConfig",
+        ["ViTMSNModel", "ViTMSNForImageClassification"],
+        dict(intermediate_size=40, num_labels=5),
+        [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("qkv_bias", False), ("num_channels", 1),
+         ("image_size", 40), ("patch_size", 4)],
+    ),
     "deit": (
         "DeiTConfig",
         ["DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"],
@@ -67,7 +74,7 @@ def _hf(family: str, cls: str, seed: int = 0, **change: Any) -> nn.Module:
     config_name, _, kw, _ = CASES[family]
     config = getattr(transformers, config_name)(**(SMALL | kw | change))
     torch.manual_seed(seed)
-    if cls.endswith("Model") and family != "dinov2":
+    if cls.endswith("Model") and family not in ("dinov2", "vit_msn"):  # classes without a pooler
         ref = getattr(transformers, cls)(config, add_pooling_layer=False)
     else:
         ref = getattr(transformers, cls)(config)

@@ -78,6 +78,7 @@ def _config(config: Any) -> Config:
     elif hasattr(config, "config") and hasattr(config, "state_dict"):  # a model: its class is the head
         values = config.config.to_dict() | {"architectures": [type(config).__name__]}
         source = f"<{type(config).__name__}>"
+        _no_pooler(config, values, source)
     elif hasattr(config, "to_dict"):
         values, source = config.to_dict(), f"<{type(config).__name__}>"
     else:
@@ -95,6 +96,27 @@ def _config(config: Any) -> Config:
             )
         )
     return Config(model_type, values, source)
+
+
+def _no_pooler(model: Any, values: dict[str, Any], source: str) -> None:
+    """Refuse a base model built with a pooler (BertModel, ViTModel, AlbertModel and BeitModel build one
+    unless given ``add_pooling_layer=False``): its ``pooler_output`` is no part of a spec without a head, and
+    its weights would be left over (a sequence classifier whose head reads the pooler places them)."""
+    pooler = getattr(model, "pooler", None)
+    known = any(values.get("model_type") in f.model_types for f in FAMILIES)  # else the model type is refused
+    if not known or not callable(pooler) or not type(model).__name__.endswith("Model"):
+        return
+    keys = [f"pooler.{k}" for k in pooler.state_dict()] if hasattr(pooler, "state_dict") else []
+    name, model_type = type(model).__name__, values.get("model_type")
+    raise SpecError(
+        Problem(
+            "config.architectures",
+            f"{model_type} config has architectures={[name]}: this {name} builds a pooler "
+            f"({', '.join(keys) or 'pooler'}) whose pooler_output a spec without a head does not compute",
+            f"build it with {name}(config, add_pooling_layer=False), whose last_hidden_state the spec computes",
+            Location(source),
+        )
+    )
 
 
 def _family(cfg: Config) -> Family:

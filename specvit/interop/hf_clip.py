@@ -179,6 +179,17 @@ CLIP_VISION = register(
 )
 
 
+CHINESE_CLIP_VISION = register(
+    CLIP_VISION.but(
+        "ChineseCLIPVision",
+        ("chinese_clip_vision_model",),
+        drop=("ModelWithProjection",),  # no such class: the full ChineseCLIPModel projects its tower
+        inert=("projection_dim",),  # read by the full model's visual_projection only
+    )
+)
+"""Chinese-CLIP's image tower: CLIP's, under its own class name."""
+
+
 def _siglip_head(c: Config, spec: Mapping[str, Any]) -> Any:
     """SiglipVisionModel's ``pooler_output``: the attention-pooling head's (none without the head)."""
     if not c.get("vision_use_head", True):

@@ -35,6 +35,14 @@ def _stack(c: Config, width: int, depth: int, heads: int, hidden: int) -> dict[s
 
 
 def _mae(c: Config) -> dict[str, Any]:
+    named = c.get("architectures", kind=list)
+    if named not in (None, ["ViTMAEForPreTraining"]):
+        raise c.refuse(
+            "architectures",
+            named,
+            "specvit reads ViTMAEForPreTraining (ViTMAEModel masks a random share of the patches in every call)",
+            "use ViTMAEForPreTraining",
+        )
     for key in ("image_size", "patch_size"):
         value = c.values.get(key)
         if isinstance(value, list):

@@ -1,151 +1,204 @@
-"""GPT-NeoX (``GPTNeoXForCausalLM``, Pythia) and BLOOM (``BloomForCausalLM``): fused per-head qkv, LayerNorm.
+"""GPT-NeoX (``GPTNeoX*``, Pythia) and BLOOM (``Bloom*``) as tables: q, k and v fused per head in
+``query_key_value`` ([q_h, k_h, v_h] for each head h), ``dense``, ``mlp.dense_h_to_4h`` / ``dense_4h_to_h``,
+LayerNorm.
 
-GPT-NeoX: parallel attention + MLP residual and partial rotary. BLOOM: ALiBi and a norm after the
-embedding.
+GPT-NeoX: ``gpt_neox.layers.{i}``, a parallel (or sequential) residual with two norms, rotary positions on a
+fraction of each head. BLOOM: ``transformer.h.{i}``, ALiBi, a norm after the embedding, an MLP four times the
+width. Both read the dropout after each residual branch (``hidden_dropout``) into specvit's projection and MLP
+dropouts (the latter also drops after the activation: the same model in eval).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.layout import Layout, heads_interleaved, one
-from specvit.interop.registry import Config, Family, activation, family
+from specvit.interop.hf_llama import rope
+from specvit.interop.registry import ACTIVATIONS, Config
+from specvit.interop.table import (
+    BARE,
+    SEQUENCE,
+    D,
+    F,
+    Head,
+    Only,
+    Table,
+    count,
+    labels,
+    lm,
+    per_token,
+    register,
+)
+from specvit.interop.variants import per_head_qkv, variant
 
-__all__: list[str] = []
+__all__ = ["BLOOM", "NEOX"]
 
 
-def _neox(c: Config) -> dict[str, Any]:
-    width, heads = c.get("hidden_size", 6144), c.get("num_attention_heads", 64)
-    rope = c.sub("rope_parameters")
-    kind = rope.get("rope_type", "default")
-    if kind != "default":
-        raise c.refuse(
-            "rope_parameters",
-            rope.values,
-            f"{kind} RoPE scaling has no specvit position kind",
-            "use plain RoPE",
-        )
-    position: dict[str, Any] = {
-        "kind": "rope",
-        "base": rope.get("rope_theta", c.get("rotary_emb_base", 10000.0)),
-    }
-    fraction = rope.get("partial_rotary_factor", c.get("rotary_pct", 0.25))
-    if fraction != 1.0:
-        position["fraction"] = fraction
-    bias = bool(c.get("attention_bias", True))
+def _dropouts(field: str, attention: str) -> dict[str, F]:
+    """The dropouts after the embedding and after each residual branch (``field``), and on the attention
+    weights (``attention``)."""
     return {
-        "specvit": 1,
-        "name": "gpt_neox_from_hf",
-        "description": "GPT-NeoX (GPTNeoXForCausalLM; Black et al. 2022), imported from its transformers config.",
-        "model": "decoder",
-        "decoder": {
-            "input": {"kind": "tokens", "vocab": c.get("vocab_size", 50432)},
-            "position": position,
-            "width": width,
-            "depth": c.get("num_hidden_layers", 44),
-            "block": {
-                "heads": heads,
-                "layers": ["masked_self_attention", "mlp"],
-                "norm": {"eps": c.get("layer_norm_eps", 1e-5)},
-                "parallel": bool(c.get("use_parallel_residual", True)),
-                "mlp": {
-                    "hidden": c.get("intermediate_size", 24576),
-                    "activation": activation(c, default="gelu"),
-                },
-                "qkv_bias": bias,
-                "proj_bias": bias,
-            },
-        },
-        "head": {"kind": "lm", "tied": bool(c.get("tie_word_embeddings", False))},
+        "decoder.dropout.embedding": F(field, 0.0),
+        "decoder.dropout.attention": F(attention, 0.0),
+        "decoder.dropout.projection": F(field, 0.0),
+        "decoder.dropout.mlp": F(field, 0.0),
     }
 
 
-def _neox_layout(spec: Any, keys: Sequence[str]) -> Layout:
-    layer, block = "gpt_neox.layers.{i}.", "decoder.blocks.{i}."
-    table = {
-        "decoder.tok_embed.weight": one("gpt_neox.embed_in.weight"),
-        block + "norm1.{p}": one(layer + "input_layernorm.{p}"),
-        block + "attn.qkv.{p}": one(
-            layer + "attention.query_key_value.{p}", heads_interleaved(spec.decoder.heads)
-        ),
-        block + "attn.proj.{p}": one(layer + "attention.dense.{p}"),
-        block + "norm2.{p}": one(layer + "post_attention_layernorm.{p}"),
-        block + "mlp.fc1.{p}": one(layer + "mlp.dense_h_to_4h.{p}"),
-        block + "mlp.fc2.{p}": one(layer + "mlp.dense_4h_to_h.{p}"),
-        "decoder.norm.{p}": one("gpt_neox.final_layer_norm.{p}"),
-    }
-    tied = {"embed_out.weight": "gpt_neox.embed_in.weight", "lm_head.weight": "gpt_neox.embed_in.weight"}
-    if not spec.head.tied:
-        head = "embed_out.weight" if "embed_out.weight" in keys else "lm_head.weight"
-        table["head.fc.weight"] = one(head)
-        tied = {}
-    buffers = (
-        r"gpt_neox\.layers\.\d+\.attention\.(?:bias|masked_bias|rotary_emb\.inv_freq)",
-        r".*rotary_emb\.inv_freq",
-    )
-    return Layout("HF GPTNeoXForCausalLM", table, ignore=buffers, tied=tied)
-
-
-def _bloom(c: Config) -> dict[str, Any]:
-    c.only(
-        "apply_residual_connection_post_layernorm", False, [False], "the residual would start after the norm"
-    )
-    if c.get("slow_but_exact", False):
-        c.only("pretraining_tp", 1, [1], "slow_but_exact slices the projections into tensor-parallel parts")
-    width = c.get("hidden_size", c.get("n_embed", 64))
+def _classes(lm_head: Head) -> dict[str, Head]:
     return {
-        "specvit": 1,
-        "name": "bloom_from_hf",
-        "description": "BLOOM (BloomForCausalLM; BigScience 2022), imported from its transformers config.",
-        "model": "decoder",
-        "decoder": {
-            "input": {"kind": "tokens", "vocab": c.get("vocab_size", 250880)},
-            "position": "alibi",
-            "width": width,
-            "depth": c.get("n_layer", c.get("num_hidden_layers", 2)),
-            "embed_norm": True,
-            "block": {
-                "heads": c.get("n_head", c.get("num_attention_heads", 8)),
-                "layers": ["masked_self_attention", "mlp"],
-                "norm": {"eps": c.get("layer_norm_epsilon", 1e-5)},
-                "mlp": {"hidden": 4 * width, "activation": "gelu_tanh"},
+        "Model": BARE,
+        "ForCausalLM": lm_head,
+        "ForSequenceClassification": SEQUENCE,
+        "ForTokenClassification": per_token("classifier"),
+        "ForQuestionAnswering": per_token("qa_outputs", labels(2)),
+    }
+
+
+_ROPE = rope(10000.0, fraction=0.25)
+
+
+def _neox_rope(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE from ``rope_parameters``, or from transformers 4's ``rotary_emb_base`` and ``rotary_pct`` where
+    they lack theta or the fraction (Pythia's config.json)."""
+    position = _ROPE.read(c, spec)
+    params = c.sub("rope_parameters").values
+    if "rope_theta" not in params and "rotary_emb_base" in c.values:
+        position["base"] = c.get("rotary_emb_base", 10000.0)
+    if "partial_rotary_factor" not in params and "rotary_pct" in c.values:
+        share = c.get("rotary_pct", 0.25)
+        position.pop("fraction", None)
+        position |= {"fraction": share} if share != 1.0 else {}
+    return position
+
+
+_LAYER = "layers.{i}."
+
+NEOX = register(
+    variant(
+        Table(
+            name="GPTNeoX",
+            model_types=("gpt_neox",),
+            role="decoder",
+            keys=r"(?:gpt_neox\.)?layers\.\d+\.attention\.query_key_value\.",
+            spec={
+                "decoder.input.kind": "tokens",
+                "decoder.input.vocab": F("vocab_size", 50432),
+                "decoder.position": D(
+                    _neox_rope, (*_ROPE.fields, "rotary_pct", "rotary_emb_base"), _ROPE.inverse
+                ),
+                "decoder.width": F("hidden_size", 6144),
+                "decoder.depth": F("num_hidden_layers", 44),
+                "decoder.block.layers": ["masked_self_attention", "mlp"],
+                "decoder.block.heads": count("num_attention_heads", 64),
+                "decoder.block.norm.eps": F("layer_norm_eps", 1e-5),
+                "decoder.block.parallel": F("use_parallel_residual", True),
+                "decoder.block.mlp.hidden": F("intermediate_size", 24576),
+                "decoder.block.mlp.activation": F("hidden_act", "gelu", map=ACTIVATIONS),
+                "decoder.block.qkv_bias": F("attention_bias", True),
+                "decoder.block.proj_bias": F("attention_bias", True),
+                **_dropouts("hidden_dropout", "attention_dropout"),
             },
-        },
-        "head": {"kind": "lm", "tied": bool(c.get("tie_word_embeddings", True))},
-    }
-
-
-def _bloom_layout(spec: Any, keys: Sequence[str]) -> Layout:
-    pre = "transformer." if any(k.startswith("transformer.") for k in keys) else ""
-    layer, block = pre + "h.{i}.", "decoder.blocks.{i}."
-    table = {
-        "decoder.tok_embed.weight": one(pre + "word_embeddings.weight"),
-        "decoder.embed_norm.{p}": one(pre + "word_embeddings_layernorm.{p}"),
-        block + "norm1.{p}": one(layer + "input_layernorm.{p}"),
-        block + "attn.qkv.{p}": one(
-            layer + "self_attention.query_key_value.{p}", heads_interleaved(spec.decoder.heads)
+            inert=(
+                "classifier_dropout",
+                "is_decoder",
+            ),  # the token classifier's, in training; read by no GPTNeoX class
+            names={
+                "decoder.tok_embed": "embed_in",
+                "decoder.blocks.{i}.norm1": _LAYER + "input_layernorm",
+                "decoder.blocks.{i}.attn.proj": _LAYER + "attention.dense",
+                "decoder.blocks.{i}.norm2": _LAYER + "post_attention_layernorm",
+                "decoder.blocks.{i}.mlp.fc1": _LAYER + "mlp.dense_h_to_4h",
+                "decoder.blocks.{i}.mlp.fc2": _LAYER + "mlp.dense_4h_to_h",
+                "decoder.norm": "final_layer_norm",
+            },
+            classes=_classes(lm()),
+            ignore=(
+                r"(?:gpt_neox\.)?layers\.\d+\.attention\.(?:bias|masked_bias)",
+                r".*rotary_emb\.inv_freq",
+            ),
+            backbone="gpt_neox.",
         ),
-        block + "attn.proj.{p}": one(layer + "self_attention.dense.{p}"),
-        block + "norm2.{p}": one(layer + "post_attention_layernorm.{p}"),
-        block + "mlp.fc1.{p}": one(layer + "mlp.dense_h_to_4h.{p}"),
-        block + "mlp.fc2.{p}": one(layer + "mlp.dense_4h_to_h.{p}"),
-        "decoder.norm.{p}": one(pre + "ln_f.{p}"),
-    }
-    tied = {"lm_head.weight": pre + "word_embeddings.weight"}
-    if not spec.head.tied:
-        table["head.fc.weight"] = one("lm_head.weight")
-        tied = {}
-    return Layout("HF BloomForCausalLM", table, tied=tied)
+        per_head_qkv(_LAYER + "attention.query_key_value"),
+    )
+)
+
+register(  # transformers 4 and Hub checkpoints name the LM head embed_out
+    NEOX.but(
+        "GPTNeoX", (), classes={"ForCausalLM": Head(lm().spec, {"head.fc": "embed_out"})}, keys=r"embed_out\."
+    )
+)
 
 
-family(Family("GPTNeoXForCausalLM", ("gpt_neox",), r"gpt_neox\.", _neox, _neox_layout))
-family(
-    Family(
-        "BloomForCausalLM",
-        ("bloom",),
-        r"(?:transformer\.)?word_embeddings_layernorm\.",
-        _bloom,
-        _bloom_layout,
+def _either(names: tuple[str, ...], default: int) -> D:
+    """A count a config names by one of several fields (BLOOM's ``n_layer``, ``num_hidden_layers``)."""
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int:
+        name = next((n for n in names if c.values.get(n) is not None), names[0])
+        return c.size(name, default)
+
+    def write(value: int, get: Callable[[str], Any]) -> dict[str, Any]:
+        return {names[0]: value}
+
+    return D(read, names, write)
+
+
+def _four_times(c: Config, spec: Mapping[str, Any]) -> int:
+    return 4 * spec["decoder.width"]
+
+
+_H = "h.{i}."
+
+BLOOM = register(
+    variant(
+        Table(
+            name="Bloom",
+            model_types=("bloom",),
+            role="decoder",
+            keys=r"(?:transformer\.)?word_embeddings_layernorm\.",
+            spec={
+                "decoder.input.kind": "tokens",
+                "decoder.input.vocab": F("vocab_size", 250880),
+                "decoder.position": "alibi",
+                "decoder.width": _either(("hidden_size", "n_embed"), 64),
+                "decoder.depth": _either(("n_layer", "num_hidden_layers"), 2),
+                "decoder.embed_norm": True,
+                "decoder.block.layers": ["masked_self_attention", "mlp"],
+                "decoder.block.heads": _either(("n_head", "num_attention_heads"), 8),
+                "decoder.block.norm.eps": F("layer_norm_epsilon", 1e-5),
+                "decoder.block.mlp.hidden": D(_four_times),
+                "decoder.block.mlp.activation": "gelu_tanh",
+                **_dropouts("hidden_dropout", "attention_dropout"),
+                "decoder.dropout.embedding": 0.0,  # BLOOM drops nothing after its embedding
+            },
+            only=(
+                Only(
+                    "apply_residual_connection_post_layernorm",
+                    False,
+                    (False,),
+                    "the residual would start after the norm",
+                ),
+                Only(
+                    "slow_but_exact",
+                    False,
+                    (False,),
+                    "it slices the projections into pretraining_tp parts, summed in another order",
+                ),
+            ),
+            inert=("pretraining_tp", "classifier_dropout"),  # read only with slow_but_exact; in training
+            names={
+                "decoder.tok_embed": "word_embeddings",
+                "decoder.embed_norm": "word_embeddings_layernorm",
+                "decoder.blocks.{i}.norm1": _H + "input_layernorm",
+                "decoder.blocks.{i}.attn.proj": _H + "self_attention.dense",
+                "decoder.blocks.{i}.norm2": _H + "post_attention_layernorm",
+                "decoder.blocks.{i}.mlp.fc1": _H + "mlp.dense_h_to_4h",
+                "decoder.blocks.{i}.mlp.fc2": _H + "mlp.dense_4h_to_h",
+                "decoder.norm": "ln_f",
+            },
+            classes=_classes(lm(tied=True)),
+            backbone="transformer.",
+        ),
+        per_head_qkv(_H + "self_attention.query_key_value"),
     )
 )

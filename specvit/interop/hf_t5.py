@@ -158,7 +158,16 @@ T5 = register(
             "decoder.block.layers": ["masked_self_attention", "cross_attention", "mlp"],
             "shared_embeddings": True,
         },
-        only=(Only("is_decoder", False, (False,), "a decoder-only T5 stack is not this table's"),),
+        only=(
+            Only("is_decoder", False, (False,), "a decoder-only T5 stack is not this table's"),
+            Only(
+                "is_encoder_decoder",
+                True,
+                (True,),
+                "transformers' T5 decoder then keeps no cross-attention cache of its own and computes "
+                "another model",
+            ),
+        ),
         inert=(
             "dropout_rate",  # training only (see the module's docstring)
             "classifier_dropout",  # the head of T5ForSequenceClassification, a class not read

@@ -97,6 +97,17 @@ register(  # the same model under transformers 4's names, as Hub checkpoints hol
 )
 
 
+VIT_MSN = register(
+    VIT.but(
+        "ViTMSN",
+        ("vit_msn",),
+        {"encoder.block.norm.eps": F("layer_norm_eps", 1e-6)},
+        drop=("encoder_stride", "pooler_output_size", "pooler_act"),  # no pooler, no masked-image decoder
+    )
+)
+"""ViT-MSN (Assran et al. 2022): ViT's tower and classifier, without ViT's pooler or its decoder's fields."""
+
+
 DEIT = register(
     VIT.but(
         "DeiT",

@@ -351,9 +351,9 @@ class Table:
                     "computes what this config describes",
                     "leave the field out if it is unset, or ask for the field to be mapped",
                 )
+        suffix = self._class(c)  # a class not read is named first (T5's token classifier is no encoder-decoder)
         for o in self.only:
             c.only(o.name, o.default, o.allowed, o.why)
-        suffix = self._class(c)
         data: dict[str, Any] = {
             "specvit": 1,
             "name": f"{c.model_type}_from_hf",

@@ -118,7 +118,7 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
                 best = (rank, table.name + suffix, diffs)
     closest = f"; the closest, HF {best[1]}, differs: " + "; ".join(best[2][:6]) if best else ""
     untabled = [f.name for f in FAMILIES if own in f.model_types and own not in TABLES]
-    if untabled:  # GPT-NeoX and BLOOM are read by a function, not a table
+    if untabled:  # MAE pre-training is read by a function, not a table
         closest = (
             f" (HF {untabled[0]} is read by a converter that is no table, so cannot run backwards)" + closest
         )
