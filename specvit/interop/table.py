@@ -351,7 +351,8 @@ class Table:
                     "computes what this config describes",
                     "leave the field out if it is unset, or ask for the field to be mapped",
                 )
-        suffix = self._class(c)  # a class not read is named first (T5's token classifier is no encoder-decoder)
+        # a class not read is named first (T5's token classifier is no encoder-decoder)
+        suffix = self._class(c)
         for o in self.only:
             c.only(o.name, o.default, o.allowed, o.why)
         data: dict[str, Any] = {
