@@ -76,7 +76,16 @@ def _leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(".") or p.name.endswith(".tmp"))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+# SIGINT in the default run; SIGTERM and SIGHUP take the same handler, so they run with the slow tests
+@pytest.mark.parametrize(
+    "signum",
+    [
+        pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
+        signal.SIGINT,
+        pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+    ],
+    ids=lambda s: s.name,
+)
 def test_a_signal_while_a_save_writes_leaves_the_old_checkpoint(signum: int, old: Path) -> None:
     before = {n: (old / n).read_bytes() for n in ("spec.yaml", "model.safetensors", "checkpoint.json")}
     run = _save_and_signal(old, "staging", signum)
@@ -87,7 +96,9 @@ def test_a_signal_while_a_save_writes_leaves_the_old_checkpoint(signum: int, old
     assert specvit.load_pretrained(old).spec == specvit.load_spec(MNIST, overrides=OLD)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "signum", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT], ids=lambda s: s.name
+)
 def test_a_signal_while_a_save_renames_waits_until_the_new_one_is_whole(signum: int, old: Path) -> None:
     run = _save_and_signal(old, "commit", signum)
     assert run.returncode == -signum, run.stderr
@@ -95,7 +106,9 @@ def test_a_signal_while_a_save_renames_waits_until_the_new_one_is_whole(signum: 
     assert specvit.load_pretrained(old).spec == specvit.load_spec(MNIST, overrides=NEW)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "signum", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT], ids=lambda s: s.name
+)
 def test_a_signal_at_any_moment_of_a_save_leaves_one_whole_checkpoint(signum: int, old: Path) -> None:
     run = _save_and_signal(old, "external", signum)
     assert run.returncode in (-signum, 0), run.stderr

@@ -174,7 +174,9 @@ def test_diagram_shows_beits_relative_bias_layer_scale_and_pooling() -> None:
     assert '"head.pool" -> "head.norm"' in dot and '"encoder.blocks.0.add2" -> "head.pool"' in dot  # fc_norm
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["per-layer", "shared"])
+@pytest.mark.parametrize(
+    "shared", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["per-layer", "shared"]
+)  # one in the default run
 def test_beit_exports_to_onnx_with_a_dynamic_batch(shared: bool, tmp_path: Path) -> None:
     """An SDPA with the relative bias as its float mask exports (see specvit.nn.attention._attend)."""
     ort = pytest.importorskip("onnxruntime")
