@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,12 @@ SIZES = dict(
 THETA = {"rope_type": "default", "rope_theta": 50.0}
 
 Case = tuple[str, str, dict[str, Any], list[tuple[Any, ...]]]
+Read = Callable[[nn.Module], Any]
+"""What ``from_hf`` is given of HF's model: the model itself (its class read too), or its config."""
+
+
+def whole(ref: nn.Module) -> Any:
+    return ref
 
 
 def table(family: str) -> Table:
@@ -46,20 +53,20 @@ def tokens(seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (2, N), generator=torch.Generator().manual_seed(seed))
 
 
-def logits(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """specvit's logits (through from_hf(model) and the converter; an MoE's beside its router loss) and HF's,
-    on the same tokens."""
-    model = converted(ref, specvit.from_hf(ref))
+def logits(ref: nn.Module, read: Read = whole) -> tuple[torch.Tensor, torch.Tensor]:
+    """specvit's logits (through from_hf(read(model)) and the converter; an MoE's beside its router loss) and
+    HF's, on the same tokens."""
+    model = converted(ref, specvit.from_hf(read(ref)))
     with torch.no_grad():
         ours = model(tokens())
         return ours["logits"] if isinstance(ours, dict) else ours, ref(input_ids=tokens()).logits
 
 
-def check_parity(ref: nn.Module) -> None:
+def check_parity(ref: nn.Module, read: Read = whole) -> None:
     """The same logits and the same 12 greedy tokens (none a degenerate repeat) as HF."""
-    ours, theirs = logits(ref)
+    ours, theirs = logits(ref, read)
     assert (ours - theirs).abs().max().item() <= ATOL
-    model = converted(ref, specvit.from_hf(ref))
+    model = converted(ref, specvit.from_hf(read(ref)))
     prompt = tokens(2)[:, :4]
     with torch.no_grad():
         got = model.generate(prompt, 12)
@@ -74,12 +81,14 @@ def check_parity(ref: nn.Module) -> None:
     assert any(len(set(row[4:].tolist())) > 1 for row in got)
 
 
-def check_switch(case: Case, field: str | tuple[str, ...], value: Any, others: dict[str, Any]) -> None:
+def check_switch(
+    case: Case, field: str | tuple[str, ...], value: Any, others: dict[str, Any], read: Read = whole
+) -> None:
     """The field switched (or several, to values given as a tuple): specvit follows HF, and HF's output moved
     (the control)."""
     change = dict(zip(field, value, strict=True)) if isinstance(field, tuple) else {field: value}
     ref = hf(case, **(others | change))
-    ours, theirs = logits(ref)
+    ours, theirs = logits(ref, read)
     assert (ours - theirs).abs().max().item() <= ATOL
     key = repr((case[:3], others))
     if key not in _BEFORE:  # HF's logits of the base, computed once for every field switched from it

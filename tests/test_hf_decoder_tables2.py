@@ -15,15 +15,23 @@ from typing import Any
 
 import pytest
 import torch
-from reference import check_refused, check_table_defaults, converted, hf_noised, unswitched
+from decoder_tables import (
+    ATOL,
+    VOCAB,
+    check_defaults,
+    check_parity,
+    check_switch,
+    check_switched,
+    check_unread,
+    hf,
+    tokens,
+)
+from reference import converted
 from torch import nn
 
 import specvit
 from specvit.errors import SpecError
-from specvit.interop.table import TABLES, F, Table
 
-VOCAB, N, ATOL, NOISE = 97, 16, 1e-4, 0.08
-IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=None)  # no end token: HF would hold it back
 SIZES = dict(vocab_size=VOCAB, num_hidden_layers=2, hidden_size=48, num_attention_heads=4)
 LLAMA_NAMED = SIZES | dict(intermediate_size=40)
 GPT2_NAMED = dict(vocab_size=VOCAB, n_layer=2, n_embd=48, n_head=4, n_positions=64)
@@ -113,48 +121,17 @@ CHECKED = {"word_embed_proj_dim"}
 """Read only to refuse other values (test_values_a_table_cannot_state_are_refused)."""
 
 
-def _table(family: str) -> Table:
-    import specvit.interop.hf  # noqa: F401  (registers every family)
-
-    return TABLES[family]
-
-
 def _hf(family: str, seed: int = 0, **change: Any) -> nn.Module:
-    import transformers
-
-    config_name, model_name, kw, _ = CASES[family]
-    return hf_noised(model_name, getattr(transformers, config_name)(**(kw | IDS | change)), seed, NOISE)
+    return hf(CASES[family], seed, **change)
 
 
-def _tokens(seed: int = 1) -> torch.Tensor:
-    return torch.randint(3, VOCAB, (2, N), generator=torch.Generator().manual_seed(seed))
-
-
-def _logits(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """specvit's logits (through from_hf and the converter) and HF's, on the same tokens."""
-    model = converted(ref, specvit.from_hf(ref.config))
-    with torch.no_grad():
-        return model(_tokens()), ref(input_ids=_tokens()).logits
+def _config(ref: nn.Module) -> Any:
+    return ref.config  # these families are read from their configs
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_logits_and_greedy_tokens_are_transformers(family: str) -> None:
-    ref = _hf(family)
-    ours, theirs = _logits(ref)
-    assert (ours - theirs).abs().max().item() <= ATOL
-    model = converted(ref, specvit.from_hf(ref.config))
-    prompt = _tokens(2)[:, :4]
-    with torch.no_grad():
-        got = model.generate(prompt, 12)
-        want = ref.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=12,
-            min_new_tokens=12,
-            do_sample=False,
-        )
-    assert torch.equal(got, want)
-    assert any(len(set(row[4:].tolist())) > 1 for row in got)  # not a degenerate repeat
+    check_parity(_hf(family), _config)
 
 
 @pytest.mark.parametrize(
@@ -164,50 +141,24 @@ def test_logits_and_greedy_tokens_are_transformers(family: str) -> None:
 def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
     family: str, field: str, value: Any, others: dict[str, Any]
 ) -> None:
-    base = _hf(family, **others)
-    ref = _hf(family, **(others | {field: value}))
-    ours, theirs = _logits(ref)
-    assert (ours - theirs).abs().max().item() <= ATOL
-    with torch.no_grad():
-        before = base(input_ids=_tokens()).logits
-    assert before.shape == theirs.shape
-    assert (before - theirs).abs().max().item() > 10 * ATOL  # the control: the field changes what HF computes
+    check_switch(CASES[family], field, value, others, _config)
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
-    switched = {switch[0] for switch in CASES[family][3]}
-    untested = unswitched(_table(family), switched, SHAPES_ONLY, TRAINING_ONLY, ROPE, CHECKED)
-    assert not untested, f"{family}: fields read but never switched: {untested}"
+    check_switched(family, CASES[family], SHAPES_ONLY, TRAINING_ONLY, ROPE, CHECKED)
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     """Each field's default is the class's, and a config that gives no field at all (a config.json of the
     model type alone) is the spec of the class's defaults, derived values (n_inner, multi_query) included."""
-    import transformers
-
-    assert any(isinstance(v, F) and v.default is not None for v in _table(family).entries().values())
-    check_table_defaults(_table(family), CASES[family][0], family, whole=False)
-    assert _dump({"model_type": family}) == _dump(getattr(transformers, CASES[family][0])())
-
-
-def _dump(config: Any) -> dict[str, Any]:
-    """The spec of a config as data, kv_heads written as null where it equals heads (a config class writes
-    num_key_value_heads = num_attention_heads in; a config.json may leave it out)."""
-    data = specvit.from_hf(config).model_dump(exclude={"description"})
-    block = data["decoder"]["block"]
-    if block["kv_heads"] == block["heads"]:
-        block["kv_heads"] = None
-    return data
+    check_defaults(family, CASES[family])
 
 
 @pytest.mark.parametrize("family", CASES)
 def test_a_field_no_table_reads_is_refused(family: str) -> None:
-    message = f"config.clip_logits: {family} config has clip_logits=4.0: specvit's"
-    check_refused(
-        _hf(family).config.to_dict(), {"clip_logits": 4.0}, message
-    )  # every field of the class is read
+    check_unread(family, CASES[family])  # every field of the class is read
 
 
 @pytest.mark.parametrize(
@@ -299,7 +250,7 @@ def test_the_base_model_class_has_no_head(family: str, base_class: str, backbone
     assert spec.head.kind == "none"
     model = converted(base, spec)
     with torch.no_grad():
-        diff = (model(_tokens()) - base(input_ids=_tokens()).last_hidden_state).abs().max().item()
+        diff = (model(tokens()) - base(input_ids=tokens()).last_hidden_state).abs().max().item()
     assert diff <= ATOL
 
 
