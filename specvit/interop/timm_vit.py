@@ -10,7 +10,16 @@ from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patche
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.spec.schema import ImageInput, Spec
 
-__all__ = ["image_input", "mlp_spec", "vit_block", "vit_blocks", "vit_layout", "vit_spec"]
+__all__ = [
+    "image_input",
+    "mlp_spec",
+    "vit_block",
+    "vit_blocks",
+    "vit_head",
+    "vit_layout",
+    "vit_spec",
+    "vit_stack",
+]
 
 
 def image_input(r: Reader) -> dict[str, Any]:
@@ -116,8 +125,46 @@ def vit_spec(r: Reader) -> dict[str, Any]:
     position: Any = "none"
     if m.pos_embed is not None:
         position = {"kind": "learned", "include_prefix": not m.no_embed_class}
+    return {
+        "specvit": 1,
+        "name": "timm_vision_transformer",
+        "description": "timm VisionTransformer, imported by specvit.from_timm.",
+        "model": "encoder",
+        "encoder": {
+            "input": image_input(r),
+            "prefix": prefix,
+            "position": position,
+            **vit_stack(r, blocks, block, "pos_drop"),
+        },
+        "head": vit_head(r, block),
+    }
+
+
+def vit_stack(r: Reader, blocks: list[str], block: dict[str, Any], pos_drop: str) -> dict[str, Any]:
+    """The fields of a timm ViT-like encoder past its input, prefix and positions: width, depth, the
+    block, dropouts (the embedding's at ``pos_drop``), stochastic depth and the norms around the blocks."""
+    m = r.model
+    return {
+        "width": m.embed_dim,
+        "depth": len(blocks),
+        "block": block,
+        "dropout": {
+            "embedding": r.dropout(pos_drop),
+            "attention": r.dropout("blocks.0.attn.attn_drop"),
+            "projection": r.dropout("blocks.0.attn.proj_drop"),
+            "mlp": r.dropout("blocks.0.mlp.drop1"),
+        },
+        "drop_path": r.drop_path(blocks),
+        "embed_norm": type(m.norm_pre).__name__ != "Identity",
+        "final_norm": type(m.norm).__name__ != "Identity",
+    }
+
+
+def vit_head(r: Reader, block: dict[str, Any]) -> Any:
+    """The ``head:`` of a timm ViT-like model (``global_pool``, ``fc_norm``, ``head_drop``, ``head``,
+    ``attn_pool``), after checking that its norms outside the blocks are the blocks' norm."""
+    m = r.model
     fc_norm = type(m.fc_norm).__name__ != "Identity"
-    final_norm = type(m.norm).__name__ != "Identity"
     for which in ("norm", "fc_norm", "norm_pre"):
         if type(getattr(m, which)).__name__ != "Identity" and r.norm(which) != _norm_only(block):
             raise r.refuse(which, r.norm(which), "specvit's norms outside blocks are the blocks' norm", "")
@@ -136,30 +183,7 @@ def vit_spec(r: Reader) -> dict[str, Any]:
         raise r.refuse("global_pool", m.global_pool, "a classifier needs pooling", "use 'token' or 'avg'")
     elif fc_norm:
         raise r.refuse("fc_norm", r.norm("fc_norm"), "a norm of features that are not pooled", "")
-    return {
-        "specvit": 1,
-        "name": "timm_vision_transformer",
-        "description": "timm VisionTransformer, imported by specvit.from_timm.",
-        "model": "encoder",
-        "encoder": {
-            "input": image_input(r),
-            "prefix": prefix,
-            "position": position,
-            "width": m.embed_dim,
-            "depth": len(blocks),
-            "block": block,
-            "dropout": {
-                "embedding": r.dropout("pos_drop"),
-                "attention": r.dropout("blocks.0.attn.attn_drop"),
-                "projection": r.dropout("blocks.0.attn.proj_drop"),
-                "mlp": r.dropout("blocks.0.mlp.drop1"),
-            },
-            "drop_path": r.drop_path(blocks),
-            "embed_norm": type(m.norm_pre).__name__ != "Identity",
-            "final_norm": final_norm,
-        },
-        "head": head,
-    }
+    return head
 
 
 def probe_spec(r: Reader, block: dict[str, Any]) -> dict[str, Any]:

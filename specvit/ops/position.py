@@ -17,6 +17,7 @@ from specvit.errors import Problem, SpecError
 from specvit.ops.base import MAX_LEN, Dims, Filler, Fragment, Op, Params, Shape, StackCtx, fragment, op
 from specvit.ops.block import BlockCtx, block_input
 from specvit.ops.facts import SpecView, StackView
+from specvit.ops.resampled import ResampledParams, TableGrid
 from specvit.ops.structure import DropParams
 
 if TYPE_CHECKING:
@@ -159,6 +160,12 @@ class LearnedPosition(PositionFragment):
         le=1024,
         description="Rows before position 0 (BART and OPT: 2); the table has max_len + offset.",
     )
+    grid: TableGrid | None = Field(
+        None,
+        description="Images: the table's own patch grid, resampled to the image's on every forward (timm's "
+        "NaFlexVit keeps one 16 x 16 table for every image size); needs include_prefix: false. null: the "
+        "table is the image's grid.",
+    )
 
     def phase(self) -> Phase:
         return "tokens" if self.include_prefix else "before_prefix"
@@ -166,6 +173,19 @@ class LearnedPosition(PositionFragment):
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         from specvit.ops.inputs import ImageInput, SignalInput
 
+        if self.grid is not None:
+            image = isinstance(stack.input, ImageInput)
+            return _needs(
+                f"{at}.grid",
+                image,
+                "a resampled table needs an image input (a grid of patches)",
+                "remove grid",
+            ) + _needs(
+                f"{at}.include_prefix",
+                not self.include_prefix and self.max_len is None,
+                "a resampled table covers the patches only, without max_len",
+                "set include_prefix: false and remove max_len",
+            )
         if isinstance(stack.input, ImageInput | SignalInput):
             needed = stack.input.tokens + (stack.num_prefix if self.include_prefix else 0)
             if self.max_len is not None and self.max_len != needed:
@@ -188,6 +208,18 @@ class LearnedPosition(PositionFragment):
         return []
 
     def lower(self, ctx: StackCtx) -> None:
+        if self.grid is not None:
+            assert ctx.grid is not None  # an image input (the check)
+            g, width = self.grid, ctx.stack.facts.embedding_width
+            resampled = ResampledParams(g.size, ctx.grid, width, g.mode, g.antialias)
+            ctx.x = ctx.add(
+                f"{ctx.role}.pos_embed",
+                "pos_resampled",
+                resampled,
+                {"x": ctx.x},
+                source=f"{ctx.role}.position",
+            )
+            return
         needed = ctx.dims.size(ctx.n)
         if self.max_len is not None and needed > self.max_len:
             symbol = str(ctx.n).split("+")[0]
