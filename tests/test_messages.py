@@ -267,6 +267,8 @@ def test_set_into_a_shorthand_kind_expands_it() -> None:
         "base": 100.0,
         "layout": "sections",
         "ref_grid": None,
+        "axes": "ij",
+        "frequencies": "fixed",
     }
     listed = VIT.replace("position: learned", "position: [learned, rope2d]")
     spec = specvit.parse_spec(listed, overrides={"encoder.position.1.base": 100})

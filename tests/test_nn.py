@@ -21,7 +21,6 @@ from specvit.nn.mlp import GluMlp, Mlp, build_mlp
 from specvit.nn.position import (
     LearnedPosition,
     Rope,
-    Rope2d,
     SinCos2dPosition,
     SinCosPosition,
     apply_rope,
@@ -29,6 +28,7 @@ from specvit.nn.position import (
     sincos_1d,
     sincos_2d,
 )
+from specvit.nn.rope2d import Rope2d
 
 
 def assert_close(actual: Tensor, expected: Tensor, atol: float = 1e-5) -> None:

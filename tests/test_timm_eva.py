@@ -18,7 +18,8 @@ from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
 import specvit
 from specvit.diagram import to_dot
 from specvit.errors import SpecError
-from specvit.nn.position import Rope2d, apply_rope
+from specvit.nn.position import apply_rope
+from specvit.nn.rope2d import Rope2d
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,13 +128,15 @@ def test_rope2d_tables_equal_timm_rotary_embedding_cat(
 
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "a norm before the output projection": ({"scale_attn_inner": True}, "model.blocks.0.attn.norm"),
-    "xy rope grid": ({"rope_grid_indexing": "xy"}, "model.rope.grid_indexing"),
     "attention-only layer scale": (
         {"init_values": 0.1, "attn_only_layer_scale": True},
         "model.blocks.0.gamma_2",
     ),
     "post-norm block class": ({"use_post_norm": True}, "model.blocks.0: Eva has blocks.0: EvaBlockPostNorm"),
-    "learned rope frequencies": ({"rope_type": "mixed"}, "model.rope: Eva has rope: RotaryEmbeddingMixed"),
+    "rope coordinates in pixels": (
+        {"rope_type": "dinov3"},
+        "model.rope: Eva has rope: RotaryEmbeddingDinoV3",
+    ),
 }
 
 

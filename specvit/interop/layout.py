@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from specvit.spec.schema import Spec, StackSpec
 
 __all__ = [
+    "BlockSlice",
     "Entry",
     "Layout",
     "Misfit",
@@ -122,6 +123,23 @@ class RowShare:
         return ts[0][start : start + unit * self.shares[self.part]]
 
 
+@dataclass(frozen=True)
+class BlockSlice:
+    """Block i's slice of a tensor that stacks every block's along ``dim`` (timm's RoPE-Mixed frequencies,
+    (2, depth, H, hd/2)): :meth:`Layout.sources` binds ``index`` to the target's block.
+
+    Args:
+        dim: the blocks' dimension.
+        index: the block, bound per target.
+    """
+
+    dim: int
+    index: int = -1
+
+    def __call__(self, ts: Sequence[Tensor]) -> Tensor:
+        return ts[0].select(self.dim, self.index).contiguous()
+
+
 def rows(start: int, stop: int | None) -> Transform:
     """Rows ``start:stop`` of a packed projection, e.g. ``q`` or ``kv`` out of an ``in_proj``."""
 
@@ -189,6 +207,8 @@ class Layout:
         if entry is None:
             return None
         templates, transform = entry
+        if isinstance(transform, BlockSlice):
+            transform = BlockSlice(transform.dim, int(index))
         return tuple(t.format(i=index, p=param) for t in templates), transform
 
     def ignored(self, key: str) -> bool:

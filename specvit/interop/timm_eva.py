@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, cat, one, patches, same
+from specvit.interop.layout import BlockSlice, Entry, Layout, cat, one, patches, same
 from specvit.interop.timm import Reader, TimmFamily, timm_family
 from specvit.interop.timm_vit import image_input, vit_blocks
 from specvit.spec.schema import Spec
@@ -50,25 +50,41 @@ def _mlp(r: Reader, path: str, block: dict[str, Any]) -> dict[str, Any]:
     return {**mlp, "bias": _bias(r, f"{path}.fc2"), "norm": inner}
 
 
+def _qkv_bias(r: Reader, attn: str) -> Any:
+    """EvaAttention's q and v biases (no k bias), or AttentionRope's biases on all three."""
+    rope = type(r.at(attn)).__name__ == "AttentionRope"
+    if r.at(f"{attn}.qkv") is not None:  # fused: EVA's q_bias and v_bias parameters, k_bias a zero buffer
+        biased = _bias(r, f"{attn}.qkv") if rope else r.at(f"{attn}.q_bias") is not None
+    else:
+        biased = _bias(r, f"{attn}.q_proj")
+        if (_bias(r, f"{attn}.k_proj") != (biased and rope)) or _bias(r, f"{attn}.v_proj") != biased:
+            why = "AttentionRope biases q, k and v alike" if rope else "EVA's k projection has no bias"
+            raise r.refuse(f"{attn}.k_proj.bias", _bias(r, f"{attn}.k_proj"), why, "")
+    if not biased:
+        return False
+    return True if rope else [True, False, True]
+
+
+def _kv_heads(r: Reader, attn: str) -> dict[str, Any]:
+    """AttentionRope's grouped keys and values (``num_kv_heads``), each shared by consecutive query heads."""
+    kv = getattr(r.at(attn), "num_kv_heads", None)
+    return {} if kv in (None, r.at(f"{attn}.num_heads")) else {"kv_heads": kv}
+
+
 def eva_block(r: Reader, path: str) -> dict[str, Any]:
-    """The spec ``block:`` of one timm ``EvaBlock`` (pre-norm, ``EvaAttention``)."""
+    """The spec ``block:`` of one timm ``EvaBlock`` (pre-norm, ``EvaAttention`` or ``AttentionRope``)."""
     attn = f"{path}.attn"  # other block and attention classes are refused by the family's module list
     r.absent(f"{attn}.norm", "a norm before the attention's output projection (scale_attn_inner)")
     if r.at(f"{attn}.gate") is not None:
         raise r.refuse(f"{attn}.gate", "Linear", "gated attention has no spec", "gated_attn=False")
     heads, head_dim = r.at(f"{attn}.num_heads"), r.at(f"{attn}.head_dim")
-    if r.at(f"{attn}.qkv") is not None:  # fused: q_bias and v_bias parameters, k_bias a zero buffer
-        qv_bias = r.at(f"{attn}.q_bias") is not None
-    else:
-        qv_bias = _bias(r, f"{attn}.q_proj")
-        if _bias(r, f"{attn}.k_proj") or _bias(r, f"{attn}.v_proj") != qv_bias:
-            raise r.refuse(f"{attn}.k_proj.bias", "present", "EVA's k projection has no bias", "")
     qk_norm = type(r.at(f"{attn}.q_norm")).__name__ != "Identity"
     block: dict[str, Any] = {
         "heads": heads,
         "head_dim": head_dim,
+        **_kv_heads(r, attn),
         "norm": {**r.norm(f"{path}.norm1"), "placement": "pre"},
-        "qkv_bias": [True, False, True] if qv_bias else False,
+        "qkv_bias": _qkv_bias(r, attn),
         "proj_bias": _bias(r, f"{attn}.proj"),
         "qk_norm": qk_norm,
         "attention_scale": r.scale(attn, head_dim),
@@ -88,28 +104,41 @@ def eva_block(r: Reader, path: str) -> dict[str, Any]:
 
 
 def _rope(r: Reader, grid: tuple[int, int]) -> dict[str, Any]:
-    """``rope2d`` of timm's ``RotaryEmbeddingCat`` as EVA builds it (``rope_type='cat'``)."""
+    """``rope2d`` of timm's ``RotaryEmbeddingCat`` as EVA builds it (``rope_type='cat'``), or of its
+    ``RotaryEmbeddingMixed`` (``rope_type='mixed'``: learned frequencies, one set per block)."""
     rope = r.at("rope")
-    for path, allowed, why in (
-        ("rope.in_pixels", [False], "specvit's 2D RoPE is over patch indexes"),
-        ("rope.grid_type", ["index"], "specvit's 2D RoPE is over patch indexes"),
-        ("rope.grid_offset", [0.0], "specvit's patch coordinates start at 0"),
-        ("rope.grid_indexing", ["ij"], "specvit rotates the first pairs by the row ('ij')"),
+    mixed = type(rope).__name__ == "RotaryEmbeddingMixed"
+    checks: list[tuple[str, Any, str]] = [
         ("rope.aug_active", [False], "coordinate augmentation changes the positions in training"),
         ("rope.feat_shape", [list(grid), grid], "specvit's rotary table is the patch grid's"),
-        ("rope.dim", [r.at("blocks.0.attn.head_dim")], "the rotary width is not the attention's head dim"),
-    ):
+    ]
+    if not mixed:
+        checks += [
+            ("rope.in_pixels", [False], "specvit's 2D RoPE is over patch indexes"),
+            ("rope.grid_type", ["index"], "specvit's 2D RoPE is over patch indexes"),
+            ("rope.grid_offset", [0.0], "specvit's patch coordinates start at 0"),
+            (
+                "rope.dim",
+                [r.at("blocks.0.attn.head_dim")],
+                "the rotary width is not the attention's head dim",
+            ),
+        ]
+    for path, allowed, why in checks:
         r.only(path, allowed, why)
+    r.only("rope.grid_indexing", ["ij", "xy"], "specvit's grid axes are ij or xy")
+    half = bool(getattr(rope, "rotate_half", False))
     for i in range(len(r.model.blocks)):
         attn = f"blocks.{i}.attn"
-        r.only(f"{attn}.rotate_half", [rope.rotate_half], "the attention and its table disagree")
+        r.only(f"{attn}.rotate_half", [half], "the attention and its table disagree")
         r.only(f"{attn}.num_prefix_tokens", [r.model.num_prefix_tokens], "all prefix tokens stay unrotated")
-    ref = rope.ref_feat_shape
+    ref = None if mixed else rope.ref_feat_shape
     return {
         "kind": "rope2d",
         "base": float(rope.temperature),
-        "layout": "half" if rope.rotate_half else "interleaved",
+        "layout": "half" if half else "interleaved",
         "ref_grid": None if ref is None else [int(ref[0]), int(ref[1])],
+        "axes": rope.grid_indexing,
+        "frequencies": "learned" if mixed else "fixed",
     }
 
 
@@ -180,10 +209,12 @@ def eva_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     separate = any(".attn.q_proj." in k for k in keys)
     if separate:
         qkv: Entry = ((layer + "q_proj.weight", layer + "k_proj.weight", layer + "v_proj.weight"), cat)
+        qkv_bias: Entry = ((layer + "q_proj.bias", layer + "k_proj.bias", layer + "v_proj.bias"), cat)
         q_bias, v_bias = one(layer + "q_proj.bias"), one(layer + "v_proj.bias")
     else:
         qkv, q_bias, v_bias = one(layer + "qkv.weight"), one(layer + "q_bias"), one(layer + "v_bias")
-    table = {
+        qkv_bias = one(layer + "qkv.bias")  # AttentionRope's, on q, k and v
+    table: dict[str, Entry] = {
         "encoder.patch_embed.proj.{p}": one(
             "patch_embed.proj.{p}", patches if image.projection == "linear" else same
         ),
@@ -192,6 +223,7 @@ def eva_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         "encoder.pos_embed.weight": one("pos_embed"),
         "encoder.embed_norm.{p}": one("norm_pre.{p}"),
         block + "attn.qkv.weight": qkv,
+        block + "attn.qkv.bias": qkv_bias,
         block + "attn.q_bias": q_bias,
         block + "attn.v_bias": v_bias,
         block + "mlp.fc1.{p}": fc1,
@@ -200,20 +232,21 @@ def eva_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         "encoder.norm.{p}": one("norm.{p}"),
         "head.norm.{p}": one("fc_norm.{p}"),
         "head.fc.{p}": one("head.{p}"),
+        block + "rope.freqs": (("rope.freqs",), BlockSlice(1)),  # RoPE-Mixed: (2, depth, H, hd/2)
     }
     for part in ("norm1", "attn.q_norm", "attn.k_norm", "attn.proj", "norm2", "mlp.norm", "mlp.fc2"):
         table[block + part + ".{p}"] = one("blocks.{i}." + part + ".{p}")  # named as specvit names them
-    return Layout(name, table, ignore=(r"blocks\.\d+\.attn\.k_bias", r"rope\..*"))
+    return Layout(name, table, ignore=(r"blocks\.\d+\.attn\.k_bias", r"rope\.(?!freqs$).*"))
 
 
 timm_family(
     TimmFamily(
         classes=("Eva",),
         modules=frozenset(
-            {"PatchEmbed", "EvaBlock", "EvaAttention", "Mlp", "SwiGLU", "GluMlp", "RmsNorm"}
-            | {"RotaryEmbeddingCat", "GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
+            {"PatchEmbed", "EvaBlock", "EvaAttention", "AttentionRope", "Mlp", "SwiGLU", "GluMlp", "RmsNorm"}
+            | {"RotaryEmbeddingCat", "RotaryEmbeddingMixed", "GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
         ),
-        keys=r"blocks\.\d+\.(attn\.q_proj\.|attn\.q_bias$|gamma_1$|mlp\.norm\.)",
+        keys=r"blocks\.\d+\.(attn\.q_proj\.|attn\.q_bias$|gamma_1$|mlp\.norm\.)|rope\.freqs$",
         spec=_eva,
         layout=eva_layout,
     )

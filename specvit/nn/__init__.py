@@ -10,7 +10,6 @@ from specvit.nn.mlp import GluMlp, Mlp, build_mlp
 from specvit.nn.position import (
     LearnedPosition,
     Rope,
-    Rope2d,
     SinCos2dPosition,
     SinCosPosition,
     Sine2dPosition,
@@ -21,6 +20,7 @@ from specvit.nn.position import (
     sincos_2d,
     sine_2d,
 )
+from specvit.nn.rope2d import Rope2d, RopeMixed
 from specvit.nn.window import WindowAttention
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "QueryEmbed",
     "Rope",
     "Rope2d",
+    "RopeMixed",
     "SelfAttention",
     "Shared",
     "SinCos2dPosition",

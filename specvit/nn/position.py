@@ -16,9 +16,6 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-Rope2dLayout = Literal["sections", "interleaved", "half"]
-"""How :class:`Rope2d` pairs a head's channels."""
-
 
 def sincos_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
     """Interleaved sin-cos table of "Attention Is All You Need".
@@ -333,91 +330,6 @@ class Rope(nn.Module):
         return f"head_dim={self.head_dim}, base={self.base}{layout}"
 
 
-class Rope2d(nn.Module):
-    """2D rotary position embedding over a row-major patch grid (CroCo's ``RoPE2D``, EVA-02's).
-
-    Every layout rotates hd/4 channel pairs by the row (y) coordinate and hd/4 by the column (x), at the
-    frequencies ``base^(-i / (hd/4))``, i < hd/4; they differ in which channels form a pair:
-
-    - ``sections`` (CroCo): the head's first half is rotated by the row, its second by the column, each
-      half by its own rotate-half RoPE (channel i with i + hd/4). Tables (P + gh*gw, 2, hd/2).
-    - ``interleaved`` (EVA-02, timm's ``RotaryEmbeddingCat``): adjacent channels (2i, 2i + 1) form a pair,
-      the first hd/4 pairs by the row, the others by the column. Tables (P + gh*gw, hd/2, 2).
-    - ``half`` (timm's ``rope_rotate_half``): channel i with i + hd/2 over the whole head, the first hd/4
-      pairs by the row, the others by the column. Tables (P + gh*gw, hd).
-
-    :func:`apply_rope` reads the layout off the tables' shape. Prefix tokens (cls / registers), which come
-    first, get the identity rotation.
-
-    Args:
-        head_dim: hd, divisible by 4.
-        grid: (gh, gw) patch grid.
-        base: RoPE theta (CroCo uses 100, EVA-02 10000).
-        num_prefix: leading prefix tokens P, left unrotated.
-        layout: ``sections``, ``interleaved`` or ``half``.
-        ref_grid: EVA's ``ref_feat_shape``: row r becomes ``r / gh * ref_h`` (columns likewise), so a
-            fine-tuning grid spans the pretraining one; None keeps the patch indexes.
-    """
-
-    def __init__(
-        self,
-        head_dim: int,
-        grid: tuple[int, int],
-        base: float = 100.0,
-        num_prefix: int = 0,
-        layout: Rope2dLayout = "sections",
-        ref_grid: tuple[int, int] | None = None,
-    ) -> None:
-        super().__init__()
-        if head_dim % 4 != 0:
-            raise ValueError(f"Rope2d needs head_dim divisible by 4, got {head_dim}")
-        if layout not in ("sections", "interleaved", "half"):
-            raise ValueError(f"Rope2d layout must be sections, interleaved or half, got {layout!r}")
-        self.head_dim = head_dim
-        self.grid = grid
-        self.base = base
-        self.num_prefix = num_prefix
-        self.layout = layout
-        self.ref_grid = ref_grid
-
-    def _coords(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        """(gh*gw,) row and column coordinates, row-major, as timm's ``_build_grid`` computes them."""
-        (gh, gw), ref = self.grid, self.ref_grid
-        ys = torch.arange(gh, device=device).to(torch.float32)  # (gh,)
-        xs = torch.arange(gw, device=device).to(torch.float32)  # (gw,)
-        if ref is not None:
-            ys, xs = ys / gh * ref[0], xs / gw * ref[1]  # EVA: the grid spans the reference grid
-        return ys.repeat_interleave(gw), xs.repeat(gh)  # (gh*gw,) each
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Float32 ``(cos, sin)`` for the tokens x: (B, P + gh*gw, D), shaped by the layout."""
-        rows, cols = self._coords(x.device)
-        half = self.head_dim // 2
-        if self.layout == "sections":
-            cos_y, sin_y = rope_tables(rows, half, self.base)  # (gh*gw, hd/2)
-            cos_x, sin_x = rope_tables(cols, half, self.base)  # (gh*gw, hd/2)
-            cos = torch.stack((cos_y, cos_x), dim=1)  # (gh*gw, 2, hd/2)
-            sin = torch.stack((sin_y, sin_x), dim=1)  # (gh*gw, 2, hd/2)
-        else:
-            inv_freq = _rope_inv_freq(half, self.base, x.device)  # (hd/4,)
-            angles = torch.cat((rows[:, None] * inv_freq, cols[:, None] * inv_freq), dim=-1)  # (gh*gw, hd/2)
-            if self.layout == "interleaved":
-                angles = torch.stack((angles, angles), dim=-1)  # (gh*gw, hd/2, 2): one angle per pair
-            else:
-                angles = torch.cat((angles, angles), dim=-1)  # (gh*gw, hd): channel i with i + hd/2
-            cos, sin = angles.cos(), angles.sin()
-        if self.num_prefix > 0:
-            ones = cos.new_ones(self.num_prefix, *cos.shape[1:])  # (P, ...) identity rotation
-            cos = torch.cat((ones, cos), dim=0)  # (P + gh*gw, ...)
-            sin = torch.cat((torch.zeros_like(ones), sin), dim=0)  # (P + gh*gw, ...)
-        return cos, sin
-
-    def extra_repr(self) -> str:
-        extra = "" if self.layout == "sections" else f", layout={self.layout}"
-        extra += "" if self.ref_grid is None else f", ref_grid={self.ref_grid}"
-        return f"head_dim={self.head_dim}, grid={self.grid}, base={self.base}, num_prefix={self.num_prefix}{extra}"
-
-
 def _rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -428,8 +340,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
     Args:
         x: (B, H, N, hd) queries or keys.
-        cos: (N, r) table from :class:`Rope` or :class:`Rope2d` (rotate-half over the first r <= hd channels),
-            or (N, S, r/S) sectioned table from :class:`Rope` or :class:`Rope2d` (the first r channels split in
+        cos: (N, r) table from :class:`Rope` or :class:`~specvit.nn.rope2d.Rope2d` (rotate-half over the first r <= hd channels),
+            or (N, S, r/S) sectioned table from :class:`Rope` or :class:`~specvit.nn.rope2d.Rope2d` (the first r channels split in
             S contiguous sections, each rotated on its own: CroCo's two halves, or r/2 interleaved pairs).
         sin: same shape as ``cos``.
 

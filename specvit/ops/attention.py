@@ -54,6 +54,10 @@ def _add(b: BlockCtx, name: str, p: AttentionParams, x: str, side: dict[str, str
     return b.add(name, configuration(p), p, {"x": x, **side}, source=source)
 
 
+LAYER_TABLES = {"bias": "rel_bias"}
+"""The node name of an attention layer's own table, by the port it feeds, where it is not the port's."""
+
+
 @sublayer
 class SelfAttentionLayer(Sublayer):
     """Every token attends to every token (or, with ``window``, to its window)."""
@@ -76,9 +80,11 @@ class SelfAttentionLayer(Sublayer):
             side.pop("rope", None)
         elif spec.rope is not None:  # a block of its own theta
             side["rope"] = b.side.get(block_rope(spec.rope.base), side["rope"])
-        for position in b.stack.stack.positions:  # a bias table of the layer's own (BEiT)
-            own = position.lower_layer(b, x, b.beside(name, "attn", "rel_bias"))
-            side["bias"] = own or side.get("bias", "")
+        for position in b.stack.stack.positions:  # a table of the layer's own (BEiT's bias, RoPE-Mixed's)
+            port = position.writes()
+            own = position.lower_layer(b, x, b.beside(name, "attn", LAYER_TABLES.get(port, port)))
+            if own:
+                side[port] = own
         return _add(b, name, p, x, side, key or source)
 
 

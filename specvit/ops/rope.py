@@ -29,8 +29,9 @@ class RopeParams(Params):
         prefix: leading tokens left unrotated (2D only).
         of: the whole head's width when only its first ``head_dim`` channels are rotated, else 0.
         layout: which channels pair up: 1D ``half`` or ``interleaved`` (see :class:`~specvit.nn.position.Rope`);
-            2D ``sections``, ``interleaved`` or ``half`` (see :class:`~specvit.nn.position.Rope2d`).
+            2D ``sections``, ``interleaved`` or ``half`` (see :class:`~specvit.nn.rope2d.Rope2d`).
         ref: 2D only: the reference grid the positions are scaled to (EVA's ``ref_feat_shape``), or None.
+        axes: 2D only: ``ij``, the first frequencies take the row; ``xy``, the column.
     """
 
     head_dim: int
@@ -40,6 +41,7 @@ class RopeParams(Params):
     of: int = 0
     layout: str = "sections"
     ref: tuple[int, int] | None = None
+    axes: str = "ij"
 
 
 @op
@@ -51,7 +53,7 @@ class RopeOp(Op):
     value = "tuple[Tensor, Tensor]"  # (cos, sin)
 
     def module_for(self, p: RopeParams) -> str:
-        return "specvit.nn.position:Rope" if p.grid is None else "specvit.nn.position:Rope2d"
+        return "specvit.nn.position:Rope" if p.grid is None else "specvit.nn.rope2d:Rope2d"
 
     def shape(self, p: RopeParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         n, hd = inputs["x"][1], p.head_dim
@@ -67,6 +69,7 @@ class RopeOp(Op):
             return {"head_dim": p.head_dim, "base": p.base, **layout}
         extra: dict[str, Any] = {} if p.layout == "sections" else {"layout": p.layout}
         extra |= {} if p.ref is None else {"ref_grid": p.ref}
+        extra |= {} if p.axes == "ij" else {"axes": p.axes}
         return {"head_dim": p.head_dim, "grid": p.grid, "base": p.base, "num_prefix": p.prefix, **extra}
 
     def label(self, p: RopeParams) -> tuple[str, ...]:
@@ -77,6 +80,7 @@ class RopeOp(Op):
         line = f"rotary 2D · grid {p.grid[0]}x{p.grid[1]} · base {p.base:g}"
         extra = [] if p.layout == "sections" else [f"{p.layout} pairs"]
         extra += [] if p.ref is None else [f"scaled to {p.ref[0]}x{p.ref[1]}"]
+        extra += [] if p.axes == "ij" else ["column first"]
         extra += [f"{p.prefix} prefix unrotated"] if p.prefix else []
         return (line, " · ".join(extra)) if extra else (line,)
 
