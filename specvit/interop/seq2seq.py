@@ -146,8 +146,9 @@ def generation(head: Head, bias: Name | None = None) -> Head:
 
 
 def _token(c: Config, key: str, default: int | None, why: str) -> int:
-    """A token id the sequence classifier computes with: refused where null (HF's class raises there)."""
-    value = c.get(key, default, int)
+    """A token id the sequence classifier computes with: refused where null (HF's class raises there); the
+    class's default where the config leaves the field out."""
+    value = c.get(key, None if key in c.values else default, int)
     if value is None:
         raise c.refuse(key, None, f"{c.model_type}'s sequence classifier {why}", "give the token's id")
     return int(value)
