@@ -222,7 +222,9 @@ def test_the_graph_is_what_runs() -> None:
     assert sequence_limits(_edited(ref, **{"decoder.position.max_len": 20, "decoder.input.shifted_source": None,
                                            "head": {"kind": "lm", "tied": True}}))["S_src"] == 32  # fmt: skip
     table = format_table(graph)
-    assert ("shift_right" in table and "last_eos" in table) or "last end-of-text" in specvit.to_dot(graph)
+    assert any(row.split()[:3] == ["decoder.shifted", "shift_right", "(B,"] for row in table.splitlines())
+    dot = specvit.to_dot(graph)  # drawn: the source into the shift, and the pool's rule
+    assert '"encoder.input" -> "decoder.shifted"' in dot and "the last end-of-text token (id 2)" in dot
 
 
 @pytest.mark.parametrize(

@@ -62,10 +62,11 @@ def shift_right(ids: Tensor, start: int | None, pad: int | None = None) -> Tenso
         ids: (B, N) token ids.
         start: the id in front; None: each row's last token that is not ``pad`` (mBART's language id, at
             ``(ids != pad).sum() - 1`` as HF finds it).
-        pad: the padding id, read where ``start`` is None.
+        pad: the padding id, read where ``start`` is None (None: no token is padding).
     """
     if start is None:
-        index = (ids != pad).sum(dim=-1, keepdim=True) - 1  # (B, 1)
+        real = ids.ne(pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)  # (B, N)
+        index = real.sum(dim=-1, keepdim=True) - 1  # (B, 1)
         first = ids.gather(1, index)  # (B, 1)
     else:
         first = ids.new_full((ids.shape[0], 1), start)  # (B, 1)

@@ -191,7 +191,7 @@ class TokensInput(InputFragment):
         if self.shifted_source == "last" and self.padding_idx is None:
             why = "shifted_source last puts the last token that is not padding first, and there is no padding_idx"
             return [Problem(key, why, "set padding_idx, or give a start id")]
-        if self.shifted_source != "last" and self.shifted_source >= self.vocab:
+        if isinstance(self.shifted_source, int) and self.shifted_source >= self.vocab:
             why = f"start id {self.shifted_source} is outside the vocabulary of {self.vocab}"
             return [Problem(key, why, f"use an id below {self.vocab}")]
         return []
