@@ -198,6 +198,18 @@ def test_the_model_takes_the_source_alone() -> None:
         assert torch.equal(ejected(src, mask == 0), want)
 
 
+@pytest.mark.slow
+def test_the_exported_model_takes_the_source_alone() -> None:
+    """torch.export of ``model(src)``: the source's length stays dynamic (the shift cuts after joining)."""
+    ref = _hf("bart")
+    model = converted(ref, specvit.from_hf(hf_config(ref)))
+    src, _ = _ids(ref.config)
+    exported = specvit.export_program(model).module()
+    with torch.no_grad():
+        for ids in (src, src[:, :9], src[:, :2]):
+            assert (exported(ids) - model(ids)).abs().max().item() <= 1e-5
+
+
 def test_the_graph_is_what_runs() -> None:
     """The shift and the pool are nodes: the traced model is the graph, shapes on the meta device are the
     declared ones, and the source's length is bounded by both position tables."""

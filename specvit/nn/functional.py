@@ -70,7 +70,7 @@ def shift_right(ids: Tensor, start: int | None, pad: int | None = None) -> Tenso
         first = ids.gather(1, index)  # (B, 1)
     else:
         first = ids.new_full((ids.shape[0], 1), start)  # (B, 1)
-    return torch.cat((first, ids[:, :-1]), dim=1)  # (B, N)
+    return torch.cat((first, ids), dim=1)[:, :-1]  # (B, N): cut after the cat, no part of length N - 1 (export)
 
 
 def last_pool(x: Tensor, mask: Tensor | None = None) -> Tensor:
