@@ -70,7 +70,8 @@ def shift_right(ids: Tensor, start: int | None, pad: int | None = None) -> Tenso
         first = ids.gather(1, index)  # (B, 1)
     else:
         first = ids.new_full((ids.shape[0], 1), start)  # (B, 1)
-    return torch.cat((first, ids), dim=1)[:, :-1]  # (B, N): cut after the cat, no part of length N - 1 (export)
+    # cut after joining: a part of length N - 1 would make torch.export guard N != 2
+    return torch.cat((first, ids), dim=1)[:, :-1]  # (B, N)
 
 
 def last_pool(x: Tensor, mask: Tensor | None = None) -> Tensor:
