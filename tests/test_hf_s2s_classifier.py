@@ -198,7 +198,6 @@ def test_the_model_takes_the_source_alone() -> None:
         assert torch.equal(ejected(src, mask == 0), want)
 
 
-@pytest.mark.slow
 def test_the_exported_model_takes_the_source_alone() -> None:
     """torch.export of ``model(src)``: the source's length stays dynamic (the shift cuts after joining)."""
     ref = _hf("bart")
