@@ -312,3 +312,21 @@ def test_a_shift_of_an_encoder_reading_no_ids_and_an_eos_pool_of_no_ids_are_refu
     with pytest.raises(SpecError, match="pool last_eos picks the end-of-text token of a token input"):
         parse_spec(image, source="image")
     parse_spec(image | {"head": {"kind": "classifier", "classes": 2, "pool": "mean"}}, source="control")
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_a_left_padded_source_is_transformers(family: str) -> None:
+    """Padding in front: the encoder masks it, the decoder reads it shifted (HF's decoder masks none), and
+    mBART's start is the token at (ids != pad).sum() - 1, as HF finds it, whatever it is."""
+    ref = _hf(family, seed=3)
+    model = converted(ref, specvit.from_hf(hf_config(ref)))
+    src, _ = _ids(ref.config)
+    pad = 1 if family in ("bart", "mbart") else 0
+    src[1] = torch.cat((torch.full((4,), pad), src[1, :9]))  # the second row's 9 tokens after 4 pads
+    mask = (src != pad).long()
+    with torch.no_grad():
+        theirs = ref(input_ids=src, attention_mask=mask).logits
+        ours = model(src, src_key_padding_mask=mask == 0)
+        unmasked = ref(input_ids=src).logits  # the control: the padding mask changes what HF computes
+    assert (ours - theirs).abs().max().item() <= ATOL
+    assert (unmasked - theirs).abs().max().item() > 10 * ATOL
