@@ -60,7 +60,11 @@ def sequence_limits(source: ArchGraph | Spec) -> dict[str, int]:
     else:
         kind, facts = source.model, {role: stack.facts for role, stack in source.stacks.items()}
     if kind == "encoder_decoder":
-        return {"S_src": facts["encoder"].max_len, "S_tgt": facts["decoder"].max_len}
+        limits = {"S_src": facts["encoder"].max_len, "S_tgt": facts["decoder"].max_len}
+        spec = source.spec if isinstance(source, ArchGraph) else source
+        if getattr(spec.stacks["decoder"].input, "shifted_source", None) is not None:  # it reads S_src ids
+            limits["S_src"] = min(limits.values())
+        return limits
     return {"S": facts["encoder" if kind == "encoder" else "decoder"].max_len}
 
 

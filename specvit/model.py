@@ -341,6 +341,11 @@ class EncoderDecoderModel(SpecModel):
         """
         from specvit.generate import _check_prompt, _integer, decode_loop
 
+        if "tgt" not in self._arguments():
+            raise TypeError(
+                f"generate: {self.graph.name}'s decoder reads its source shifted right "
+                "(decoder.input.shifted_source), so there are no decoder tokens to generate; call model(src)"
+            )
         if self._vocab("src") is not None:  # token ids; a signal (Whisper's features) is checked by _check
             _check_prompt(src)
             self._check_ids(src, "src", "src")

@@ -89,8 +89,11 @@ SHAPES_ONLY = {"vocab_size", "d_model", "encoder_layers", "decoder_layers", "enc
                "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
                "num_layers", "num_decoder_layers", "num_heads", "d_ff"}  # fmt: skip
 """Read by every table and switched by the sizes of the cases themselves (against the defaults)."""
-TRAINING_ONLY = {"dropout", "attention_dropout"}
-"""Change nothing in eval; test_training_fields_reach_the_spec checks they are read."""
+TRAINING_ONLY = {"dropout", "attention_dropout", "classifier_dropout"}
+"""Change nothing in eval; test_training_fields_reach_the_spec (and test_hf_s2s_classifier.py's
+test_classifier_dropout_reaches_the_head) check they are read."""
+CLASSIFIER = {"decoder_start_token_id"}
+"""Read by the sequence classifiers alone, whose fields tests/test_hf_s2s_classifier.py switches."""
 TOGETHER = {"scale_decoder_outputs": "tie_word_embeddings"}
 """Fields the config class sets from another (T5's scaling follows tie_word_embeddings)."""
 
@@ -215,7 +218,7 @@ def test_each_field_a_table_reads_moves_the_output_as_in_transformers(
 def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     switched = {k for change in CASES[family][3] for k in change}
     switched |= {k for k, by in TOGETHER.items() if by in switched}
-    untested = unswitched(_table(family), switched, SHAPES_ONLY, TRAINING_ONLY)
+    untested = unswitched(_table(family), switched, SHAPES_ONLY, TRAINING_ONLY, CLASSIFIER)
     assert not untested, f"{family}: fields read but never switched: {untested}"
 
 
@@ -260,9 +263,9 @@ def test_training_fields_reach_the_spec() -> None:
          "of activation mish"),
         ("mt5", {"dense_act_fn": "relu"}, "config.dense_act_fn: mt5 config has dense_act_fn='relu': specvit has no "
          "gated MLP (act(wi_0) * wi_1) of activation relu"),
-        ("t5", {"architectures": ["T5ForSequenceClassification"]}, "config.architectures: t5 config has "
-         "architectures=['T5ForSequenceClassification']: specvit reads the T5 classes T5Model, "
-         "T5ForConditionalGeneration"),
+        ("t5", {"architectures": ["T5ForQuestionAnswering"]}, "config.architectures: t5 config has "
+         "architectures=['T5ForQuestionAnswering']: specvit reads the T5 classes T5Model, "
+         "T5ForConditionalGeneration, T5ForSequenceClassification"),
         ("marian", {"architectures": ["MarianForCausalLM"]}, "specvit reads the Marian classes MarianModel, "
          "MarianMTModel"),
     ],

@@ -167,7 +167,8 @@ def test_a_foreign_key_at_the_top_level_goes_under_the_stack() -> None:
 def test_another_librarys_pool_names_specvits(pool: str, hint: str) -> None:
     text = _edit("pool: cls", f"pool: {pool}")
     assert _problems(text) == [
-        f"t.yaml:15:32: head.pool: '{pool}' is not one of cls, first, mean, cls_mean, eos, last, attention ({hint})"
+        f"t.yaml:15:32: head.pool: '{pool}' is not one of cls, first, mean, cls_mean, eos, last_eos, last, attention "
+        f"({hint})"
     ]
 
 

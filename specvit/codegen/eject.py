@@ -305,10 +305,15 @@ class _Ejector:
 
 def _generate_template(graph: ArchGraph) -> str | None:
     """The source of the ``generate`` a model of ``graph``'s kind gets: a decoder of tokens (its forward takes
-    a KV cache and the decoding offset) gets one; others (an encoder, MAE's decoder of pixels) none."""
+    a KV cache and the decoding offset) gets one; others (an encoder, MAE's decoder of pixels, a decoder reading
+    its source shifted right: no ``tgt``) none."""
     args = {graph[n]["p"].arg for n in graph.placeholders()}
     owner = {"decoder": DecoderGenerate, "encoder_decoder": EncoderDecoderGenerate}.get(graph.kind)
-    if not {"cache", "offset"} <= args or owner is None:
+    if (
+        not {"cache", "offset"} <= args
+        or owner is None
+        or (graph.kind == "encoder_decoder" and "tgt" not in args)
+    ):
         return None
     return textwrap.dedent(inspect.getsource(owner.generate))  # type: ignore[attr-defined]
 

@@ -2,9 +2,10 @@
 ``model.{encoder,decoder}.embed_positions``, ``layernorm_embedding``, blocks ``layers.{i}.self_attn.{q,k,v,out}_proj``,
 ``self_attn_layer_norm``, the decoder's ``encoder_attn`` and ``encoder_attn_layer_norm``, ``fc1``, ``fc2``,
 ``final_layer_norm``, a stack's last ``layer_norm``, then ``lm_head`` and ``final_logits_bias`` (a buffer HF adds
-to the logits, read as the head's bias). BART (Lewis et al. 2020: post-norm, learned positions two rows in, a
-norm after the embeddings) is its first table; the families of ``hf_bart_families.py`` (mBART, Pegasus, Marian,
-M2M100) change a few entries of :data:`BART`.
+to the logits, read as the head's bias), or ``classification_head.{dense,out_proj}`` (``*ForSequenceClassification``:
+the decoder reads the source shifted right, and the head its token at the source's last eos). BART (Lewis et al.
+2020: post-norm, learned positions two rows in, a norm after the embeddings) is its first table; the families of
+``hf_bart_families.py`` (mBART, Pegasus, Marian, M2M100) change a few entries of :data:`BART`.
 
 The dropout after each sublayer (``dropout``) is read into specvit's ``dropout.embedding``, ``projection`` and
 ``mlp``, which also drops after the MLP's activation (BART's ``activation_dropout``, inert here): the same model
@@ -19,7 +20,7 @@ from typing import Any
 
 from specvit.interop.layout import batched, flat
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.seq2seq import Seq2Seq, both, generation
+from specvit.interop.seq2seq import Seq2Seq, both, classification, generation, start_id
 from specvit.interop.table import BARE, D, F, Only, Renamed, count, lm, register
 
 __all__ = ["BART", "GENERATE", "legacy", "padding"]
@@ -146,11 +147,14 @@ BART = register(
             "activation_dropout",  # training only; specvit's dropout.mlp drops there at dropout's rate
             "encoder_layerdrop",  # training only: LayerDrop has no spec key
             "decoder_layerdrop",
-            "classifier_dropout",  # the dropout of BartForSequenceClassification's head, a class not read
             "init_std",
         ),
         names=NAMES,
-        classes={"Model": BARE, "ForConditionalGeneration": generation(lm(tied=True), LOGITS_BIAS)},
+        classes={
+            "Model": BARE,
+            "ForConditionalGeneration": generation(lm(tied=True), LOGITS_BIAS),
+            "ForSequenceClassification": classification(start_id(2, 1), eos=2),
+        },
         default="ForConditionalGeneration",
         frozen="{role}.embed_positions.weight",
     )

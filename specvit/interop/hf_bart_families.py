@@ -9,7 +9,7 @@ from typing import Any
 
 from specvit.interop.hf_bart import BART, LOGITS_BIAS, legacy, padding
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.seq2seq import ROLES, both, generation
+from specvit.interop.seq2seq import ROLES, both, classification, generation
 from specvit.interop.table import BARE, D, F, lm, register
 
 __all__: list[str] = []
@@ -25,12 +25,30 @@ _LEARNED = (*_MAX_LEN, *(f"{role}.position.offset" for role in ROLES))
 _ROWS = "extra_pos_embeddings"
 """Older configs' rows before a learned table's first (BART's 2); inert where positions are sinusoids."""
 
+_CLASSIFIER = "ForSequenceClassification"
+"""BART's and mBART's class alone: the other families of the layout have none."""
+
+
+def _last(c: Config, spec: Mapping[str, Any]) -> str:
+    """mBART's decoder reads the source shifted right behind its last token that is not ``pad_token_id`` (the
+    language id): its ``shift_tokens_right`` takes no start id, and a null pad id makes HF's class raise."""
+    if spec["decoder.input.padding_idx"] is None:
+        raise c.refuse(
+            "pad_token_id",
+            None,
+            "mBART's sequence classifier puts the source's last token that is not pad_token_id first",
+            "give the pad token's id",
+        )
+    return "last"
+
+
 MBART = register(
     BART.but(
         "MBart",
         ("mbart",),
         both(_PRE),
         only=legacy(before=True, final=True, embedding=True, sinusoids=False),
+        classes={_CLASSIFIER: classification(D(_last, ("pad_token_id",), lambda value, get: {}), eos=2)},
     )
 )
 
@@ -39,7 +57,7 @@ PEGASUS = register(
         "Pegasus",
         ("pegasus",),
         both(_PRE | _SINUSOIDS | {"input.padding_idx": padding(0)}),
-        drop=(*_LEARNED, _ROWS),
+        drop=(*_LEARNED, _ROWS, _CLASSIFIER),
         only=legacy(before=True, final=True, embedding=False, sinusoids=True),
         inert=(_ROWS,),
     )
@@ -129,7 +147,11 @@ M2M100 = register(
                 "dropout.attention": F("attention_dropout", 0.1),
             }
         ),
-        drop=(*_MAX_LEN, *(o.name for o in BART.only if o.name != "is_decoder")),  # no legacy fields
+        drop=(
+            *_MAX_LEN,
+            *(o.name for o in BART.only if o.name != "is_decoder"),
+            _CLASSIFIER,
+        ),  # no legacy fields
         classes={"ForConditionalGeneration": lm(tied=True)},  # no final_logits_bias
     )
 )

@@ -2,8 +2,9 @@
 ``{encoder,decoder}.block.{i}.layer.{j}`` of ``SelfAttention.{q,k,v,o}`` (the first layer's
 ``relative_attention_bias`` shared by its stack), the decoder's ``EncDecAttention``, ``DenseReluDense.{wi,wo}``
 (``wi_0``, ``wi_1`` where gated), RMSNorms ``layer_norm`` and ``final_layer_norm``, no biases, then
-``lm_head``. T5 (Raffel et al. 2020: unscaled attention, a bucketed relative bias, a tied head fed
-``d_model**-0.5`` times the decoder's output) is its first table; mT5 changes a few entries of :data:`T5`.
+``lm_head``, or ``classification_head`` (``T5ForSequenceClassification``, whose backbone is ``transformer.``). T5
+(Raffel et al. 2020: unscaled attention, a bucketed relative bias, a tied head fed ``d_model**-0.5`` times the
+decoder's output) is its first table; mT5 changes a few entries of :data:`T5`.
 
 The dropout (``dropout_rate``) is inert: T5 drops out after the embeddings, on the attention weights, inside and
 after each sublayer and after the last norm, and the last has no spec key. The two stacks compute what HF's
@@ -16,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.seq2seq import Seq2Seq, both
+from specvit.interop.seq2seq import Seq2Seq, both, classification, start_id
 from specvit.interop.table import BARE, D, F, Head, Name, Only, count, register
 from specvit.ops.mlp import GATED
 
@@ -126,7 +127,7 @@ T5 = register(
         name="T5",
         model_types=("t5",),
         role="encoder_decoder",
-        keys=r"encoder\.block\.\d+\.layer\.0\.SelfAttention\.",
+        keys=r"(?:transformer\.)?encoder\.block\.\d+\.layer\.0\.SelfAttention\.",
         spec={
             **both(
                 {
@@ -170,9 +171,8 @@ T5 = register(
         ),
         inert=(
             "dropout_rate",  # training only (see the module's docstring)
-            "classifier_dropout",  # the head of T5ForSequenceClassification, a class not read
             "initializer_factor",
-            "decoder_start_token_id",  # a token id of HF's generate
+            "decoder_start_token_id",  # a token id of HF's generate; the sequence classifier reads it
         ),
         names=_names(),
         classes={
@@ -187,11 +187,14 @@ T5 = register(
                 },
                 {"head.fc": "lm_head"},
             ),
+            "ForSequenceClassification": classification(start_id(None, 0, writes_pad=True), eos=1),
         },
         default="ForConditionalGeneration",
         # older checkpoints' bias table in the first cross-attention, which no T5 class reads
-        ignore=(r"decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight",),
-        backbone="",
+        ignore=(
+            r"(?:transformer\.)?decoder\.block\.0\.layer\.1\.EncDecAttention\.relative_attention_bias\.weight",
+        ),
+        backbone="transformer.",  # the sequence classifier's; the other classes have none
         chosen=_gated,
     )
 )
@@ -214,7 +217,8 @@ MT5 = register(
         # ties it to the embedding when built from a config (tie_word_embeddings reads true in every config),
         # and published checkpoints hold a head of their own, which from_pretrained keeps.
         classes={
-            "ForConditionalGeneration": Head({"head.kind": "lm", "head.tied": False}, {"head.fc": "lm_head"})
+            "ForConditionalGeneration": Head({"head.kind": "lm", "head.tied": False}, {"head.fc": "lm_head"}),
+            "ForSequenceClassification": classification(start_id(0, 0, writes_pad=True), eos=1),
         },
         inert=("tie_word_embeddings",),
     )

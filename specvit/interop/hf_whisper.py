@@ -122,6 +122,7 @@ WHISPER = register(
             "decoder.input.scale",  # scale_embedding: see the module's docstring
             "encoder.position.max_len",
             *(o.name for o in BART.only if o.name != "is_decoder"),  # BART's older configs' fields
+            "ForSequenceClassification",  # BART's class, which Whisper has not
         ),
         only=(
             Only("is_decoder", False, (False,), "a decoder alone (WhisperForCausalLM) is not this table's"),

@@ -20,10 +20,11 @@ import torch
 from torch import Tensor
 
 from specvit.interop.layout import Layout, Misfit, same
-from specvit.interop.table import D, F, Head, Name, Renamed, name_table
+from specvit.interop.registry import Config
+from specvit.interop.table import LABELS, D, F, Head, Name, Renamed, name_table
 from specvit.interop.variants import Variant
 
-__all__ = ["ROLES", "Seq2Seq", "both", "generation"]
+__all__ = ["ROLES", "Seq2Seq", "both", "classification", "generation", "start_id"]
 
 ROLES = ("encoder", "decoder")
 
@@ -142,3 +143,61 @@ def generation(head: Head, bias: Name | None = None) -> Head:
     if bias is None:
         return head
     return Head({**head.spec, "head.bias": True}, {**head.names, "head.fc.bias": bias})
+
+
+def _token(c: Config, key: str, default: int | None, why: str) -> int:
+    """A token id the sequence classifier computes with: refused where null (HF's class raises there); the
+    class's default where the config leaves the field out."""
+    value = c.get(key, None if key in c.values else default, int)
+    if value is None:
+        raise c.refuse(key, None, f"{c.model_type}'s sequence classifier {why}", "give the token's id")
+    return int(value)
+
+
+def start_id(default: int | None, pad: int | None, writes_pad: bool = False) -> D:
+    """The decoder's first id where it reads the source shifted right (``decoder_start_token_id``); HF's shift
+    also needs a ``pad_token_id`` (it replaces the labels' -100 with it), so a null one is refused.
+
+    Args:
+        default: the config class's ``decoder_start_token_id``.
+        pad: the config class's ``pad_token_id``.
+        writes_pad: written back, give a ``pad_token_id`` too (the start id: a family whose spec holds no pad).
+    """
+
+    def read(c: Config, spec: Mapping[str, Any]) -> int:
+        _token(c, "pad_token_id", pad, "shifts the source right, which HF does only with a pad_token_id")
+        return _token(c, "decoder_start_token_id", default, "puts decoder_start_token_id before the source")
+
+    def write(value: int, get: Any) -> dict[str, Any]:
+        return {"decoder_start_token_id": value} | ({"pad_token_id": value} if writes_pad else {})
+
+    return D(read, ("decoder_start_token_id", "pad_token_id"), write)
+
+
+def classification(start: Any, eos: int, module: str = "classification_head") -> Head:
+    """``*ForSequenceClassification`` of an encoder-decoder (BART's, T5's): the decoder reads the source shifted
+    right (``start``: its ``decoder.input.shifted_source`` entry), and its token at the source's last
+    ``eos_token_id`` goes through ``dense``, tanh and ``out_proj`` to ``num_labels`` logits. HF drops out
+    before ``dense`` and before ``out_proj`` (``classifier_dropout``); specvit before ``out_proj`` alone.
+
+    Args:
+        start: the entry of the shift's start id (:func:`start_id`, or a D giving ``last``).
+        eos: the config class's ``eos_token_id``.
+        module: the head's HF module.
+    """
+    spec = {
+        "decoder.input.shifted_source": start,
+        "head.kind": "classifier",
+        "head.pool": "last_eos",
+        "head.eos_id": D(
+            lambda c, spec: _token(
+                c, "eos_token_id", eos, "pools the decoder's token at the last eos_token_id"
+            ),
+            ("eos_token_id",),
+            lambda value, get: {"eos_token_id": value},
+        ),
+        "head.ops": [{"kind": "linear"}, {"kind": "act", "fn": "tanh"}],
+        "head.dropout": F("classifier_dropout", 0.0),
+        "head.classes": LABELS,
+    }
+    return Head(spec, {"head.ops.0": f"{module}.dense", "head.fc": f"{module}.out_proj"})

@@ -10,7 +10,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["cls_pool", "eos_pool", "extend_mask", "map_mean", "mean_pool", "merge_2x2", "to_map", "to_tokens"]
+__all__ = [
+    "cls_pool",
+    "eos_pool",
+    "extend_mask",
+    "map_mean",
+    "mean_pool",
+    "merge_2x2",
+    "shift_right",
+    "to_map",
+    "to_tokens",
+]
 
 
 def extend_mask(mask: Tensor | None, prefix: int) -> Tensor | None:
@@ -25,7 +35,7 @@ def cls_pool(x: Tensor) -> Tensor:
     return x[:, 0]
 
 
-def eos_pool(x: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
+def eos_pool(x: Tensor, ids: Tensor, eos_id: int | None, last: bool = False) -> Tensor:
     """The token at each sequence's end-of-text position (CLIP's text pooling): (B, N, D) -> (B, D).
 
     Args:
@@ -33,9 +43,35 @@ def eos_pool(x: Tensor, ids: Tensor, eos_id: int | None) -> Tensor:
         ids: (B, N) the input token ids.
         eos_id: the end token's id: its first occurrence is pooled; None: the position of the highest id
             (CLIP's original rule, where the end token has the highest id).
+        last: pool the last occurrence instead (BART's and T5's sequence classifiers); a row without the
+            end token pools its last position.
     """
-    where = ids.argmax(dim=-1) if eos_id is None else (ids == eos_id).int().argmax(dim=-1)  # (B,)
+    if last:  # the first occurrence in the ids read backwards
+        found = ids.flip(-1) == (ids.amax(dim=-1, keepdim=True) if eos_id is None else eos_id)  # (B, N)
+        where = ids.shape[-1] - 1 - found.int().argmax(dim=-1)  # (B,)
+    else:
+        where = ids.argmax(dim=-1) if eos_id is None else (ids == eos_id).int().argmax(dim=-1)  # (B,)
     return x[torch.arange(x.shape[0], device=x.device), where]  # (B, D)
+
+
+def shift_right(ids: Tensor, start: int | None, pad: int | None = None) -> Tensor:
+    """Token ids one position to the right behind a start id (HF's ``shift_tokens_right``: a decoder's input
+    made of its encoder's), (B, N) -> (B, N).
+
+    Args:
+        ids: (B, N) token ids.
+        start: the id in front; None: each row's last token that is not ``pad`` (mBART's language id, at
+            ``(ids != pad).sum() - 1`` as HF finds it).
+        pad: the padding id, read where ``start`` is None (None: no token is padding).
+    """
+    if start is None:
+        real = ids.ne(pad) if pad is not None else torch.ones_like(ids, dtype=torch.bool)  # (B, N)
+        index = real.sum(dim=-1, keepdim=True) - 1  # (B, 1)
+        first = ids.gather(1, index)  # (B, 1)
+    else:
+        first = ids.new_full((ids.shape[0], 1), start)  # (B, 1)
+    # cut after joining: a part of length N - 1 would make torch.export guard N != 2
+    return torch.cat((first, ids), dim=1)[:, :-1]  # (B, N)
 
 
 def last_pool(x: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -76,11 +76,11 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
 class PoolParams(Params):
     """Pool the tokens to one vector: the class token (``cls``), the first token (``first``: BERT's [CLS]
     of the input), the mean of the rest (``mean``), the class token beside that mean (``cls_mean``, twice as
-    wide: DINOv2's classifier), the end-of-text token (``eos``, CLIP's text tower) or the last token that is
-    not padding (``last``).
+    wide: DINOv2's classifier), the end-of-text token (``eos``, CLIP's text tower; ``last_eos``, its last
+    occurrence: BART's and T5's sequence classifiers) or the last token that is not padding (``last``).
 
     Args:
-        kind: ``cls``, ``first``, ``mean``, ``cls_mean``, ``eos`` or ``last``.
+        kind: ``cls``, ``first``, ``mean``, ``cls_mean``, ``eos``, ``last_eos`` or ``last``.
         prefix: the leading class and register tokens a mean leaves out.
         eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
     """
@@ -111,8 +111,8 @@ class Pool(Op):
     def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
         if p.kind in ("cls", "first"):
             return f"cls_pool({args['x']})"
-        if p.kind == "eos":
-            return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r})"
+        if p.kind in ("eos", "last_eos"):
+            return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r}{', last=True' * (p.kind != 'eos')})"
         mask = f", {args['mask']}" if "mask" in args else ""
         if p.kind == "last":
             return f"last_pool({args['x']}{mask})"
@@ -123,9 +123,9 @@ class Pool(Op):
     def label(self, p: PoolParams) -> tuple[str, ...]:
         if p.kind in ("cls", "first"):
             return ("the class token",) if p.kind == "cls" else ("the first token",)
-        if p.kind == "eos":
+        if p.kind in ("eos", "last_eos"):
             which = "the highest id" if p.eos_id is None else f"id {p.eos_id}"
-            return (f"the end-of-text token ({which})",)
+            return (f"the {'last ' * (p.kind != 'eos')}end-of-text token ({which})",)
         if p.kind == "last":
             return ("the last token that is not padding",)
         skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
@@ -145,20 +145,21 @@ class ClassifierHead(HeadFragment):
         description="Number of classes; null = no classifier, the pooled features out (timm's num_classes=0, "
         "a SigLIP tower's pooler_output).",
     )
-    pool: Literal["cls", "first", "mean", "cls_mean", "eos", "last", "attention"] = Field(
+    pool: Literal["cls", "first", "mean", "cls_mean", "eos", "last_eos", "last", "attention"] = Field(
         "cls",
         description="cls: the class token; first: the first token of the input (BERT's [CLS], RoBERTa's <s>: "
         "a token, not a prefix); mean: average of the other tokens; cls_mean: the class token and that "
         "average side by side, twice the width (DINOv2's classifier); eos: the end-of-text token "
-        "(CLIP's text tower; with bias: false the head is CLIP's text projection); last: the last token that "
-        "is not padding (a decoder's sequence classifier, HF's *ForSequenceClassification); attention: a learned "
+        "(CLIP's text tower; with bias: false the head is CLIP's text projection); last_eos: its last "
+        "occurrence (BART's, T5's *ForSequenceClassification: the decoder's token at the source's last eos); "
+        "last: the last token that is not padding (a decoder's sequence classifier); attention: a learned "
         "probe attends over the tokens, then a pre-norm MLP (SigLIP's head, timm's global_pool='map').",
     )
     probe: Probe | None = Field(
         None, description="pool attention: the probe's heads and MLP width; null = the last block's."
     )
     eos_id: int | None = Field(
-        None, ge=0, le=MAX_VOCAB, description="pool eos: the end token's id; null = the highest id (CLIP)."
+        None, ge=0, le=MAX_VOCAB, description="pool eos, last_eos: the end id; null = the highest id (CLIP)."
     )
     norm: bool = Field(False, description="A norm between pooling and the classifier (timm's fc_norm).")
     ops: HeadOps = Field(
@@ -175,11 +176,11 @@ class ClassifierHead(HeadFragment):
             return [Problem("head.probe", why, "set pool: attention, or remove probe")]
         if self.pool == "attention":
             return (self.probe or Probe()).problems(stack)
-        if self.pool == "eos" and (stack.input.kind != "tokens" or stack.num_prefix):
+        if self.pool in ("eos", "last_eos") and (stack.input.kind != "tokens" or stack.num_prefix):
             return [
                 Problem(
                     "head.pool",
-                    "pool eos picks the end-of-text token of a token input without prefix tokens",
+                    f"pool {self.pool} picks the end-of-text token of a token input without prefix tokens",
                     "use pool: cls or mean",
                 )
             ]
@@ -202,8 +203,8 @@ class ClassifierHead(HeadFragment):
             x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
         else:
             srcs = {"x": x} | ({"mask": mask} if mask and self.pool in ("mean", "cls_mean", "last") else {})
-            if self.pool == "eos":
-                srcs["ids"] = f"{ctx.spec.output_stack}.input"
+            if self.pool in ("eos", "last_eos"):  # the ids given: an encoder's, where a decoder shifts them
+                srcs["ids"] = stack.input.ids(ctx.spec.output_stack)
             p = PoolParams(self.pool, stack.num_prefix, self.eos_id)
             x = _add(ctx, "head.pool", "pool", p, srcs, "head.pool")
         if self.norm:

@@ -16,6 +16,7 @@ from specvit.ops.conv import MapOps, ToTokensParams, lower_map_ops, map_ops_prob
 from specvit.ops.embed import LinearParams, PatchEmbedParams, QueriesParams, TokenEmbedParams, TypeEmbedParams
 from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Pair
+from specvit.ops.shift import lower_shifted
 from specvit.ops.structure import CallParams, ZerosParams
 
 __all__ = [
@@ -155,6 +156,13 @@ class TokensInput(InputFragment):
     type_vocab: int = Field(
         0, ge=0, le=MAX_VOCAB, description="Token-type (segment) vocabulary, as BERT's 2; 0 for none."
     )
+    shifted_source: int | Literal["last"] | None = Field(
+        None,
+        description="A decoder's ids made of the encoder's token ids: shifted one position right behind this "
+        "start id (HF's shift_tokens_right, as BART's and T5's *ForSequenceClassification given input_ids "
+        "alone); last: behind each source's last token that is not padding_idx (mBART's language id). The "
+        "model then takes no tgt: model(src); null: the decoder reads its own ids.",
+    )
 
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if self.padding_idx is not None and self.padding_idx >= self.vocab:
@@ -165,20 +173,53 @@ class TokensInput(InputFragment):
                     f"use an id below {self.vocab}",
                 )
             ]
+        return self._shift_problems(at, stack, spec) if self.shifted_source is not None else []
+
+    def _shift_problems(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
+        """A shifted source: a decoder's, of an encoder reading token ids of its vocabulary at most, with an
+        id in front (or the padding id to find the last token)."""
+        key, encoder = f"{at}.shifted_source", spec.encoder
+        if not at.startswith("decoder.") or spec.model != "encoder_decoder" or encoder is None:
+            why = "shifted_source makes a decoder's ids of its encoder's"
+            return [Problem(key, why, "use it in the decoder of an encoder_decoder model, or remove it")]
+        if encoder.input.kind != "tokens":
+            why = f"shifted_source shifts the encoder's token ids, and the encoder reads {encoder.input.kind}"
+            return [Problem(key, why, "give the encoder a tokens input, or remove shifted_source")]
+        if encoder.input.vocab > self.vocab:
+            why = f"the encoder's ids (vocab {encoder.input.vocab}) index the decoder's table of {self.vocab} rows"
+            return [Problem(key, why, f"give the decoder vocab {encoder.input.vocab} or more")]
+        if self.shifted_source == "last" and self.padding_idx is None:
+            why = "shifted_source last puts the last token that is not padding first, and there is no padding_idx"
+            return [Problem(key, why, "set padding_idx, or give a start id")]
+        if isinstance(self.shifted_source, int) and self.shifted_source >= self.vocab:
+            why = f"start id {self.shifted_source} is outside the vocabulary of {self.vocab}"
+            return [Problem(key, why, f"use an id below {self.vocab}")]
         return []
+
+    def ids(self, role: str) -> str:
+        """The node of the token ids the stack ``role`` reads as given: the source's where they are shifted.
+
+        Args:
+            role: the stack's role.
+        """
+        return "encoder.input" if self.shifted_source is not None else f"{role}.input"
 
     def lower(self, ctx: StackCtx) -> None:
         role, seq = ctx.role, ctx.n
-        ids = ctx.placeholder(
-            f"{role}.input",
-            ctx.arg("input"),
-            ("B", seq),
-            dtype="long",
-            vocab=self.vocab,
-            what="token ids",
-            stack=role,
-        )
-        _sequence_mask(ctx, seq)
+        if self.shifted_source is not None:  # no target argument, no padding mask: HF's decoder masks none
+            start = None if self.shifted_source == "last" else self.shifted_source
+            ids, seq = lower_shifted(ctx, start, self.padding_idx), ctx.n
+        else:
+            ids = ctx.placeholder(
+                f"{role}.input",
+                ctx.arg("input"),
+                ("B", seq),
+                dtype="long",
+                vocab=self.vocab,
+                what="token ids",
+                stack=role,
+            )
+            _sequence_mask(ctx, seq)
         shared = role == "decoder" and ctx.spec.shared_embeddings
         p = TokenEmbedParams(
             self.vocab,
