@@ -24,7 +24,7 @@ from typing import Any
 
 from specvit.interop.layout import RowShare, Undoable, batched, unbatched
 from specvit.interop.registry import ACTIVATIONS, Config, Family, family
-from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, register
+from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, pooled, register
 
 __all__ = ["CLIP_TEXT", "CLIP_VISION", "SIGLIP_VISION"]
 
@@ -109,6 +109,7 @@ CLIP_TEXT = register(
             ),
         },
         default="ModelWithProjection",
+        pooled=pooled(pool="eos", eos_id=D(_eos, ("eos_token_id",), _write_eos)),  # CLIPTextModel's outputs
         # position_ids is a buffer; a full CLIPModel's image tower and logit scale are not the text tower's
         ignore=(
             r"(?:text_model\.)?embeddings\.position_ids",
@@ -168,6 +169,7 @@ CLIP_VISION = register(
             ),
         },
         default="Model",
+        pooled=pooled(pool="cls", norm=True),  # CLIPVisionModel's two outputs
         ignore=(
             r"(?:vision_model\.)?embeddings\.position_ids",
             r"text_model\..*",
@@ -195,6 +197,12 @@ def _siglip_head(c: Config, spec: Mapping[str, Any]) -> Any:
     if not c.get("vision_use_head", True):
         return "none"
     return {"kind": "classifier", "pool": "attention", "classes": None}
+
+
+def _siglip_pooled(c: Config, spec: Mapping[str, Any]) -> Any:
+    """SiglipVisionModel's outputs: its tokens beside the attention-pooling head's ``pooler_output``."""
+    head = _siglip_head(c, spec)
+    return head if head == "none" else head | {"tokens": True}
 
 
 def _write_siglip_head(head: Mapping[str, Any], get: Callable[[str], Any]) -> dict[str, Any]:
@@ -231,6 +239,7 @@ SIGLIP_VISION = register(
         classes={
             "Model": Head({"head": D(_siglip_head, ("vision_use_head",), _write_siglip_head)})
         },  # CLIP's classes replaced
+        pooled=Head({"head": D(_siglip_pooled, ("vision_use_head",), _write_siglip_head)}),
     )
 )
 
