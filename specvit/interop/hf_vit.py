@@ -34,7 +34,7 @@ POOLER = pooled(
     pool="cls",
     ops=head_ops(
         {"kind": "linear", "width": F("pooler_output_size", None, kind=int)},
-        {"kind": "act", "fn": F("pooler_act", "tanh", map={"tanh": "tanh"})},
+        {"kind": "act", "fn": F("pooler_act", "tanh", map=ACTIVATIONS | {"tanh": "tanh"})},
     ),
 )
 """ViTModel's and DeiTModel's pooler: a dense layer (to ``pooler_output_size``, null: the width) and

@@ -117,7 +117,7 @@ class ClassifierHead(HeadFragment):
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
         if self.tokens and self.classes is not None:
             why = f"tokens returns the token features beside the pooled ones, and classes: {self.classes} adds logits"
-            return [Problem("head.tokens", why, "set classes: null (pooler_output), or remove tokens")]
+            return [Problem("head.tokens", why, "set classes: null, or remove tokens")]
         if self.probe is not None and self.pool != "attention":
             why = f"probe sets the attention pool, and this head pools by {self.pool}"
             return [Problem("head.probe", why, "set pool: attention, or remove probe")]
