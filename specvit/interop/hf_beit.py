@@ -176,7 +176,7 @@ DATA2VEC_VISION = register(
                 {"head.kind": "classifier", **_POOL, "head.classes": LABELS}, {"head.fc": "classifier"}
             ),
         },
-        pooled=pooled(**{k.removeprefix("head."): v for k, v in _POOL.items()}),  # BeitModel's default
+        pooled=pooled(None, pool=_POOL["head.pool"], norm=_POOL["head.norm"]),  # BeitModel's default
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.mask_token",),  # used only with bool_masked_pos
         backbone="data2vec_vision.",
