@@ -215,8 +215,8 @@ def _unwritten(table: Table, config: dict[str, Any], missing: list[str]) -> Prob
             "head",
             f"HF {cls} builds a pooler ({', '.join(missing[:4])}) that the spec's head does not compute: the "
             "class leaves it out only when add_pooling_layer=False is passed to it, which a config cannot say",
-            f"give the spec the head of the {table.name} class that reads the pooler, or keep the model in "
-            "specvit's own format (save_pretrained)",
+            "give the spec the pooler's head (from_hf of the model built with its pooler: a classifier head "
+            "with tokens: true), or keep the model in specvit's own format (save_pretrained)",
         )
     return Problem("", f"HF {cls} weights with no specvit counterpart: {missing[:6]}", "report this")
 
