@@ -119,6 +119,18 @@ def test_from_pretrained_reads_a_saved_base_model_with_its_pooler(case: str, tmp
     assert bare.head.kind == "none"
 
 
+def test_a_pooler_without_weights_is_not_seen_in_a_checkpoint(tmp_path: Path) -> None:
+    """BeitModel pooling its class token has a pooler of no weights: its saved directory cannot say it was
+    built, and reads as the base class without it (from_hf of the model itself reads it)."""
+    ref, kind = _reference("BeitModel-cls")
+    ref.save_pretrained(tmp_path)
+    model = specvit.from_pretrained(tmp_path)
+    with torch.no_grad():
+        out = model(_inputs(kind))
+        assert (out - ref(_inputs(kind)).last_hidden_state).abs().max().item() <= 1e-4
+    assert specvit.from_hf(ref).head.tokens  # the control: the model says it
+
+
 def test_a_base_model_without_its_pooler_stays_headless() -> None:
     import transformers
 
@@ -133,11 +145,13 @@ def test_a_base_model_without_its_pooler_stays_headless() -> None:
     assert specvit.from_hf(config, pooler=True).head.tokens  # unless told
 
 
-def test_the_pooler_of_a_family_reading_none_is_refused() -> None:
-    """ViT-MSN has no pooler in HF; a spec of its class with the pooler's head is no HF model to_hf writes."""
-    spec = specvit.from_hf(dict(model_type="vit", **IMAGE), pooler=True)
-    assert spec.head.tokens
+def test_pooler_true_reads_a_pooler_only_where_the_class_has_one() -> None:
+    """ViTModel builds a pooler, ViTMSNModel none: the flag gives the first its pooler's head and changes
+    nothing of the second."""
     import transformers
+
+    spec = specvit.from_hf(dict(model_type="vit", **IMAGE), pooler=True)
+    assert spec.head.tokens and [op.kind for op in spec.head.ops] == ["linear", "act"]
 
     msn = specvit.from_hf(transformers.ViTMSNConfig(**IMAGE).to_dict(), pooler=True)
     assert msn.head.kind == "none"  # ViTMSNModel builds no pooler: the flag changes nothing

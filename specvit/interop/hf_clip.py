@@ -14,6 +14,10 @@ One pre-norm block for every tower: ``encoder.layers.{i}.layer_norm1``, ``self_a
   is that pooled, normed token (its ``pooler_output``), ``CLIPVisionModelWithProjection`` its projection.
 - SigLIP's vision tower: no class token, a final norm, and (``vision_use_head``) the attention-pooling head
   (a probe, ``nn.MultiheadAttention``, a pre-norm MLP): ``pool: attention``, its ``pooler_output``.
+
+Those are the base classes read from a config alone. Each computes both its ``last_hidden_state`` and its
+``pooler_output``, and read from the model itself (or with ``pooler=True``) it is :attr:`Table.pooled`: the
+same pooling with ``tokens: true``, returning both.
 """
 
 from __future__ import annotations
