@@ -106,3 +106,14 @@ def test_tokens_beside_a_classifier_is_refused(tmp_path: Path) -> None:
         "(set classes: null, or remove tokens)"
     ) in str(info.value)
     assert "spec.yaml:15" in str(info.value)  # the file and line
+
+
+def test_onnx_export_names_both_outputs(tmp_path: Path) -> None:
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    from specvit.export import export_onnx
+
+    model = specvit.build_model(_spec(tmp_path)).eval()
+    path = export_onnx(model, tmp_path / "pooled.onnx", progress=False)
+    names = [o.name for o in onnx.load(str(path)).graph.output]
+    assert names == ["last_hidden_state", "pooler_output"]  # before: only the first named ("output")
