@@ -105,7 +105,7 @@ def export_onnx(
     The file (and its external weights file, for models over 2 GB) is written whole or not at all, with
     the mode any new file gets (0644 under the usual umask). Inputs are named as the forward's arguments
     (``x``, ``src``, ``tgt``), their free axes ``batch``, ``seq_len``, ``src_len``, ``tgt_len``; the output
-    is ``output``. The exporters' warnings are kept out of the terminal.
+    is ``output``, or a model returning a dict its keys (``last_hidden_state``, ``pooler_output``), in order. The exporters' warnings are kept out of the terminal.
 
     Args:
         model: a compiled model.
@@ -135,7 +135,7 @@ def export_onnx(
                 dynamo=True,
                 dynamic_shapes=dynamic_shapes(model),
                 input_names=input_names(model.graph),
-                output_names=["output"],
+                output_names=list(model.graph[model.graph.output]["p"].keys) or ["output"],
                 verbose=False,
             )
         assert onnx_program is not None

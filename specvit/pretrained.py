@@ -104,6 +104,8 @@ def from_pretrained(
         )
     spec = from_hf(directory / CONFIG_FILE)
     with directory_weights(directory, dtype=dtype, device=device) as tensors:
+        if any(k.startswith("pooler.") for k in tensors):  # a base model saved with its pooler (BertModel's
+            spec = from_hf(directory / CONFIG_FILE, pooler=True)  # default): read with both its outputs
         return _load(spec, tensors, "hf", str(directory), dtype)
 
 

@@ -59,7 +59,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[Any, ...]]]] =
 
 POOLED = ("image_embeds", "text_embeds", "pooler_output")
 """What a class with a head returns, the first its output holds: a projection, else the pooled features; a
-class without one (CLIPTextModel, SigLIP's tower without its head) returns the tokens."""
+class without one (SigLIP's tower without its head) returns the tokens. A base model (CLIPTextModel,
+CLIPVisionModel, SiglipVisionModel) returns its tokens beside its pooled features, as HF's (issue #25)."""
 SHAPES = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
           "max_position_embeddings"}  # fmt: skip
 
@@ -96,6 +97,14 @@ def _outputs(ref: nn.Module, padded: bool = True) -> tuple[torch.Tensor, torch.T
             if padded:
                 mask[1, 5:], mask[2, 2:] = 0, 0
             ours, out = model(ids, key_padding_mask=mask == 0), ref(input_ids=ids, attention_mask=mask)
+    if isinstance(
+        ours, dict
+    ):  # a base model with its pooler: the tokens checked here, then the pooled features
+        tokens, hf_tokens = ours["last_hidden_state"], out.last_hidden_state
+        if stack.input.kind == "tokens":
+            tokens, hf_tokens = tokens[mask.bool()], hf_tokens[mask.bool()]
+        assert (tokens - hf_tokens).abs().max().item() <= ATOL
+        ours = ours["pooler_output"]
     pooled = [getattr(out, k) for k in POOLED if getattr(out, k, None) is not None]
     theirs = out.last_hidden_state if model.spec.head.kind == "none" else pooled[0]
     if ours.ndim == 3 and stack.input.kind == "tokens":  # the tokens HF defines: the real ones

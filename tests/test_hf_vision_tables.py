@@ -23,19 +23,20 @@ BEIT_SWITCHES = [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("patch_size",
                  ("num_channels", 1), ("layer_scale_init_value", 0.5), ("layer_scale_init_value", 0.0),
                  ("use_absolute_position_embeddings", False), ("use_relative_position_bias", True),
                  ("use_shared_relative_position_bias", True), ("use_mean_pooling", False),
-                 ("use_mean_pooling", False, 1)]  # fmt: skip
+                 ("use_mean_pooling", False, 1), ("use_mean_pooling", False, 2)]  # fmt: skip
 """A table per layer, or one shared; absolute positions or none; the mean of the patches and its norm, or the
-class token after a final norm (the classifier's, index 1 of the classes)."""
+class token after a final norm (the classifier's, index 1 of the classes; the base model's pooler's, index 2)."""
 
 # family -> (config class, [model classes], fields beyond SMALL, [(field, another value[, the index of the class
 # switched])])
 CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] = {
     "vit": (
         "ViTConfig",
-        ["ViTModel", "ViTForImageClassification"],
+        ["ViTModel", "ViTForImageClassification", "ViTModel+pooler"],
         dict(intermediate_size=40, num_labels=5),
         [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("qkv_bias", False), ("num_channels", 1),
-         ("image_size", 40), ("patch_size", 4), ("intermediate_size", 24)],
+         ("image_size", 40), ("patch_size", 4), ("intermediate_size", 24), ("pooler_output_size", 24, 2),
+         ("pooler_act", "relu", 2)],
     ),
     "vit_msn": (
         "ViTMSNConfig",
@@ -46,10 +47,10 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] =
     ),
     "deit": (
         "DeiTConfig",
-        ["DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"],
+        ["DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher", "DeiTModel+pooler"],
         dict(intermediate_size=40, num_labels=5),
         [("layer_norm_eps", 0.3), ("hidden_act", "relu"), ("qkv_bias", False), ("patch_size", 4),
-         ("image_size", 40), ("num_channels", 1)],
+         ("image_size", 40), ("num_channels", 1), ("pooler_output_size", 24, 3), ("pooler_act", "relu", 3)],
     ),
     "dinov2": (
         "Dinov2Config",
@@ -60,11 +61,11 @@ CASES: dict[str, tuple[str, list[str], dict[str, Any], list[tuple[str, Any]]]] =
     ),
     "data2vec-vision": (
         "Data2VecVisionConfig",
-        ["Data2VecVisionModel", "Data2VecVisionForImageClassification"],
+        ["Data2VecVisionModel", "Data2VecVisionForImageClassification", "Data2VecVisionModel+pooler"],
         BEIT,
         BEIT_SWITCHES,
     ),
-    "beit": ("BeitConfig", ["BeitModel", "BeitForImageClassification"], BEIT, BEIT_SWITCHES),
+    "beit": ("BeitConfig", ["BeitModel", "BeitForImageClassification", "BeitModel+pooler"], BEIT, BEIT_SWITCHES),
 }  # fmt: skip
 
 
@@ -74,7 +75,9 @@ def _hf(family: str, cls: str, seed: int = 0, **change: Any) -> nn.Module:
     config_name, _, kw, _ = CASES[family]
     config = getattr(transformers, config_name)(**(SMALL | kw | change))
     torch.manual_seed(seed)
-    if cls.endswith("Model") and family not in ("dinov2", "vit_msn"):  # classes without a pooler
+    if cls.endswith("+pooler"):  # a base model with its pooler (Data2VecVisionModel's default is without)
+        ref = getattr(transformers, cls.removesuffix("+pooler"))(config, add_pooling_layer=True)
+    elif cls.endswith("Model") and family not in ("dinov2", "vit_msn"):  # classes without a pooler
         ref = getattr(transformers, cls)(config, add_pooling_layer=False)
     else:
         ref = getattr(transformers, cls)(config)
@@ -87,8 +90,11 @@ def _outputs(ref: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     spec = model.spec.stacks["encoder"].input
     images = torch.randn(2, spec.channels, *spec.size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        theirs = ref(pixel_values=images)
-        return model(images), theirs.logits if hasattr(theirs, "logits") else theirs.last_hidden_state
+        theirs, ours = ref(pixel_values=images), model(images)
+    if isinstance(ours, dict):  # a base model with its pooler (DINOv2's always): the tokens checked here
+        assert (ours["last_hidden_state"] - theirs.last_hidden_state).abs().max().item() <= ATOL
+        return ours["pooler_output"], theirs.pooler_output
+    return ours, theirs.logits if hasattr(theirs, "logits") else theirs.last_hidden_state
 
 
 @pytest.mark.parametrize(("family", "cls"), [(f, c) for f, case in CASES.items() for c in case[1]])

@@ -271,6 +271,7 @@ def test_a_base_model_whose_class_builds_a_pooler_is_refused(
         specvit.to_hf(ours, tmp_path / "out")
     assert f"builds a pooler ({pooler}" in str(info.value)
     assert "add_pooling_layer=False is passed to it, which a config cannot say" in str(info.value)
+    assert "give the spec the pooler's head (from_hf of the model built with its pooler" in str(info.value)
     assert not (tmp_path / "out").exists()
     classifier = "ForSequenceClassification" if family == "albert" else "BeitForImageClassification"
     _written_back(_case(family, classifier)[0], tmp_path / "classifier")

@@ -89,6 +89,18 @@ def _totals(graph: ArchGraph, folded: bool, unit: FlopUnit) -> list[str]:
     return [
         *lines,
         *(f"  {note}" for note in notes),
+        *_outputs(graph),
         f"memory (float32): params {format_count(params * 4)}B, outputs of every node {format_count(activations)}B "
         f"at {dims}",
     ]
+
+
+def _outputs(graph: ArchGraph) -> list[str]:
+    """The line naming each output of a model returning several (a dict), with its shape: the table's
+    ``output`` row shows the first one's only."""
+    node = graph[graph.output]
+    keys = node["p"].keys
+    if len(keys) < 2:
+        return []
+    shapes = {k: "(" + ", ".join(str(d) for d in node["inputs"][k]) + ")" for k in keys}
+    return ["outputs: " + ", ".join(f"{k} {s}" for k, s in shapes.items())]

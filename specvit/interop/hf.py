@@ -19,6 +19,7 @@ from specvit.errors import Location, Problem, SpecError, SpecFileError
 from specvit.interop import registry
 from specvit.interop.layout import Layout
 from specvit.interop.registry import FAMILIES, Config, Family, show_value, untrace
+from specvit.interop.table import TABLES
 from specvit.io import Unreadable, read_regular
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
@@ -62,7 +63,8 @@ def _read_json(path: Path) -> Any:
     raise SpecError(Problem(problem.path, problem.message, problem.hint, where)) from None
 
 
-def _config(config: Any) -> Config:
+def _config(config: Any, pooler: bool | None = None) -> Config:
+    held = False  # a model's pooler, read where its family reads it
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
         values = _read_json(path)
@@ -78,7 +80,7 @@ def _config(config: Any) -> Config:
     elif hasattr(config, "config") and hasattr(config, "state_dict"):  # a model: its class is the head
         values = config.config.to_dict() | {"architectures": [type(config).__name__]}
         source = f"<{type(config).__name__}>"
-        _no_pooler(config, values, source)
+        held = _pooler(config, values, source)
     elif hasattr(config, "to_dict"):
         values, source = config.to_dict(), f"<{type(config).__name__}>"
     else:
@@ -95,17 +97,25 @@ def _config(config: Any) -> Config:
                 Location(source),
             )
         )
-    return Config(model_type, values, source)
+    cfg = Config(model_type, values, source)
+    cfg.pooler = held if pooler is None else pooler
+    return cfg
 
 
-def _no_pooler(model: Any, values: dict[str, Any], source: str) -> None:
-    """Refuse a base model built with a pooler (BertModel, ViTModel, AlbertModel and BeitModel build one
-    unless given ``add_pooling_layer=False``): its ``pooler_output`` is no part of a spec without a head, and
-    its weights would be left over (a sequence classifier whose head reads the pooler places them)."""
-    pooler = getattr(model, "pooler", None)
+def _pooler(model: Any, values: dict[str, Any], source: str) -> bool:
+    """Whether a base model holds its pooler: BertModel, ViTModel, AlbertModel and BeitModel build one
+    unless given ``add_pooling_layer=False`` (then ``model.pooler`` is None); CLIPVisionModel and the
+    other towers without that switch always compute their ``pooler_output``. A family that reads no pooler
+    refuses a model holding one: its ``pooler_output`` is no part of the spec, its weights left over."""
+    pooler = getattr(model, "pooler", True)
+    table = TABLES.get(str(values.get("model_type")))
+    if pooler is None or not type(model).__name__.endswith("Model"):
+        return False
+    if (table is not None and table.pooled is not None) or not callable(pooler):
+        return True
     known = any(values.get("model_type") in f.model_types for f in FAMILIES)  # else the model type is refused
-    if not known or not callable(pooler) or not type(model).__name__.endswith("Model"):
-        return
+    if not known:
+        return False
     keys = [f"pooler.{k}" for k in pooler.state_dict()] if hasattr(pooler, "state_dict") else []
     name, model_type = type(model).__name__, values.get("model_type")
     raise SpecError(
@@ -135,17 +145,18 @@ def _family(cfg: Config) -> Family:
     )
 
 
-def spec_dict(config: Any) -> dict[str, Any]:
+def spec_dict(config: Any, *, pooler: bool | None = None) -> dict[str, Any]:
     """The spec of a config as written to a file: the fields that differ from the defaults.
 
     Args:
         config: a transformers config object, a dict of its fields, or the path of a config.json.
+        pooler: as :func:`from_hf`'s.
 
     Raises:
         SpecError: naming ``config.<field>`` and the file, for a field of the wrong type or of a value
             specvit cannot state, or one the spec made of it refuses (``hidden_size: -64``).
     """
-    cfg = _config(config)
+    cfg = _config(config, pooler)
     data, origin = untrace(_family(cfg).spec(cfg))
     try:
         parse_spec(data, source="<from_hf>")
@@ -201,13 +212,22 @@ def _without_defaults(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def from_hf(config: Any) -> Spec:
+def from_hf(config: Any, *, pooler: bool | None = None) -> Spec:
     """The spec of exactly the architecture a transformers config describes.
+
+    A base model with its pooler (``BertModel(config)``, ``ViTModel``, ``CLIPVisionModel``; what
+    ``AutoModel`` builds) is read as a ``classifier`` head with ``tokens: true``: the model returns
+    ``{"last_hidden_state": ..., "pooler_output": ...}`` as HF's does. A config alone cannot say whether the
+    pooler was built (``add_pooling_layer`` is an argument, not a field), so it reads as its base class
+    without one (CLIP's towers as before: the text tower's tokens, the vision towers' pooled features),
+    unless ``pooler=True``.
 
     Args:
         config: a transformers model (its class says the head: ``Qwen2ForSequenceClassification``), a
             config object (``LlamaConfig(...)``, ``AutoConfig.from_pretrained(...)``; its ``architectures``
             say the class), a dict of its fields, or the path of a config.json.
+        pooler: whether the base model holds its pooler; None: a model says it (``model.pooler`` is None
+            after ``add_pooling_layer=False``), a config reads as without. Other classes ignore it.
 
     Returns:
         The validated spec; ``build_model(spec)`` loads the HF model's weights through
@@ -217,7 +237,7 @@ def from_hf(config: Any) -> Spec:
         SpecError: the model type has no specvit family, or a field has a value specvit cannot state;
             the problem names the field and its value.
     """
-    data = spec_dict(config)
+    data = spec_dict(config, pooler=pooler)
     return parse_spec(data, source=f"{data['name']} (from a {data['model']} HF config)")
 
 

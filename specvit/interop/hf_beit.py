@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import BARE, LABELS, D, F, Head, Only, Table, count, register
+from specvit.interop.table import BARE, LABELS, D, F, Head, Only, Table, count, pooled, register
 
 __all__ = ["BEIT", "DATA2VEC_VISION"]
 
@@ -89,6 +89,17 @@ _SEGMENTATION = (
 )
 """Fields of the segmentation heads and backbones (``*ForSemanticSegmentation``, ``BeitBackbone``): refused
 classes."""
+
+_POOL = {
+    "head.pool": D(
+        lambda c, spec: "mean" if _mean(c) else "cls",
+        ("use_mean_pooling",),
+        lambda pool, get: _mean_pooling(pool == "mean"),
+    ),
+    "head.norm": D(lambda c, spec: _mean(c), ("use_mean_pooling",), lambda norm, get: _mean_pooling(norm)),
+}
+"""BEiT's pooler: the mean of the patch tokens, normed (``pooler.layernorm``), or with ``use_mean_pooling``
+false the class token after the final norm."""
 
 DATA2VEC_VISION = register(
     Table(
@@ -162,21 +173,10 @@ DATA2VEC_VISION = register(
         classes={
             "Model": BARE,  # without the pooler (add_pooling_layer=False, Data2VecVisionModel's default)
             "ForImageClassification": Head(
-                {
-                    "head.kind": "classifier",
-                    "head.pool": D(
-                        lambda c, spec: "mean" if _mean(c) else "cls",
-                        ("use_mean_pooling",),
-                        lambda pool, get: _mean_pooling(pool == "mean"),
-                    ),
-                    "head.norm": D(
-                        lambda c, spec: _mean(c), ("use_mean_pooling",), lambda norm, get: _mean_pooling(norm)
-                    ),
-                    "head.classes": LABELS,
-                },
-                {"head.fc": "classifier"},
+                {"head.kind": "classifier", **_POOL, "head.classes": LABELS}, {"head.fc": "classifier"}
             ),
         },
+        pooled=pooled(None, pool=_POOL["head.pool"], norm=_POOL["head.norm"]),  # BeitModel's default
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.mask_token",),  # used only with bool_masked_pos
         backbone="data2vec_vision.",
@@ -207,8 +207,8 @@ BEIT = register(
         backbone="beit.",
     )
 )
-"""BEiT under transformers 5's names (BeitModel builds its pooler unless told not to: a base model's state
-dict holding it is refused, its ``pooler.*`` keys named)."""
+"""BEiT under transformers 5's names (BeitModel builds its pooler unless told not to: a model holding it, or a
+state dict holding ``pooler.layernorm``, is read with both outputs)."""
 
 register(  # the same model under transformers 4's names, as Hub checkpoints hold them: Data2Vec-vision's
     DATA2VEC_VISION.but(

@@ -4,9 +4,10 @@
 named per family (``bert.``, ``roberta.``, ``electra.``). BERT is its first table; the families of
 ``hf_encoders.py`` change a few entries of :data:`BERT`.
 
-The task classes are heads written in generic head ops: the base model (without HF's pooler, which only a
-sequence classifier reads: a base model's state dict holding it is refused by the converter, its
-``pooler.*`` keys named); the classes with one linear layer on every token (token classification,
+The task classes are heads written in generic head ops: the base model (without HF's pooler, as
+``add_pooling_layer=False`` builds it; with it, as ``BertModel(config)`` does, :attr:`Table.pooled`: a
+``classifier`` head on the first token with ``ops`` its dense layer and tanh and ``tokens: true``, returning
+``last_hidden_state`` and ``pooler_output``); the classes with one linear layer on every token (token classification,
 extractive question answering), an ``lm`` head of ``len(id2label)`` outputs; the masked LM, an ``lm`` head
 whose ``ops`` are a dense layer, an activation and the blocks' norm before the decoder (tied to the word
 embeddings, with a bias); and the sequence classifier, a ``classifier`` on the first token whose ``ops`` are
@@ -33,6 +34,7 @@ from specvit.interop.table import (
     count,
     labels,
     per_token,
+    pooled,
     register,
 )
 
@@ -57,6 +59,9 @@ TOKENS = per_token("classifier")
 QA = per_token("qa_outputs", labels(2))
 """``*ForQuestionAnswering``: a linear layer to (start, end) logits on every token; specvit returns the two
 as the last axis of one (B, N, 2) tensor."""
+
+
+TANH = {"kind": "act", "fn": "tanh"}
 
 
 def head_ops(*items: Mapping[str, Any]) -> D:
@@ -285,5 +290,6 @@ BERT = register(
         default="Model",
         ignore=(r"(?:\w+\.)?embeddings\.(?:position_ids|token_type_ids)",),  # index buffers, not weights
         backbone="bert.",
+        pooled=pooled({"head.ops.0": "pooler.dense"}, pool="first", ops=[{"kind": "linear"}, TANH]),
     )
 )

@@ -14,6 +14,10 @@ One pre-norm block for every tower: ``encoder.layers.{i}.layer_norm1``, ``self_a
   is that pooled, normed token (its ``pooler_output``), ``CLIPVisionModelWithProjection`` its projection.
 - SigLIP's vision tower: no class token, a final norm, and (``vision_use_head``) the attention-pooling head
   (a probe, ``nn.MultiheadAttention``, a pre-norm MLP): ``pool: attention``, its ``pooler_output``.
+
+Those are the base classes read from a config alone. Each computes both its ``last_hidden_state`` and its
+``pooler_output``, and read from the model itself (or with ``pooler=True``) it is :attr:`Table.pooled`: the
+same pooling with ``tokens: true``, returning both.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 from specvit.interop.layout import RowShare, Undoable, batched, unbatched
 from specvit.interop.registry import ACTIVATIONS, Config, Family, family
-from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, register
+from specvit.interop.table import COMMON, D, F, Head, Name, Renamed, Table, count, pooled, register
 
 __all__ = ["CLIP_TEXT", "CLIP_VISION", "SIGLIP_VISION"]
 
@@ -109,6 +113,7 @@ CLIP_TEXT = register(
             ),
         },
         default="ModelWithProjection",
+        pooled=pooled(pool="eos", eos_id=D(_eos, ("eos_token_id",), _write_eos)),  # CLIPTextModel's outputs
         # position_ids is a buffer; a full CLIPModel's image tower and logit scale are not the text tower's
         ignore=(
             r"(?:text_model\.)?embeddings\.position_ids",
@@ -168,6 +173,7 @@ CLIP_VISION = register(
             ),
         },
         default="Model",
+        pooled=pooled(pool="cls", norm=True),  # CLIPVisionModel's two outputs
         ignore=(
             r"(?:vision_model\.)?embeddings\.position_ids",
             r"text_model\..*",
@@ -195,6 +201,12 @@ def _siglip_head(c: Config, spec: Mapping[str, Any]) -> Any:
     if not c.get("vision_use_head", True):
         return "none"
     return {"kind": "classifier", "pool": "attention", "classes": None}
+
+
+def _siglip_pooled(c: Config, spec: Mapping[str, Any]) -> Any:
+    """SiglipVisionModel's outputs: its tokens beside the attention-pooling head's ``pooler_output``."""
+    head = _siglip_head(c, spec)
+    return head if head == "none" else head | {"tokens": True}
 
 
 def _write_siglip_head(head: Mapping[str, Any], get: Callable[[str], Any]) -> dict[str, Any]:
@@ -231,6 +243,7 @@ SIGLIP_VISION = register(
         classes={
             "Model": Head({"head": D(_siglip_head, ("vision_use_head",), _write_siglip_head)})
         },  # CLIP's classes replaced
+        pooled=Head({"head": D(_siglip_pooled, ("vision_use_head",), _write_siglip_head)}),
     )
 )
 

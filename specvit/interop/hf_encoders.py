@@ -6,9 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.hf_bert import BERT, dropout, encoder_family, masked_lm, padding, sequence, task_classes
+from specvit.interop.hf_bert import (
+    BERT,
+    TANH,
+    dropout,
+    encoder_family,
+    masked_lm,
+    padding,
+    sequence,
+    task_classes,
+)
 from specvit.interop.registry import ACTIVATIONS, Config
-from specvit.interop.table import D, F, Name, Only, Table, count, register
+from specvit.interop.table import D, F, Name, Only, Table, count, pooled, register
 
 __all__: list[str] = []
 
@@ -103,6 +112,7 @@ ELECTRA = register(
             "summary_last_dropout",
         ),  # MultipleChoice
         names={"encoder.embed_proj": "embeddings_project"},
+        pooled=None,  # ElectraModel has no pooler
         classes=task_classes(
             masked_lm(  # the generator's: exact GELU, to the embeddings' width, the tied decoder's own bias
                 "generator_predictions.dense",
@@ -203,6 +213,7 @@ ALBERT = register(
             sequence("albert.pooler", "classifier"),
         ),
         keys=r"(?:albert\.)?encoder\.albert_layer_groups\.",
+        pooled=pooled({"head.ops.0": "pooler"}, pool="first", ops=[{"kind": "linear"}, TANH]),
     )
 )
 
@@ -254,5 +265,6 @@ DISTILBERT = register(
             sequence("pre_classifier", "classifier", "relu"),
         ),
         keys=r"(?:distilbert\.)?transformer\.layer\.\d+\.attention\.q_lin\.",
+        pooled=None,  # DistilBertModel has no pooler
     )
 )

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from specvit.interop.hf_bert import head_ops
 from specvit.interop.registry import ACTIVATIONS
-from specvit.interop.table import BARE, LABELS, D, F, Head, Only, Table, count, register
+from specvit.interop.table import BARE, LABELS, D, F, Head, Only, Table, count, pooled, register
 
 __all__ = ["VIT"]
 
@@ -27,6 +28,17 @@ def classifier(fc: str = "classifier", **spec: Any) -> Head:
     entries = {"head.kind": "classifier", "head.pool": "cls", "head.classes": LABELS}
     return Head(entries | {f"head.{k}": v for k, v in spec.items()}, {"head.fc": fc})
 
+
+POOLER = pooled(
+    {"head.ops.0": "pooler.dense"},
+    pool="cls",
+    ops=head_ops(
+        {"kind": "linear", "width": F("pooler_output_size", None, kind=int)},
+        {"kind": "act", "fn": F("pooler_act", "tanh", map=ACTIVATIONS | {"tanh": "tanh"})},
+    ),
+)
+"""ViTModel's and DeiTModel's pooler: a dense layer (to ``pooler_output_size``, null: the width) and
+``pooler_act`` on the class token."""
 
 _NO_DROPOUT = Only(
     "hidden_dropout_prob", 0.0, (0.0,), "ViT's dropout after the projections has no spec key of its own"
@@ -55,9 +67,7 @@ VIT = register(
             "encoder.dropout.attention": F("attention_probs_dropout_prob", 0.0),
         },
         only=(_NO_DROPOUT,),
-        # encoder_stride: ViTForMaskedImageModeling's decoder; the pooler's size and activation: the pooler
-        # (dense + tanh on the class token) has no counterpart in a spec, and a state dict holding it is refused
-        inert=("encoder_stride", "pooler_output_size", "pooler_act"),
+        inert=("encoder_stride",),  # ViTForMaskedImageModeling's decoder
         names={
             "encoder.patch_embed.proj": "embeddings.patch_embeddings.projection",
             "encoder.prefix.cls_token": "embeddings.cls_token",
@@ -73,6 +83,7 @@ VIT = register(
         classes={"Model": BARE, "ForImageClassification": classifier()},
         default="Model",
         backbone="vit.",
+        pooled=POOLER,
     )
 )
 
@@ -102,7 +113,8 @@ VIT_MSN = register(
         "ViTMSN",
         ("vit_msn",),
         {"encoder.block.norm.eps": F("layer_norm_eps", 1e-6)},
-        drop=("encoder_stride", "pooler_output_size", "pooler_act"),  # no pooler, no masked-image decoder
+        drop=("encoder_stride",),  # no masked-image decoder
+        pooled=None,  # nor a pooler
     )
 )
 """ViT-MSN (Assran et al. 2022): ViT's tower and classifier, without ViT's pooler or its decoder's fields."""
@@ -188,5 +200,6 @@ DINOV2 = register(
         ),
         # Dinov2ForImageClassification classifies the class token concatenated with the patches' mean
         classes={"Model": BARE, "ForImageClassification": classifier(pool="cls_mean")},
+        pooled=pooled(pool="cls"),  # Dinov2Model's pooler_output: the normed class token
     )
 )

@@ -113,6 +113,9 @@ class Config:
     """
 
     prefix = ""  # the fields' place in the config: a nested config (CLIP's text_config) names its own
+    pooler = False
+    """Whether the base model was built with its pooler (a model holding one, weights holding its
+    ``pooler.*``): a table then reads its base class as :attr:`~specvit.interop.table.Table.pooled`."""
 
     def __init__(self, model_type: str, values: dict[str, Any], source: str = "<config>"):
         self.model_type, self.values, self.source = model_type, values, source

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specvit.interop.layout import Entry, Layout, Misfit, Transform, cat, same
+from specvit.interop.fields import D, F, Name, Only, Renamed, count
+from specvit.interop.layout import Entry, Layout, Misfit, cat, same
 from specvit.interop.registry import Config, Family, family
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "COMMON",
     "LABELS",
     "LM",
+    "NULL",
     "SEQUENCE",
     "TABLES",
     "D",
@@ -36,6 +38,7 @@ __all__ = [
     "lm",
     "name_table",
     "per_token",
+    "pooled",
     "register",
 ]
 
@@ -72,103 +75,6 @@ COMMON = frozenset(
 initialiser's range, whether to return a cache, what published config.json files carry for tokenizers and
 pipelines. (``max_position_embeddings`` bounds a RoPE model's length
 only in HF's own checks; a learned table's size is read where a table has it.)"""
-
-
-@dataclass(frozen=True)
-class F:
-    """A spec value read from one config field: ``F("hidden_size", 4096)``.
-
-    Args:
-        name: the config field.
-        default: the HF config class's default; its type is the field's type unless ``kind`` says otherwise.
-        kind: the field's type where the default does not say it (a default of None).
-        map: the field's values -> the spec's (activation names); a value it lacks is refused.
-    """
-
-    name: str
-    default: Any
-    kind: type | None = None
-    map: Mapping[Any, Any] | None = None
-
-    def read(self, c: Config) -> Any:
-        value = c.get(self.name, self.default, self.kind or (str if self.map else None))
-        if self.map is None:
-            return value
-        if value not in self.map:
-            raise c.refuse(
-                self.name, value, "specvit has no such value here", f"use one of {', '.join(self.map)}"
-            )
-        return self.map[value]
-
-    def write(self, value: Any) -> dict[str, Any]:
-        """The config field that reads as ``value`` (the first of the names a map sends to it)."""
-        if self.map is not None:
-            value = next((k for k, v in self.map.items() if v == value), value)
-        if isinstance(self.default, int) and isinstance(value, (list, tuple)) and len(set(value)) == 1:
-            value = value[0]  # a square image's (size, size), read from one integer field
-        return {self.name: value}
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return (self.name,)
-
-
-@dataclass(frozen=True)
-class D:
-    """A spec value derived from a config and the spec keys read before it (``head_dim`` only where it is not
-    width / heads); None leaves the key out.
-
-    Args:
-        fn: (config, the spec's dotted keys read so far) -> the value.
-        fields: the config fields it reads.
-    """
-
-    fn: Callable[[Config, Mapping[str, Any]], Any]
-    fields: tuple[str, ...] = ()
-    inverse: Callable[[Any, Callable[[str], Any]], Mapping[str, Any]] | None = None
-    """(the spec's value, the spec's value at another dotted key) -> config fields giving it (``to_hf``)."""
-
-    def read(self, c: Config, spec: Mapping[str, Any]) -> Any:
-        return self.fn(c, spec)
-
-
-def count(name: str, default: int) -> D:
-    """A field that is a count (heads): an integer >= 1."""
-    return D(lambda c, spec: c.size(name, default), (name,), lambda value, get: {name: value})
-
-
-@dataclass(frozen=True)
-class Only:
-    """A config field whose value must be one of ``allowed`` (the ones the spec states); others are refused.
-
-    Args:
-        name: the config field.
-        default: the HF class's default.
-        allowed: the values specvit computes exactly.
-        why: what another value would change.
-    """
-
-    name: str
-    default: Any
-    allowed: tuple[Any, ...]
-    why: str
-
-
-@dataclass(frozen=True)
-class Renamed:
-    """Weights made of HF ones by a transform other than concatenation (a (N, D) table as (1, N, D)).
-
-    Args:
-        sources: the HF module or parameter (or several).
-        transform: the source tensors -> specvit's.
-    """
-
-    sources: str | tuple[str, ...]
-    transform: Transform
-
-
-Name = str | tuple[str, ...] | Renamed
-"""An HF module (or parameter), several concatenated in order, or :class:`Renamed`."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +153,22 @@ def per_token(module: str, outputs: D | None = None) -> Head:
 BARE = Head({"head": "none"})
 """The base model: the final features, no head."""
 
+NULL = object()
+"""A spec value written as null (a classifier's ``classes: null``), where a None leaves the key out."""
+
+
+def pooled(names: Mapping[str, Name] | None = None, **spec: Any) -> Head:
+    """A base model with its pooler (:attr:`Table.pooled`): a ``classifier`` head without classes, its
+    ``pooler_output``, that returns the tokens too (``tokens: true``: ``last_hidden_state``).
+
+    Args:
+        names: the pooler's modules -> HF's (``{"head.ops.0": "pooler.dense"}``; a base model's keys have no
+            backbone prefix).
+        spec: the pooler's head entries, by the key under ``head.`` (``pool="first"``, ``ops=...``).
+    """
+    entries = {"head.kind": "classifier", "head.classes": NULL, "head.tokens": True}
+    return Head(entries | {f"head.{k}": v for k, v in spec.items()}, dict(names or {}))
+
 
 @dataclass(frozen=True)
 class Table:
@@ -266,6 +188,9 @@ class Table:
         default: the class of a config that names none.
         keys: a regular expression one of its state dicts' keys matches, and no other layout's.
         ignore: regular expressions of HF buffers that are not weights (RoPE's ``inv_freq``).
+        pooled: the base class (``Model``) as HF builds it by default, with its pooler (BertModel(config),
+            CLIPVisionModel): a head with ``tokens: true``, read for a config whose :attr:`Config.pooler` says
+            the pooler is there; None: the class has no pooler, or it is not read.
     """
 
     name: str
@@ -282,6 +207,7 @@ class Table:
     default: str = "ForCausalLM"
     ignore: tuple[str, ...] = ()
     backbone: str = "model."
+    pooled: Head | None = None
 
     def but(
         self,
@@ -328,12 +254,28 @@ class Table:
 
     def entries(self) -> dict[str, Any]:
         """The spec entries of the stack and of every class's head, by dotted spec key."""
-        return {**self.spec, **{k: v for head in self.classes.values() for k, v in head.spec.items()}}
+        return {**self.spec, **{k: v for head in self.heads() for k, v in head.spec.items()}}
+
+    def heads(self) -> list[Head]:
+        """The head of every class, the base class's with its pooler last."""
+        return [*self.classes.values(), *([self.pooled] if self.pooled else [])]
+
+    def variants(self) -> list[tuple[str, Head, bool]]:
+        """Each class's suffix, head and whether it is the base class with its pooler."""
+        pooled = [("Model", self.pooled, True)] if self.pooled else []
+        return [*((s, h, False) for s, h in self.classes.items()), *pooled]
+
+    def head(self, c: Config, suffix: str) -> Head:
+        """The head of class ``suffix`` read from ``c``: the base class's with its pooler where ``c`` says
+        the pooler is there and the family reads it."""
+        if suffix == "Model" and c.pooler and self.pooled is not None:
+            return self.pooled
+        return self.classes[suffix]
 
     def fields(self) -> set[str]:
         """The config fields the entries read, of every class (two classes may set one key: an LM head's
         ``head.tied`` read from ``tie_word_embeddings``, a token classifier's a constant)."""
-        values = [*self.spec.values(), *(v for head in self.classes.values() for v in head.spec.values())]
+        values = [*self.spec.values(), *(v for head in self.heads() for v in head.spec.values())]
         return {f for v in values if isinstance(v, (F, D)) for f in v.fields}
 
     def known(self) -> set[str]:
@@ -355,21 +297,23 @@ class Table:
         suffix = self._class(c)
         for o in self.only:
             c.only(o.name, o.default, o.allowed, o.why)
+        head = self.head(c, suffix)
+        pooler = ", with its pooler" if head is self.pooled else ""
         data: dict[str, Any] = {
             "specvit": 1,
             "name": f"{c.model_type}_from_hf",
-            "description": f"{self.name} ({self.name}{suffix}), imported from its transformers config.",
+            "description": f"{self.name} ({self.name}{suffix}{pooler}), imported from its transformers config.",
             "model": self.role,
         }
         flat: dict[str, Any] = {}
-        for key, value in {**self.spec, **self.classes[suffix].spec}.items():
+        for key, value in {**self.spec, **head.spec}.items():
             if isinstance(value, F):
                 value = value.read(c)
             elif isinstance(value, D):
                 value = value.read(c, flat)
-            flat[key] = value
+            flat[key] = None if value is NULL else value
             if value is not None:
-                _put(data, key, value)
+                _put(data, key, None if value is NULL else value)
         return data
 
     def _class(self, c: Config) -> str:
@@ -450,11 +394,13 @@ class Table:
             count = sum(map(held, head.names.values()))
             return 0 < count == len(head.names), count
 
-        best = max(self.classes.values(), key=score)  # the first of the best
+        best = max(self.heads(), key=score)  # the first of the best
         if score(best)[1]:
             return best
         if spec.head.kind == "none":
             return BARE
+        if getattr(spec.head, "tokens", False) and self.pooled is not None:  # a pooler without weights
+            return self.pooled
         return self.classes[self.default]
 
 

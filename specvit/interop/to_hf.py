@@ -22,7 +22,7 @@ from specvit.errors import Problem, SpecError
 from specvit.interop import hf  # noqa: F401  (registers every family's table)
 from specvit.interop.layout import RowShare, Transform, Undoable, batched, cat, conv1d, flat, same, unbatched
 from specvit.interop.registry import FAMILIES, Config
-from specvit.interop.table import TABLES, D, F, Table
+from specvit.interop.table import TABLES, D, F, Head, Table
 from specvit.spec.loader import parse_spec
 from specvit.spec.schema import Spec
 
@@ -55,11 +55,11 @@ def _at(data: Any, key: str) -> Any:
     return data
 
 
-def _written(table: Table, suffix: str, dump: dict[str, Any]) -> dict[str, Any]:
-    """The config fields that ``table``'s class ``suffix`` reads as the spec dumped in ``dump``."""
+def _written(table: Table, suffix: str, head: Head, dump: dict[str, Any]) -> dict[str, Any]:
+    """The config fields that ``table``'s class ``suffix`` of ``head`` reads as the spec dumped in ``dump``."""
     config: dict[str, Any] = {"model_type": table.model_types[0], "architectures": [table.name + suffix]}
     config |= dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"))  # a spec has no token ids
-    for key, entry in {**table.spec, **table.classes[suffix].spec}.items():
+    for key, entry in {**table.spec, **head.spec}.items():
         value = _at(dump, key)
         if isinstance(entry, F):
             config |= entry.write(value)
@@ -98,15 +98,14 @@ def hf_config(spec: Spec) -> tuple[Table, dict[str, Any]]:
     for table in tables:
         if spec.model != table.role:
             continue
-        named = [s for s in table.classes if f"({table.name}{s})" in (spec.description or "")]
-        for suffix in dict.fromkeys(
-            [*named, *table.classes]
-        ):  # its own class first (QA is a token classifier)
-            config = _written(table, suffix, dump)
+        variants = table.variants()  # its own class first (QA is a token classifier)
+        variants.sort(key=lambda v: f"({table.name}{v[0]})" not in (spec.description or ""))
+        for suffix, head, pooler in variants:
+            config = _written(table, suffix, head, dump)
+            c = Config(config["model_type"], config, "<to_hf>")
+            c.pooler = pooler  # HF's default: the base class builds its pooler
             try:
-                back = parse_spec(
-                    table.read(Config(config["model_type"], config, "<to_hf>")), source="<to_hf>"
-                )
+                back = parse_spec(table.read(c), source="<to_hf>")
             except SpecError as exc:
                 diffs = [f"{p.path}: {p.message}" for p in exc.problems]
             else:
@@ -216,8 +215,8 @@ def _unwritten(table: Table, config: dict[str, Any], missing: list[str]) -> Prob
             "head",
             f"HF {cls} builds a pooler ({', '.join(missing[:4])}) that the spec's head does not compute: the "
             "class leaves it out only when add_pooling_layer=False is passed to it, which a config cannot say",
-            f"give the spec the head of the {table.name} class that reads the pooler, or keep the model in "
-            "specvit's own format (save_pretrained)",
+            "give the spec the pooler's head (from_hf of the model built with its pooler: a classifier head "
+            "with tokens: true), or keep the model in specvit's own format (save_pretrained)",
         )
     return Problem("", f"HF {cls} weights with no specvit counterpart: {missing[:6]}", "report this")
 

@@ -29,10 +29,14 @@ from specvit.ops.fields import Probability
 from specvit.ops.head_ops import HeadOps, head_ops_width, lower_head_ops
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
+from specvit.ops.pool import PoolParams
 from specvit.ops.probe import Probe, lower_probe
 from specvit.ops.structure import DropParams, OutputParams, ScaleParams, SoftcapParams
 
-__all__ = ["BoxMlpParams", "HeadFragment", "MapHead", "MapHeadBase", "PoolParams"]
+__all__ = ["BASE_OUTPUTS", "BoxMlpParams", "HeadFragment", "MapHead", "MapHeadBase", "PoolParams"]
+
+BASE_OUTPUTS = ("last_hidden_state", "pooler_output")
+"""The outputs of a classifier head with ``tokens: true``, named as transformers' base models name them."""
 
 
 class HeadFragment(Fragment):
@@ -67,71 +71,6 @@ def _fc(ctx: ModelCtx, x: str, d_out: int, bias: bool, **extra: Any) -> str:
     assert isinstance(d_in, int)
     p = LinearParams(d_in, d_out, bias, zero_init=ctx.spec.init == "vit", **extra)
     return _add(ctx, "head.fc", "linear", p, {"x": x})
-
-
-# ---------------------------------------------------------------------------------------------- pooling
-
-
-@dataclass(frozen=True)
-class PoolParams(Params):
-    """Pool the tokens to one vector: the class token (``cls``), the first token (``first``: BERT's [CLS]
-    of the input), the mean of the rest (``mean``), the class token beside that mean (``cls_mean``, twice as
-    wide: DINOv2's classifier), the end-of-text token (``eos``, CLIP's text tower; ``last_eos``, its last
-    occurrence: BART's and T5's sequence classifiers) or the last token that is not padding (``last``).
-
-    Args:
-        kind: ``cls``, ``first``, ``mean``, ``cls_mean``, ``eos``, ``last_eos`` or ``last``.
-        prefix: the leading class and register tokens a mean leaves out.
-        eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
-    """
-
-    kind: str
-    prefix: int = 0
-    eos_id: int | None = None
-
-
-@op
-class Pool(Op):
-    kind = "pool"
-    params_type = PoolParams
-    category = "head"
-    ports = ("x", "mask", "ids")
-    helpers = (
-        "specvit.nn.functional:cls_pool",
-        "specvit.nn.functional:cls_mean_pool",
-        "specvit.nn.functional:eos_pool",
-        "specvit.nn.functional:last_pool",
-        "specvit.nn.functional:mean_pool",
-    )
-
-    def shape(self, p: PoolParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        b, _, d = inputs["x"]
-        return (b, 2 * d if p.kind == "cls_mean" else d)
-
-    def code(self, p: PoolParams, args: Mapping[str, str]) -> str:
-        if p.kind in ("cls", "first"):
-            return f"cls_pool({args['x']})"
-        if p.kind in ("eos", "last_eos"):
-            return f"eos_pool({args['x']}, {args['ids']}, {p.eos_id!r}{', last=True' * (p.kind != 'eos')})"
-        mask = f", {args['mask']}" if "mask" in args else ""
-        if p.kind == "last":
-            return f"last_pool({args['x']}{mask})"
-        if p.kind == "cls_mean":
-            return f"cls_mean_pool({args['x']}, {p.prefix}{mask})"
-        return f"mean_pool({args['x']}, {p.prefix}{mask})"
-
-    def label(self, p: PoolParams) -> tuple[str, ...]:
-        if p.kind in ("cls", "first"):
-            return ("the class token",) if p.kind == "cls" else ("the first token",)
-        if p.kind in ("eos", "last_eos"):
-            which = "the highest id" if p.eos_id is None else f"id {p.eos_id}"
-            return (f"the {'last ' * (p.kind != 'eos')}end-of-text token ({which})",)
-        if p.kind == "last":
-            return ("the last token that is not padding",)
-        skip = f" · prefix ({p.prefix}) excluded" if p.prefix else ""
-        if p.kind == "cls_mean":
-            return ("the class token", f"beside the mean of the tokens{skip}")
-        return (f"mean of the tokens{skip}",)
 
 
 @fragment("head")
@@ -169,8 +108,17 @@ class ClassifierHead(HeadFragment):
     )
     bias: bool = Field(True, description="Bias in the classifier.")
     dropout: Probability = Field(0.0, description="Dropout before the classifier.")
+    tokens: bool = Field(
+        False,
+        description="Return the final token features beside the pooled ones, as transformers' base models do "
+        "(BertModel, ViTModel, CLIPVisionModel): the output is {last_hidden_state: (B, N, D), pooler_output: "
+        "(B, D')}; needs classes: null.",
+    )
 
     def check(self, at: str, stack: StackView, spec: SpecView) -> list[Problem]:
+        if self.tokens and self.classes is not None:
+            why = f"tokens returns the token features beside the pooled ones, and classes: {self.classes} adds logits"
+            return [Problem("head.tokens", why, "set classes: null, or remove tokens")]
         if self.probe is not None and self.pool != "attention":
             why = f"probe sets the attention pool, and this head pools by {self.pool}"
             return [Problem("head.probe", why, "set pool: attention, or remove probe")]
@@ -199,6 +147,7 @@ class ClassifierHead(HeadFragment):
         return []
 
     def lower(self, ctx: ModelCtx, x: str, stack: StackView, mask: str | None) -> None:
+        tokens = x
         if self.pool == "attention":
             x = lower_probe(ctx, x, stack, mask, self.probe or Probe())
         else:
@@ -213,6 +162,9 @@ class ClassifierHead(HeadFragment):
         x = lower_head_ops(ctx, x, self.ops, stack)
         if self.dropout:
             x = _add(ctx, "head.drop", "dropout", DropParams(self.dropout), {"x": x}, "head.dropout")
+        if self.tokens:  # a rule: no classifier
+            _output(ctx, {"last_hidden_state": tokens, "pooler_output": x}, BASE_OUTPUTS)
+            return
         _output(ctx, {"x": x if self.classes is None else _fc(ctx, x, self.classes, self.bias)})
 
 
