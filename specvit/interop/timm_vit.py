@@ -8,6 +8,7 @@ from typing import Any
 
 from specvit.interop.layout import Entry, Layout, cat, check_blocks, one, patches, same, unbatched
 from specvit.interop.timm import Reader, TimmFamily, timm_family
+from specvit.interop.timm_stem import STEM_MODULES, stem_entries, stem_input
 from specvit.spec.schema import ImageInput, Spec
 
 __all__ = [
@@ -23,7 +24,10 @@ __all__ = [
 
 
 def image_input(r: Reader) -> dict[str, Any]:
-    """The ``input:`` of a timm ``PatchEmbed`` at ``patch_embed`` (fixed size, conv projection)."""
+    """The ``input:`` of a timm ``PatchEmbed`` at ``patch_embed`` (fixed size, conv projection), or of a
+    hybrid's ``HybridEmbed`` (its CNN backbone as the stem)."""
+    if type(r.at("patch_embed")).__name__ == "HybridEmbed":
+        return stem_input(r)
     for flag, why in (
         ("dynamic_img_pad", "specvit pads nothing"),
         ("dynamic_img_size", "specvit's position table has a fixed size"),
@@ -249,6 +253,7 @@ def vit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
         "head.norm.{p}": one("fc_norm.{p}"),
         "head.fc.{p}": one("head.{p}"),
         "head.pool.latent.weight": one("attn_pool.latent", unbatched),
+        **(stem_entries(image, keys) if image.stem else {}),
     }
     for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):  # the probe's, by timm's names
         table[f"head.pool.{'attn.' * (part in ('q', 'kv', 'proj'))}{part}.{{p}}"] = one(
@@ -275,6 +280,7 @@ timm_family(
         modules=frozenset(
             {"PatchEmbed", "Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm"}
             | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU", "AttentionPoolLatent"}
+            | STEM_MODULES
         ),
         keys=None,
         spec=vit_spec,

@@ -29,6 +29,7 @@ __all__ = [
     "ConvLayer",
     "MapOp",
     "NormLayer",
+    "PadLayer",
     "PoolLayer",
     "lower_map_ops",
     "map_ops_problems",
@@ -202,7 +203,38 @@ class PoolLayer(_Window):
         return super().problems(at, channels, size)
 
 
-MapOp = Annotated[ConvLayer | NormLayer | ActLayer | PoolLayer, Field(discriminator="kind")]
+class PadLayer(_Layer):
+    """Constant padding, its own amount on each side: TensorFlow's "same" padding, which pads the far side
+    more (timm's ``StdConv2dSame`` and ``MaxPool2dSame``), is this before a window with no padding."""
+
+    kind: Literal["pad"] = Field(description="Discriminator: constant padding.")
+    sides: list[Annotated[int, Field(ge=0, le=MAX_IMAGE)]] = Field(
+        min_length=2,
+        max_length=4,
+        description="Positions added: [left, right] of a signal; [left, right, top, bottom] of an image "
+        "(F.pad's order).",
+    )
+    fill: Literal["zero", "lowest"] = Field(
+        "zero", description="zero; lowest: -inf, which a max pool never picks (MaxPool2dSame's padding)."
+    )
+
+    def out(self, channels: int, size: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        if len(self.sides) != 2 * len(size):
+            return channels, size  # the problem says so
+        pairs = [self.sides[2 * i] + self.sides[2 * i + 1] for i in range(len(size))]  # last dim first
+        return channels, tuple(s + pad for s, pad in zip(size, reversed(pairs), strict=True))
+
+    def problems(self, at: str, channels: int, size: tuple[int, ...]) -> list[Problem]:
+        if len(self.sides) != 2 * len(size):
+            what = "[left, right]" if len(size) == 1 else "[left, right, top, bottom]"
+            return [Problem(f"{at}.sides", f"a {len(size)}D map pads {2 * len(size)} sides", f"write {what}")]
+        return []
+
+    def node(self, channels: int, dims: int) -> tuple[str, Params]:
+        return "pad", PadParams(dims, tuple(self.sides), self.fill)
+
+
+MapOp = Annotated[ConvLayer | NormLayer | ActLayer | PoolLayer | PadLayer, Field(discriminator="kind")]
 MapOps = Annotated[list[MapOp], Field(max_length=64)]
 
 
@@ -428,73 +460,38 @@ class SpatialPool(Op):
 
 
 @dataclass(frozen=True)
-class ToTokensParams(Params):
-    """A (B, C, *size) map as (B, positions, C) tokens, row-major."""
+class PadParams(Params):
+    """Constant padding of a (B, C, *size) map, in F.pad's order (last dim first).
+
+    Args:
+        dims: 1 or 2 spatial dims.
+        sides: positions added on each side.
+        fill: ``zero`` or ``lowest`` (-inf).
+    """
+
+    dims: int
+    sides: tuple[int, ...]
+    fill: str = "zero"
 
 
 @op
-class ToTokens(Op):
-    kind = "to_tokens"
-    params_type = ToTokensParams
-    helpers = ("specvit.nn.functional:to_tokens",)
+class Pad(Op):
+    kind = "pad"
+    params_type = PadParams
 
-    def shape(self, p: ToTokensParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        b, c = inputs["x"][:2]
-        n = 1
-        for s in _spatial(inputs["x"]):
-            n *= s
-        return (b, n, c)
+    def shape(self, p: PadParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
+        x = inputs["x"]
+        size = list(_spatial(x))
+        for i in range(p.dims):  # F.pad: the first pair pads the last dim
+            size[-1 - i] += p.sides[2 * i] + p.sides[2 * i + 1]
+        return (*x[:2], *size)
 
-    def code(self, p: ToTokensParams, args: Mapping[str, str]) -> str:
-        return f"to_tokens({args['x']})"
+    def module_for(self, p: PadParams) -> str:
+        return f"torch.nn:ConstantPad{p.dims}d"
 
-    def label(self, p: ToTokensParams) -> tuple[str, ...]:
-        return ("map → tokens",)
+    def ctor(self, p: PadParams) -> dict[str, Any]:
+        return {"padding": p.sides, "value": 0.0 if p.fill == "zero" else float("-inf")}
 
-
-@dataclass(frozen=True)
-class ToMapParams(Params):
-    """(B, N, C) tokens of a row-major (rows, cols) grid as a (B, C, rows, cols) map."""
-
-    grid: tuple[int, int]
-
-
-@op
-class ToMap(Op):
-    kind = "to_map"
-    params_type = ToMapParams
-    helpers = ("specvit.nn.functional:to_map",)
-
-    def shape(self, p: ToMapParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        b, n, c = inputs["x"]
-        if n != p.grid[0] * p.grid[1]:
-            raise ValueError(f"expects the {p.grid[0]}x{p.grid[1]} tokens of the grid, got {n}")
-        return (b, c, *p.grid)
-
-    def code(self, p: ToMapParams, args: Mapping[str, str]) -> str:
-        return f"to_map({args['x']}, {p.grid!r})"
-
-    def label(self, p: ToMapParams) -> tuple[str, ...]:
-        return (f"tokens → {p.grid[0]}x{p.grid[1]} map",)
-
-
-@dataclass(frozen=True)
-class MapPoolParams(Params):
-    """The mean of a (B, C, *size) map over its positions."""
-
-
-@op
-class MapPool(Op):
-    kind = "map_pool"
-    params_type = MapPoolParams
-    category = "head"
-    helpers = ("specvit.nn.functional:map_mean",)
-
-    def shape(self, p: MapPoolParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
-        return inputs["x"][:2]
-
-    def code(self, p: MapPoolParams, args: Mapping[str, str]) -> str:
-        return f"map_mean({args['x']})"
-
-    def label(self, p: MapPoolParams) -> tuple[str, ...]:
-        return ("mean over the map",)
+    def label(self, p: PadParams) -> tuple[str, ...]:
+        fill = "" if p.fill == "zero" else " · -inf"
+        return (f"pad {list(p.sides)}{fill}",)

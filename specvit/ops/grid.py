@@ -17,8 +17,9 @@ from typing import Any
 
 from specvit.ops.base import Dims, Op, Params, Shape, StackCtx, op
 from specvit.ops.block import BlockCtx
-from specvit.ops.conv import ToMapParams, ToTokensParams, lower_map_ops
+from specvit.ops.conv import lower_map_ops
 from specvit.ops.embed import LinearParams
+from specvit.ops.maps import ToMapParams, ToTokensParams
 from specvit.ops.norm import NormParams
 
 __all__ = ["CPB_HIDDEN", "MergeParams", "block_window", "grid_parts", "lower_downsample", "lower_merge"]

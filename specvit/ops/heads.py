@@ -22,11 +22,12 @@ from specvit.ops.base import (
     numel,
     op,
 )
-from specvit.ops.conv import MapOps, MapPoolParams, ToMapParams, lower_map_ops, map_ops_problems
+from specvit.ops.conv import MapOps, lower_map_ops, map_ops_problems
 from specvit.ops.embed import LinearParams
 from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Probability
 from specvit.ops.head_ops import HeadOps, head_ops_width, lower_head_ops
+from specvit.ops.maps import MapPoolParams, ToMapParams
 from specvit.ops.masking import DropPrefixParams, lower_pixel_loss
 from specvit.ops.norm import NormParams
 from specvit.ops.pool import PoolParams

@@ -12,10 +12,11 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import MAX_LEN, MAX_VOCAB, MAX_WIDTH, Fragment, StackCtx, fragment
-from specvit.ops.conv import MapOps, ToTokensParams, lower_map_ops, map_ops_problems, map_out
+from specvit.ops.conv import MapOps, lower_map_ops, map_ops_problems, map_out
 from specvit.ops.embed import LinearParams, PatchEmbedParams, QueriesParams, TokenEmbedParams, TypeEmbedParams
 from specvit.ops.facts import SpecView, StackView
 from specvit.ops.fields import Pair
+from specvit.ops.maps import ToTokensParams
 from specvit.ops.shift import lower_shifted
 from specvit.ops.structure import CallParams, ZerosParams
 
