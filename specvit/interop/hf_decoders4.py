@@ -1,0 +1,134 @@
+"""More families of the Llama-like decoder layout, each a table of what it changes: EXAONE 4 (OLMo 2's norms
+after each branch, QK-norms per head, windows in three layers of four and no rotary positions in the others),
+VaultGemma (Gemma 2 without the norms after each branch) and Qwen3-VL's text model (Qwen3's decoder under
+multimodal RoPE, which is plain RoPE for text: its three position streams are then equal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specvit.interop.hf_decoders import GEMMA2, QWEN3
+from specvit.interop.hf_layers import layer_types, overrides
+from specvit.interop.hf_llama import LLAMA, head_dim, rope, sliding
+from specvit.interop.registry import Config, listable
+from specvit.interop.table import BARE, F, count, register
+
+__all__: list[str] = []
+
+_LAYER = "layers.{i}."
+_NO_BIAS = {
+    "decoder.block.qkv_bias": False,
+    "decoder.block.proj_bias": False,
+    "decoder.block.mlp.bias": False,
+}
+
+
+# -- EXAONE 4 --------------------------------------------------------------------------------------------
+
+
+def _no_window(c: Config) -> bool:
+    """EXAONE 4's ``sliding_window`` is null (not left out, which is 4096)."""
+    return "sliding_window" in c.values and c.values["sliding_window"] is None
+
+
+def _exaone4_slides(c: Config, i: int) -> bool:
+    """EXAONE 4's default layer types: one full layer in every ``sliding_window_pattern`` (none without a
+    window; transformers then divides by zero, so a config of HF's always names its layer types)."""
+    if _no_window(c):
+        return False
+    return bool((i + 1) % c.size("sliding_window_pattern", 4))
+
+
+def _exaone4_no_rope(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """EXAONE 4 rotates every layer without a window, and only its sliding layers with one (global NoPE)."""
+    depth = spec["decoder.depth"]
+    if not listable(depth):
+        return None
+    types = layer_types(c, depth, _exaone4_slides)
+    if _no_window(c):
+        if "sliding_attention" in types:
+            raise c.refuse(
+                "layer_types",
+                types,
+                "sliding layers without a sliding_window (transformers cannot build their mask)",
+                "give a sliding_window or full_attention layers",
+            )
+        return None
+    layers = [i for i, t in enumerate(types) if t == "full_attention"]
+    return [{"layers": layers, "block": {"rope": False}}] if layers else None
+
+
+_EXAONE4_WINDOWS = sliding(4096, _exaone4_slides, fields=("sliding_window_pattern",))
+
+EXAONE4 = register(
+    LLAMA.but(
+        "Exaone4",
+        ("exaone4",),
+        {
+            "decoder.input.vocab": F("vocab_size", 102400),
+            "decoder.block.kv_heads": F("num_key_value_heads", 32),
+            "decoder.block.head_dim": head_dim(),  # read by getattr where a config gives it
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),
+            "decoder.block.norm.placement": "res_post",  # x + norm(f(x)), OLMo 2's
+            "decoder.block.qk_norm": "head",  # before RoPE, over each head's channels
+            "decoder.block.mlp.hidden": F("intermediate_size", 16384),
+            **_NO_BIAS,
+            **_EXAONE4_WINDOWS,
+            "decoder.overrides": overrides(_EXAONE4_WINDOWS["decoder.overrides"], _exaone4_no_rope),
+        },
+        drop=("pretraining_tp",),
+        names={
+            "decoder.blocks.{i}.norm1": _LAYER + "post_attention_layernorm",
+            "decoder.blocks.{i}.norm2": _LAYER + "post_feedforward_layernorm",
+        },
+    )
+)
+
+
+# -- VaultGemma ------------------------------------------------------------------------------------------
+
+VAULTGEMMA = register(
+    GEMMA2.but(
+        "VaultGemma",
+        ("vaultgemma",),
+        {"decoder.block.norm.placement": "pre"},  # Gemma 2's block without its post-branch norms
+        drop=("use_bidirectional_attention", "ForSequenceClassification", "ForTokenClassification"),
+        names={
+            "decoder.blocks.{i}.norm1": _LAYER + "input_layernorm",
+            "decoder.blocks.{i}.norm2": _LAYER + "pre_feedforward_layernorm",
+        },
+    )
+)
+
+
+# -- Qwen3-VL's text model -------------------------------------------------------------------------------
+
+QWEN3_VL_TEXT = register(
+    QWEN3.but(
+        "Qwen3VLText",
+        ("qwen3_vl_text",),
+        {
+            # mrope_section and mrope_interleaved pick which stream rotates which channels: with text alone
+            # the streams are one position, so each channel turns as plain RoPE's
+            "decoder.position": rope(500000.0),
+            "decoder.width": F("hidden_size", 4096),
+            "decoder.block.heads": count("num_attention_heads", 32),
+            "decoder.block.kv_heads": F("num_key_value_heads", 32),
+            "decoder.block.head_dim": head_dim(128),
+            "decoder.block.mlp.hidden": F("intermediate_size", 22016),
+            "decoder.block.qkv_bias": F("attention_bias", False),
+            "decoder.block.proj_bias": F("attention_bias", False),
+        },
+        drop=(
+            "decoder.block.sliding_window",
+            "decoder.overrides",
+            "ForCausalLM",  # the text model comes alone as a base model; the LM is the multimodal class's
+            "ForSequenceClassification",
+            "ForTokenClassification",
+        ),
+        classes={"Model": BARE},
+        default="Model",
+    )
+)
