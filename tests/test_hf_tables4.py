@@ -1,4 +1,4 @@
-"""EXAONE 4, VaultGemma and Qwen3-VL's text model (tables over the Llama-like layout,
+"""EXAONE 4, VaultGemma, Qwen3-VL's text model and Granite-MoE (tables over the Llama-like layout,
 specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout, hf_encoders2.py): from the config a spec,
 from the state dict specvit's weights, and the same logits or last hidden state (fp32, <= 1e-4) and greedy
 tokens as transformers; every weight and buffer is moved off its init by N(0, 0.08) noise.
@@ -54,6 +54,10 @@ CASES: dict[str, Case] = {
                     ("final_logit_softcapping", 1.5), ("layer_types", ALTERNATE), ("hidden_activation", "silu"),
                     ("rms_norm_eps", 0.3), ("attention_bias", True), ("head_dim", 8), ("num_key_value_heads", 1),
                     ("rope_parameters", THETA), ("tie_word_embeddings", True)]),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   SIZES | dict(num_key_value_heads=2, attention_multiplier=0.3, num_local_experts=4),
+                   [("attention_multiplier", 0.1), ("logits_scaling", 2.0), ("attention_bias", True),
+                    ("num_local_experts", 3), ("num_experts_per_tok", 1), *LLAMA_SWITCHES[:3], *LLAMA_SWITCHES[4:]]),
 }  # fmt: skip
 BARE: dict[str, Case] = {
     "qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3VLTextModel",
@@ -133,6 +137,11 @@ def test_layer_types_a_config_leaves_out_are_the_class_s() -> None:
          "VaultGemma table does not read this field"),
         ("vaultgemma", {"architectures": ["VaultGemmaForSequenceClassification"]},
          "config.architectures: vaultgemma config has architectures=['VaultGemmaForSequenceClassification']"),
+        ("granitemoe", {"embedding_multiplier": 12.0},
+         "config.embedding_multiplier: granitemoe config has embedding_multiplier=12.0: specvit has no constant"),
+        ("granitemoe", {"residual_multiplier": 0.22},
+         "config.residual_multiplier: granitemoe config has residual_multiplier=0.22: specvit has no constant"),
+        ("granitemoe", {"logits_scaling": 0.0}, "config.logits_scaling: granitemoe config has logits_scaling=0.0"),
         ("qwen3_vl_text", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
          "config.rope_parameters: qwen3_vl_text config has rope_parameters="),
     ],

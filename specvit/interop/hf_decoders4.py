@@ -1,7 +1,12 @@
 """More families of the Llama-like decoder layout, each a table of what it changes: EXAONE 4 (OLMo 2's norms
 after each branch, QK-norms per head, windows in three layers of four and no rotary positions in the others),
-VaultGemma (Gemma 2 without the norms after each branch) and Qwen3-VL's text model (Qwen3's decoder under
-multimodal RoPE, which is plain RoPE for text: its three position streams are then equal).
+VaultGemma (Gemma 2 without the norms after each branch), Qwen3-VL's text model (Qwen3's decoder under
+multimodal RoPE, which is plain RoPE for text: its three position streams are then equal) and Granite-MoE
+(Mixtral's experts under Granite's multipliers).
+
+Granite's ``embedding_multiplier`` and ``residual_multiplier`` scale the embeddings and each branch by a
+constant; the spec states neither (``input.scale`` is sqrt(width), ``layer_scale`` a learned vector no
+checkpoint holds), so both are refused unless 1, as in Granite's table.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specvit.interop.hf_decoders import GEMMA2, QWEN3
+from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3
+from specvit.interop.hf_decoders3 import GRANITE
 from specvit.interop.hf_layers import layer_types, overrides
 from specvit.interop.hf_llama import LLAMA, head_dim, rope, sliding
 from specvit.interop.registry import Config, listable
@@ -130,5 +136,42 @@ QWEN3_VL_TEXT = register(
         ),
         classes={"Model": BARE},
         default="Model",
+    )
+)
+
+
+# -- Granite-MoE -----------------------------------------------------------------------------------------
+
+GRANITE_MOE = register(
+    MIXTRAL.but(
+        "GraniteMoe",
+        ("granitemoe",),
+        {
+            "decoder.input.vocab": F("vocab_size", 32000),
+            "decoder.position": rope(),
+            "decoder.block.kv_heads": F("num_key_value_heads", None, int),
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-6),
+            "decoder.block.mlp.hidden": F("intermediate_size", 11008),
+            # the softmax of the top k logits: Mixtral's top k of the softmax, rescaled to sum to 1
+            "decoder.block.mlp.moe.normalize": True,
+            "decoder.block.qkv_bias": F("attention_bias", False),
+            "decoder.block.proj_bias": F("attention_bias", False),
+            "decoder.block.attention_scale": GRANITE.spec["decoder.block.attention_scale"],
+        },
+        drop=(
+            "router_jitter_noise",
+            "decoder.block.sliding_window",
+            "decoder.block.head_dim",  # as Granite's: width / heads
+            "ForSequenceClassification",
+            "ForTokenClassification",
+        ),
+        only=tuple(o for o in GRANITE.only if o.name != "pretraining_tp"),
+        classes={"ForCausalLM": GRANITE.classes["ForCausalLM"]},
+        keys=r"(?:model\.)?layers\.\d+\.block_sparse_moe\.router\.",
+        names={
+            "decoder.blocks.{i}.router": _LAYER + "block_sparse_moe.router",
+            "decoder.blocks.{i}.mlp.fc1": _LAYER + "block_sparse_moe.experts.gate_up_proj",
+            "decoder.blocks.{i}.mlp.fc2": _LAYER + "block_sparse_moe.experts.down_proj",
+        },
     )
 )
