@@ -1,8 +1,9 @@
 """More families of the Llama-like decoder layout, each a table of what it changes: EXAONE 4 (OLMo 2's norms
 after each branch, QK-norms per head, windows in three layers of four and no rotary positions in the others),
 VaultGemma (Gemma 2 without the norms after each branch), Qwen3-VL's text model (Qwen3's decoder under
-multimodal RoPE, which is plain RoPE for text: its three position streams are then equal) and Granite-MoE
-(Mixtral's experts under Granite's multipliers).
+multimodal RoPE, which is plain RoPE for text: its three position streams are then equal) Granite-MoE
+(Mixtral's experts under Granite's multipliers) and HunYuan dense (Llama's blocks, QK-norms on the rotated
+queries and keys).
 
 Granite's ``embedding_multiplier`` and ``residual_multiplier`` scale the embeddings and each branch by a
 constant; the spec states neither (``input.scale`` is sqrt(width), ``layer_scale`` a learned vector no
@@ -172,6 +173,30 @@ GRANITE_MOE = register(
             "decoder.blocks.{i}.router": _LAYER + "block_sparse_moe.router",
             "decoder.blocks.{i}.mlp.fc1": _LAYER + "block_sparse_moe.experts.gate_up_proj",
             "decoder.blocks.{i}.mlp.fc2": _LAYER + "block_sparse_moe.experts.down_proj",
+        },
+    )
+)
+
+
+# -- HunYuan dense ---------------------------------------------------------------------------------------
+
+HUNYUAN_DENSE = register(
+    LLAMA.but(
+        "HunYuanDenseV1",
+        ("hunyuan_v1_dense",),
+        {
+            "decoder.input.vocab": F("vocab_size", 290943),
+            "decoder.block.qk_norm": "head",
+            "decoder.block.qk_norm_after_rope": True,  # RMSNorm of each rotated head
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),
+            "decoder.block.mlp.bias": False,
+        },
+        drop=("ForTokenClassification",),
+        inert=("eod_token_id",),  # a token id
+        keys=r"(?:model\.)?layers\.\d+\.self_attn\.query_layernorm\.",
+        names={
+            "decoder.blocks.{i}.attn.q_norm": _LAYER + "self_attn.query_layernorm",
+            "decoder.blocks.{i}.attn.k_norm": _LAYER + "self_attn.key_layernorm",
         },
     )
 )

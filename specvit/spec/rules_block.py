@@ -201,6 +201,12 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 "remove memory_norm, or add cross_attention to the layers",
             )
         )
+    if b.qk_norm_after_rope and not b.qk_norm:
+        out.append(
+            Problem(
+                f"{at}.qk_norm_after_rope", "the block has no qk_norm to place", "set qk_norm, or remove this"
+            )
+        )
     out += _cross_attention_heads(role, at, b, spec)
     out += _global_tokens(role, at, b, spec)
     out += _parameters(at, b)
