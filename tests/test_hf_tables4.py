@@ -1,4 +1,4 @@
-"""EXAONE 4, VaultGemma, Qwen3-VL's text model and Granite-MoE (tables over the Llama-like layout,
+"""EXAONE 4, VaultGemma, Qwen3-VL's text model, Granite-MoE and HunYuan dense (tables over the Llama-like layout,
 specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout, hf_encoders2.py): from the config a spec,
 from the state dict specvit's weights, and the same logits or last hidden state (fp32, <= 1e-4) and greedy
 tokens as transformers; every weight and buffer is moved off its init by N(0, 0.08) noise.
@@ -42,6 +42,8 @@ GQA = SIZES | dict(num_key_value_heads=2, head_dim=12)
 LLAMA_SWITCHES = [("num_key_value_heads", 4), ("rms_norm_eps", 0.3), ("hidden_act", "gelu"), ("head_dim", 8),
                   ("rope_parameters", THETA), ("tie_word_embeddings", True)]  # fmt: skip
 ALTERNATE = ["full_attention", "sliding_attention"]
+NTK_ALPHA = {"rope_type": "dynamic", "alpha": 3.0, "rope_theta": 50.0, "factor": 1.0}
+"""HunYuan's NTK-alpha RoPE: plain RoPE at base theta * alpha ** (hd / (hd - 2))."""
 
 CASES: dict[str, Case] = {
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", GQA | dict(sliding_window=5, sliding_window_pattern=2),
@@ -58,6 +60,8 @@ CASES: dict[str, Case] = {
                    SIZES | dict(num_key_value_heads=2, attention_multiplier=0.3, num_local_experts=4),
                    [("attention_multiplier", 0.1), ("logits_scaling", 2.0), ("attention_bias", True),
                     ("num_local_experts", 3), ("num_experts_per_tok", 1), *LLAMA_SWITCHES[:3], *LLAMA_SWITCHES[4:]]),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", GQA,  # HF needs a head_dim
+                         [("attention_bias", True), ("rope_parameters", NTK_ALPHA), *LLAMA_SWITCHES]),
 }  # fmt: skip
 BARE: dict[str, Case] = {
     "qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3VLTextModel",
@@ -142,6 +146,13 @@ def test_layer_types_a_config_leaves_out_are_the_class_s() -> None:
         ("granitemoe", {"residual_multiplier": 0.22},
          "config.residual_multiplier: granitemoe config has residual_multiplier=0.22: specvit has no constant"),
         ("granitemoe", {"logits_scaling": 0.0}, "config.logits_scaling: granitemoe config has logits_scaling=0.0"),
+        ("hunyuan_v1_dense", {"rope_parameters": NTK_ALPHA | {"alpha": -1.0}},
+         "config.rope_parameters: hunyuan_v1_dense config has rope_parameters={'alpha': -1.0, 'factor': 1.0, "
+         "'rope_theta': 50.0, 'rope_type': 'dynamic'}: its base is rope_theta * alpha ** (head_dim / (head_dim - 2))"),
+        ("hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 50.0}},
+         "config.rope_parameters: hunyuan_v1_dense config has rope_parameters="),
+        ("hunyuan_v1_dense", {"architectures": ["HunYuanDenseV1ForTokenClassification"]},
+         "config.architectures: hunyuan_v1_dense config has architectures=['HunYuanDenseV1ForTokenClassification']"),
         ("qwen3_vl_text", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4}},
          "config.rope_parameters: qwen3_vl_text config has rope_parameters="),
     ],
