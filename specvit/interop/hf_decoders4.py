@@ -2,8 +2,9 @@
 after each branch, QK-norms per head, windows in three layers of four and no rotary positions in the others),
 VaultGemma (Gemma 2 without the norms after each branch), Qwen3-VL's text model (Qwen3's decoder under
 multimodal RoPE, which is plain RoPE for text: its three position streams are then equal) Granite-MoE
-(Mixtral's experts under Granite's multipliers) and HunYuan dense (Llama's blocks, QK-norms on the rotated
-queries and keys).
+(Mixtral's experts under Granite's multipliers), HunYuan dense (Llama's blocks, QK-norms on the rotated
+queries and keys) and Apertus (an MLP of one ``up_proj`` and xIELU, QK-norms; its default Llama 3 RoPE scaling
+is refused, as every table's).
 
 Granite's ``embedding_multiplier`` and ``residual_multiplier`` scale the embeddings and each branch by a
 constant; the spec states neither (``input.scale`` is sqrt(width), ``layer_scale`` a learned vector no
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3
-from specvit.interop.hf_decoders3 import GRANITE
+from specvit.interop.hf_decoders3 import GRANITE, PLAIN
 from specvit.interop.hf_layers import layer_types, overrides
 from specvit.interop.hf_llama import LLAMA, head_dim, rope, sliding
 from specvit.interop.registry import Config, listable
@@ -215,6 +216,34 @@ HUNYUAN_DENSE = register(
         names={
             "decoder.blocks.{i}.attn.q_norm": _LAYER + "self_attn.query_layernorm",
             "decoder.blocks.{i}.attn.k_norm": _LAYER + "self_attn.key_layernorm",
+        },
+    )
+)
+
+
+# -- Apertus ---------------------------------------------------------------------------------------------
+
+APERTUS = register(
+    LLAMA.but(
+        "Apertus",
+        ("apertus",),
+        {
+            "decoder.input.vocab": F("vocab_size", 131072),
+            "decoder.position": rope(12000000.0),  # the class's default rope_type, llama3, is refused
+            "decoder.block.qk_norm": "head",
+            "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),
+            "decoder.block.mlp.hidden": F("intermediate_size", 14336),
+            "decoder.block.mlp.activation": F("hidden_act", "xielu", map=PLAIN | {"xielu": "xielu"}),
+            "decoder.block.mlp.bias": False,
+        },
+        drop=("pretraining_tp", "ForSequenceClassification"),
+        keys=r"(?:model\.)?layers\.\d+\.attention_layernorm\.",
+        names={
+            "decoder.blocks.{i}.norm1": _LAYER + "attention_layernorm",
+            "decoder.blocks.{i}.norm2": _LAYER + "feedforward_layernorm",
+            "decoder.blocks.{i}.mlp.fc1": _LAYER + "mlp.up_proj",
+            "decoder.blocks.{i}.mlp.fc2": _LAYER + "mlp.down_proj",
+            "decoder.blocks.{i}.mlp.act": _LAYER + "mlp.act_fn",  # xIELU's alpha_p, alpha_n, beta, eps
         },
     )
 )

@@ -313,6 +313,12 @@ def _moe(at: str, b: BlockSpec, s: StackSpec) -> list[Problem]:
             "set mlp.bias: false",
         ),
         (not mlp.norm, f"{key}.norm", "the experts have no inner norm", "remove mlp.norm"),
+        (
+            mlp.activation != "xielu",
+            f"{key}.activation",
+            "xielu is learned per MLP, not per expert",
+            "use silu",
+        ),
         (s.dropout.mlp == 0, "dropout.mlp", "the experts have no dropout", "set dropout.mlp: 0"),
     ]
     return [Problem(where, what, fix) for ok, where, what, fix in checks if not ok]
