@@ -1,4 +1,4 @@
-"""EXAONE 4, VaultGemma, Qwen3-VL's text model, Granite-MoE and HunYuan dense (tables over the Llama-like layout,
+"""EXAONE 4, VaultGemma, Qwen3-VL's text model, Granite-MoE, HunYuan dense and Apertus (tables over the Llama-like layout,
 specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout, hf_encoders2.py): from the config a spec,
 from the state dict specvit's weights, and the same logits or last hidden state (fp32, <= 1e-4) and greedy
 tokens as transformers; every weight and buffer is moved off its init by N(0, 0.08) noise.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from decoder_tables import (
     check_switch,
     check_switched,
     check_unread,
+    dump,
     hf,
     tokens,
 )
@@ -62,6 +64,9 @@ CASES: dict[str, Case] = {
                     ("num_local_experts", 3), ("num_experts_per_tok", 1), *LLAMA_SWITCHES[:3], *LLAMA_SWITCHES[4:]]),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", GQA,  # HF needs a head_dim
                          [("attention_bias", True), ("rope_parameters", NTK_ALPHA), *LLAMA_SWITCHES]),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", GQA | dict(rope_parameters=THETA),  # not llama3 RoPE
+                [("attention_bias", True), ("hidden_act", "relu2"), *LLAMA_SWITCHES[:2], *LLAMA_SWITCHES[3:4],
+                 ("rope_parameters", THETA | {"rope_theta": 20.0}), LLAMA_SWITCHES[-1]]),
 }  # fmt: skip
 BARE: dict[str, Case] = {
     "qwen3_vl_text": ("Qwen3VLTextConfig", "Qwen3VLTextModel",
@@ -104,9 +109,23 @@ def test_every_field_a_table_reads_is_switched_by_a_test(family: str) -> None:
     check_switched(family, case, SHAPES_ONLY, TRAINING_ONLY, ROPE, READ_BY_DEFAULT)
 
 
-@pytest.mark.parametrize("family", [*CASES, *BARE])
+@pytest.mark.parametrize("family", [f for f in [*CASES, *BARE] if f != "apertus"])
 def test_table_defaults_are_the_config_class_defaults(family: str) -> None:
     check_defaults(family, {**CASES, **BARE}[family])
+
+
+def test_apertus_defaults_are_the_class_s_and_its_llama3_rope_is_refused() -> None:
+    """Apertus's class defaults to Llama 3's RoPE scaling, which no spec states: refused by field, for a
+    config of the model type alone as for the class's; every other default is the class's."""
+    import transformers
+
+    check_table_defaults(TABLES["apertus"], "ApertusConfig", "apertus", whole=False)
+    for config, value in (({"model_type": "apertus"}, "None: Apertus's class then scales RoPE as Llama 3"),
+                          (transformers.ApertusConfig(), "{'factor': 8.0")):  # fmt: skip
+        with pytest.raises(specvit.SpecError, match=re.escape(f"apertus config has rope_parameters={value}")):
+            specvit.from_hf(config)
+    plain = {"rope_parameters": {"rope_type": "default", "rope_theta": 12000000.0}}
+    assert dump({"model_type": "apertus"} | plain) == dump(transformers.ApertusConfig(**plain))
 
 
 @pytest.mark.parametrize("family", [*CASES, *BARE])

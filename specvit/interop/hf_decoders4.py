@@ -223,13 +223,29 @@ HUNYUAN_DENSE = register(
 
 # -- Apertus ---------------------------------------------------------------------------------------------
 
+_APERTUS_ROPE = rope(12000000.0)
+
+
+def _apertus_rope(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Apertus's RoPE: a config without RoPE parameters has the class's, Llama 3's scaling, which no spec
+    position states (refused as the config's would be)."""
+    if c.get("rope_parameters", kind=dict) is None and c.get("rope_scaling", kind=dict) is None:
+        raise c.refuse(
+            "rope_parameters",
+            None,
+            "Apertus's class then scales RoPE as Llama 3 (rope_type llama3), which has no specvit position kind",
+            "use plain RoPE: rope_parameters: {rope_type: default, rope_theta: 12000000.0}",
+        )
+    return _APERTUS_ROPE.read(c, spec)
+
+
 APERTUS = register(
     LLAMA.but(
         "Apertus",
         ("apertus",),
         {
             "decoder.input.vocab": F("vocab_size", 131072),
-            "decoder.position": rope(12000000.0),  # the class's default rope_type, llama3, is refused
+            "decoder.position": D(_apertus_rope, _APERTUS_ROPE.fields, _APERTUS_ROPE.inverse),
             "decoder.block.qk_norm": "head",
             "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),
             "decoder.block.mlp.hidden": F("intermediate_size", 14336),
