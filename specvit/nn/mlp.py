@@ -49,6 +49,8 @@ class XIELU(nn.Module):
         "alpha_n": math.log(math.expm1(0.8 - 0.5)),
     }
     """The parameters' initial values: softplus of each is 0.8 - 0 and 0.8 - beta."""
+    beta: Tensor
+    eps: Tensor
 
     def __init__(self) -> None:
         super().__init__()
