@@ -1,4 +1,4 @@
-"""EXAONE 4, VaultGemma, Qwen3-VL's text model, Granite-MoE, HunYuan dense and Apertus (tables over the Llama-like layout,
+"""EXAONE 4, VaultGemma, Qwen3-VL's text models (dense and MoE), Granite-MoE, HunYuan dense and Apertus (tables over the Llama-like layout,
 specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout, hf_encoders2.py): from the config a spec,
 from the state dict specvit's weights, and the same logits or last hidden state (fp32, <= 1e-4) and greedy
 tokens as transformers; every weight and buffer is moved off its init by N(0, 0.08) noise.
@@ -74,14 +74,20 @@ BARE: dict[str, Case] = {
                       [("attention_bias", True), ("rope_parameters", {"rope_type": "default", "rope_theta": 20.0,
                                                                       "mrope_section": [1, 2, 3]}),
                        *LLAMA_SWITCHES[:-2]]),
+    "qwen3_vl_moe_text": ("Qwen3VLMoeTextConfig", "Qwen3VLMoeTextModel",
+                          GQA | dict(moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, rope_parameters=THETA),
+                          [("attention_bias", True), ("mlp_only_layers", [1]), ("decoder_sparse_step", 2),
+                           ("num_experts", 3), ("num_experts_per_tok", 1), ("moe_intermediate_size", 16),
+                           *LLAMA_SWITCHES[:4], ("rope_parameters", THETA | {"rope_theta": 20.0})]),
 }  # fmt: skip
 """Base models alone (no head, no greedy tokens): their last hidden state is compared."""
 
 SHAPES_ONLY = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"}
 TRAINING_ONLY = {"attention_dropout"}
 ROPE = {"partial_rotary_factor", "rope_theta", "rope_scaling"}
-READ_BY_DEFAULT = {"sliding_window_pattern"}
-"""Read where a config leaves layer_types out: test_layer_types_a_config_leaves_out_are_the_class_s."""
+READ_BY_DEFAULT = {"sliding_window_pattern", "num_local_experts"}
+"""Read where a config leaves layer_types out (test_layer_types_a_config_leaves_out_are_the_class_s), and
+num_experts' name in to_dict (attribute_map), which every Qwen3-VL-MoE case writes."""
 
 
 @pytest.mark.parametrize("family", CASES)
@@ -207,7 +213,8 @@ def test_the_multimodal_qwen3_vl_is_refused_by_model_type() -> None:
 def _hidden(ref: nn.Module, config: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     model = converted(ref, specvit.from_hf(ref if config is None else config))
     with torch.no_grad():
-        return model(tokens()), ref(input_ids=tokens()).last_hidden_state
+        ours = model(tokens())  # an MoE's beside its router loss
+        return ours["logits"] if isinstance(ours, dict) else ours, ref(input_ids=tokens()).last_hidden_state
 
 
 _BEFORE: dict[str, torch.Tensor] = {}

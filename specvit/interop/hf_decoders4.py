@@ -13,13 +13,14 @@ checkpoint holds), so both are refused unless 1, as in Granite's table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3
 from specvit.interop.hf_decoders3 import GRANITE, PLAIN
 from specvit.interop.hf_layers import layer_types, overrides
 from specvit.interop.hf_llama import LLAMA, head_dim, rope, sliding
+from specvit.interop.hf_moe import QWEN3_MOE, qwen_moe
 from specvit.interop.registry import Config, listable
 from specvit.interop.table import BARE, D, F, count, register
 
@@ -136,6 +137,50 @@ QWEN3_VL_TEXT = register(
             "ForSequenceClassification",
             "ForTokenClassification",
         ),
+        classes={"Model": BARE},
+        default="Model",
+    )
+)
+
+
+def _normalized(moe: D) -> D:
+    """Qwen3-VL-MoE's experts: Qwen's, their top k weights always rescaled to sum to 1 (no norm_topk_prob)."""
+
+    def read(c: Config, spec: Mapping[str, Any]) -> dict[str, Any] | None:
+        value = moe.read(c, spec)
+        return None if value is None else value | {"normalize": True}
+
+    def write(value: Any, get: Callable[[str], Any]) -> dict[str, Any]:
+        assert moe.inverse is not None
+        return {k: v for k, v in moe.inverse(value, get).items() if k != "norm_topk_prob"}
+
+    return D(read, tuple(f for f in moe.fields if f != "norm_topk_prob"), write)
+
+
+_QWEN3_VL_MLP = qwen_moe(5632, 1408, 60, 4, None)
+
+QWEN3_VL_MOE_TEXT = register(
+    QWEN3_MOE.but(
+        "Qwen3VLMoeText",
+        ("qwen3_vl_moe_text",),
+        {
+            **QWEN3_VL_TEXT.spec,  # its attention and positions (plain RoPE for text)
+            "decoder.width": F("hidden_size", 2048),
+            "decoder.depth": F("num_hidden_layers", 24),
+            "decoder.block.heads": count("num_attention_heads", 16),
+            "decoder.block.kv_heads": F("num_key_value_heads", 16),
+            "decoder.block.head_dim": head_dim(),
+            **_QWEN3_VL_MLP,
+            "decoder.block.mlp.moe": _normalized(_QWEN3_VL_MLP["decoder.block.mlp.moe"]),
+        },
+        drop=(
+            "decoder.block.sliding_window",
+            "ForCausalLM",
+            "ForSequenceClassification",
+            "ForTokenClassification",
+        ),
+        # the class sets sliding_window to None whatever a config says; the text model has no head to tie
+        inert=("sliding_window", "tie_word_embeddings"),
         classes={"Model": BARE},
         default="Model",
     )
