@@ -1,7 +1,8 @@
-"""EXAONE 4, VaultGemma, Qwen3-VL's text models (dense and MoE), Granite-MoE, HunYuan dense and Apertus (tables over the Llama-like layout,
-specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout, hf_encoders2.py): from the config a spec,
-from the state dict specvit's weights, and the same logits or last hidden state (fp32, <= 1e-4) and greedy
-tokens as transformers; every weight and buffer is moved off its init by N(0, 0.08) noise.
+"""EXAONE 4, VaultGemma, Qwen3-VL's text models (dense and MoE), Granite-MoE (and -Shared), HunYuan dense and
+Apertus (tables over the Llama-like layout, specvit/interop/hf_decoders4.py) and SplinterModel (BERT's layout,
+hf_encoders2.py): from the config a spec, from the state dict specvit's weights, and the same logits or last
+hidden state (fp32, <= 1e-4) and greedy tokens as transformers; every weight and buffer is moved off its init
+by N(0, 0.08) noise.
 
 Each config field a table reads is switched in turn: HF's output moves, and specvit's follows it exactly. Table
 defaults are the HF config classes' defaults; a field no table reads, a value no spec states, or a class whose
@@ -62,6 +63,12 @@ CASES: dict[str, Case] = {
                    SIZES | dict(num_key_value_heads=2, attention_multiplier=0.3, num_local_experts=4),
                    [("attention_multiplier", 0.1), ("logits_scaling", 2.0), ("attention_bias", True),
                     ("num_local_experts", 3), ("num_experts_per_tok", 1), *LLAMA_SWITCHES[:3], *LLAMA_SWITCHES[4:]]),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM",
+                         SIZES | dict(num_key_value_heads=2, attention_multiplier=0.3, num_local_experts=4,
+                                      shared_intermediate_size=24),
+                         [("shared_intermediate_size", 0), ("shared_intermediate_size", 16), ("attention_multiplier", 0.1),
+                          ("logits_scaling", 2.0), ("attention_bias", True), ("num_local_experts", 3),
+                          ("num_experts_per_tok", 1), *LLAMA_SWITCHES[:3], *LLAMA_SWITCHES[4:]]),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", GQA,  # HF needs a head_dim
                          [("attention_bias", True), ("rope_parameters", NTK_ALPHA), *LLAMA_SWITCHES]),
     "apertus": ("ApertusConfig", "ApertusForCausalLM", GQA | dict(rope_parameters=THETA),  # not llama3 RoPE

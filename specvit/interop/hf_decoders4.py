@@ -2,7 +2,7 @@
 after each branch, QK-norms per head, windows in three layers of four and no rotary positions in the others),
 VaultGemma (Gemma 2 without the norms after each branch), Qwen3-VL's text model (Qwen3's decoder under
 multimodal RoPE, which is plain RoPE for text: its three position streams are then equal) Granite-MoE
-(Mixtral's experts under Granite's multipliers), HunYuan dense (Llama's blocks, QK-norms on the rotated
+(Mixtral's experts under Granite's multipliers; Granite-MoE-Shared with a shared expert), HunYuan dense (Llama's blocks, QK-norms on the rotated
 queries and keys) and Apertus (an MLP of one ``up_proj`` and xIELU, QK-norms; its default Llama 3 RoPE scaling
 is refused, as every table's).
 
@@ -219,6 +219,30 @@ GRANITE_MOE = register(
             "decoder.blocks.{i}.router": _LAYER + "block_sparse_moe.router",
             "decoder.blocks.{i}.mlp.fc1": _LAYER + "block_sparse_moe.experts.gate_up_proj",
             "decoder.blocks.{i}.mlp.fc2": _LAYER + "block_sparse_moe.experts.down_proj",
+        },
+    )
+)
+
+
+def _shared(c: Config, spec: Mapping[str, Any]) -> int | None:
+    """Granite-MoE-Shared's shared expert (a gated MLP every token runs, added to the routed ones): none at
+    ``shared_intermediate_size`` 0."""
+    return c.get("shared_intermediate_size", 0) or None
+
+
+GRANITE_MOE_SHARED = register(
+    GRANITE_MOE.but(
+        "GraniteMoeShared",
+        ("granitemoeshared",),
+        {
+            "decoder.block.mlp.moe.shared_hidden": D(
+                _shared, ("shared_intermediate_size",), lambda v, get: {"shared_intermediate_size": v or 0}
+            )
+        },
+        keys=r"(?:model\.)?layers\.\d+\.shared_mlp\.input_linear\.",
+        names={
+            "decoder.blocks.{i}.mlp.shared.fc1": _LAYER + "shared_mlp.input_linear",  # [gate; up]
+            "decoder.blocks.{i}.mlp.shared.fc2": _LAYER + "shared_mlp.output_linear",
         },
     )
 )
