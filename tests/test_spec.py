@@ -247,7 +247,7 @@ BAD = [
         VIT,
         "activation: gelu",
         "activation: gelo",
-        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, relu2, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)",
+        "t.yaml:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, relu2, silu, xielu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)",
     ),
     (
         VIT,
@@ -601,7 +601,7 @@ def test_cli_validate_errors_exit_2_without_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in run.stderr
     assert run.stderr.splitlines() == [
         f"{bad}:14:33: encoder.block.mlp.activation: 'gelo' is not one of gelu, gelu_tanh, quick_gelu, relu, "
-        "relu2, silu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)"
+        "relu2, silu, xielu, swiglu, geglu, geglu_tanh (did you mean 'gelu'?)"
     ]
     assert "ok  renamed: encoder" in run.stdout
 

@@ -26,6 +26,7 @@ from specvit.codegen.emit import methods
 from specvit.codegen.scopes import Scope, analyse, block_container
 from specvit.graph.ir import ArchGraph
 from specvit.nn.attention import KVCache
+from specvit.nn.mlp import XIELU
 from specvit.nn.norm import Norm
 from specvit.ops.embed import Ref
 
@@ -268,6 +269,10 @@ class _Filler:
                 ):  # built on the meta device: no statistics yet
                     with torch.no_grad():
                         m.reset_running_stats()
+            elif isinstance(m, XIELU):
+                for name, value in XIELU.INIT.items():
+                    self(getattr(m, name), partial(nn.init.constant_, val=value))
+                m.reset_buffers()
 
 
 def _fill_full(param: torch.Tensor, fn: Callable[[torch.Tensor], Any]) -> None:

@@ -20,6 +20,7 @@ from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.norm import make_norm
 from specvit.nn.partition import padded_grid
+from specvit.nn.position import apply_rope
 from specvit.nn.scores import mix_heads, tanh_cap
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "check_parts",
     "dropout",
     "head_norm",
+    "normed_rotated",
     "open_empty_rows",
     "output_parts",
     "packed_projection",
@@ -77,6 +79,23 @@ def head_norm(
     if scope == "all":
         return make_norm(kind, heads * head_dim, eps, heads=heads, device=device, dtype=dtype, **settings)
     return make_norm(kind, head_dim, eps, device=device, dtype=dtype, **settings)
+
+
+def normed_rotated(t: Tensor, norm: nn.Module, rope: tuple[Tensor, Tensor] | None, late: bool) -> Tensor:
+    """Queries or keys (B, [G,] H, N, hd) through their QK-norm and RoPE: the norm first (Qwen3, OLMo 2), or
+    with ``late`` the norm of the rotated heads (HunYuan).
+
+    Args:
+        t: the heads.
+        norm: their QK-norm (Identity without one).
+        rope: ``(cos, sin)`` tables of their positions, or None.
+        late: the norm after RoPE.
+    """
+    if not late:
+        t = norm(t)
+    if rope is not None:
+        t = apply_rope(t, *rope)
+    return norm(t) if late else t
 
 
 QkvBias = bool | tuple[bool, ...]

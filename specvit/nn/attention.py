@@ -49,6 +49,7 @@ from specvit.nn.attend import (
     attend_math,
     check_parts,
     head_norm,
+    normed_rotated,
     output_parts,
     packed_projection,
     project_positioned,
@@ -63,7 +64,6 @@ from specvit.nn.functional import to_map, to_tokens
 from specvit.nn.global_tokens import GlobalTokens, global_attention, global_keys, global_parts, global_rows
 from specvit.nn.linear import Linear
 from specvit.nn.partition import window_merge, window_split
-from specvit.nn.position import apply_rope
 from specvit.nn.reduce import reduce_tokens, spatial_reduction
 from specvit.nn.relative import disentangled_scores
 from specvit.nn.scores import (
@@ -104,6 +104,7 @@ class Attention(nn.Module):
         qk_norm_unit_offset: the QK norms scale by ``1 + w`` (Gemma 3).
         qk_norm_scope: ``head``: each head normalised over its hd channels; ``all``: the H (or Hkv) heads
             of a token over their H * hd channels at once (OLMo 2).
+        qk_norm_after_rope: the QK norms normalise the rotated queries and keys (HunYuan), not the unrotated.
         norm_eps: epsilon of the QK norms.
         scale: factor of q·k; None = 1/sqrt(hd) (T5 uses 1).
         cosine: cosine attention (Swin-V2): cos(q, k) times a learned per-head ``logit_scale``,
@@ -161,6 +162,7 @@ class Attention(nn.Module):
         qk_norm_affine: bool = True,
         qk_norm_unit_offset: bool = False,
         qk_norm_scope: QkNormScope = "head",
+        qk_norm_after_rope: bool = False,
         norm_eps: float = 1e-6,
         scale: float | None = None,
         cosine: bool = False,
@@ -214,6 +216,7 @@ class Attention(nn.Module):
         if global_projection:  # Longformer's query_global, key_global and value_global, packed
             self.qkv_global = packed_projection(self, dim, global_parts(self.parts), device, dtype)
         qk = {"bias": qk_norm_bias, "affine": qk_norm_affine, "unit_offset": qk_norm_unit_offset}
+        self.qk_norm_after_rope = qk_norm_after_rope
         self.q_norm = head_norm(qk_norm, h, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self.k_norm = head_norm(qk_norm, self.num_kv_heads, hd, norm_eps, qk_norm_scope, device, dtype, **qk)
         self._score_parameters(cpb_hidden, device, dtype)
@@ -290,19 +293,19 @@ class Attention(nn.Module):
         return self.grid
 
     def _qkv(self, x: Tensor, pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries (B, [G,] H, Nq, hd), keys (QK-normed, hd) and values (B, [G,] Hkv, L, vd) of the tokens x:
+        """Queries (B, [G,] H, Nq, hd), keys (hd) and values (B, [G,] Hkv, L, vd) of the tokens x:
         (B, [G,] L, D), or of a (B, D, H, W) map (conv)."""
         h, hkv, hd, vd = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
         if self.projection == "conv":  # each 1x1 conv over the map, its H * W positions as tokens
             q, k, v = (to_tokens(conv(x)) for conv in (self.query, self.key, self.value))  # (B, N, out)
-            return split_heads(q, hd), self.k_norm(split_heads(k, hd)), split_heads(v, vd)
+            return split_heads(q, hd), split_heads(k, hd), split_heads(v, vd)
         if self.projection == "split":
             q = self.q(x if self.queries is None else x[..., : self.queries, :])
-            return split_heads(q, hd), self.k_norm(split_heads(self.k(x), hd)), split_heads(self.v(x), vd)
+            return split_heads(q, hd), split_heads(self.k(x), hd), split_heads(self.v(x), vd)
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
         q, k, v = split_parts(qkv, ((h, hd), (hkv, hd), (hkv, vd)))  # (B, [G,] H or Hkv, L, hd); values vd
-        return (q if self.queries is None else q[..., : self.queries, :]), self.k_norm(k), v
+        return (q if self.queries is None else q[..., : self.queries, :]), k, v
 
     def _memory(
         self,
@@ -321,9 +324,7 @@ class Attention(nn.Module):
         hkv, hd, vd = self.num_kv_heads, self.head_dim, self.v_head_dim
         kv = project_positioned(self, memory, memory_pos, self.kv, self.parts, hkv * hd)  # (B, M, Hkv(hd+vd))
         k, v = split_parts(kv, ((hkv, hd), (hkv, vd)))  # (B, Hkv, M, hd), (B, Hkv, M, vd)
-        k = self.k_norm(k)
-        if memory_rope is not None:
-            k = apply_rope(k, *memory_rope)
+        k = normed_rotated(k, self.k_norm, memory_rope, self.qk_norm_after_rope)
         if cache is not None:
             cache.memory[self.layer_idx] = (k, v)
         return k, v
@@ -414,10 +415,8 @@ class Attention(nn.Module):
             k, v = self._memory(x if self.reduction else memory, memory_pos, memory_rope, cache)
         else:
             q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
-        q = self.q_norm(q)
-        if rope is not None:
-            q = apply_rope(q, *rope)
-            k = k if self.cross else apply_rope(k, *rope)
+        q = normed_rotated(q, self.q_norm, rope, self.qk_norm_after_rope)
+        k = k if self.cross else normed_rotated(k, self.k_norm, rope, self.qk_norm_after_rope)
         if self.cosine:
             q, k = cosine_qk(q, k, self.logit_scale)
         if self.grid_window is not None:  # windows and heads as one 4D attention, which every SDPA takes

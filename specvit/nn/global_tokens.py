@@ -22,8 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from specvit.nn.attend import Parts, project_positioned, split_heads
-from specvit.nn.position import apply_rope
+from specvit.nn.attend import Parts, normed_rotated, project_positioned, split_heads
 
 __all__ = ["GlobalTokens", "global_attention", "global_keys", "global_parts", "global_rows"]
 
@@ -103,9 +102,8 @@ def global_attention(
     parts = global_parts(core.parts)
     qkv = project_positioned(core, x, pos, core.qkv_global, parts, (h + hkv) * hd)  # (B, N, (H + 2Hkv) * hd)
     q, k, v = split_heads(qkv, hd).split((h, hkv, hkv), dim=-3)  # (B, H or Hkv, N, hd)
-    q, k = core.q_norm(q), core.k_norm(k)
-    if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    late = core.qk_norm_after_rope
+    q, k = normed_rotated(q, core.q_norm, rope, late), normed_rotated(k, core.k_norm, rope, late)
     visible = None if mask is None else ~mask[:, None, None, :]  # (B, 1, 1, N): every key but padding
     own = core._attend(q, k, v, visible, False, bias)  # (B, H, N, hd)
     return torch.where(rows[:, None, :, None], own, out)  # (B, H, N, hd)

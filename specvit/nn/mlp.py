@@ -6,7 +6,8 @@ F below is the hidden width of the MLP.
 
 from __future__ import annotations
 
-from typing import Literal, cast, get_args
+import math
+from typing import ClassVar, Literal, cast, get_args
 
 import torch
 from torch import Tensor, nn
@@ -16,10 +17,10 @@ from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear
 from specvit.nn.norm import make_norm
 
-PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu"]
+PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu"]
 GluActivation = Literal["swiglu", "geglu", "geglu_tanh"]
 MlpActivation = Literal[
-    "gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"
+    "gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu", "swiglu", "geglu", "geglu_tanh"
 ]
 
 
@@ -37,6 +38,40 @@ class ReLUSquared(nn.Module):
         return torch.square(torch.relu(x))
 
 
+class XIELU(nn.Module):
+    """xIELU (Huang & Schlag 2024; Apertus): ``a_p x² + b x`` for x > 0, else
+    ``a_n (expm1(min(x, eps)) - x) + b x``, with ``a_p = softplus(alpha_p)`` and ``a_n = b + softplus(alpha_n)``
+    learned (initialised to 0.8 each) and ``beta`` (b, 0.5) and ``eps`` (-1e-6) buffers a checkpoint holds,
+    as transformers' ``XIELUActivation`` names them."""
+
+    INIT: ClassVar[dict[str, float]] = {
+        "alpha_p": math.log(math.expm1(0.8)),
+        "alpha_n": math.log(math.expm1(0.8 - 0.5)),
+    }
+    """The parameters' initial values: softplus of each is 0.8 - 0 and 0.8 - beta."""
+    beta: Tensor
+    eps: Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.tensor([self.INIT["alpha_p"]]))  # (1,)
+        self.alpha_n = nn.Parameter(torch.tensor([self.INIT["alpha_n"]]))  # (1,)
+        self.register_buffer("beta", torch.tensor(0.5))
+        self.register_buffer("eps", torch.tensor(-1e-6))
+
+    def reset_buffers(self) -> None:
+        """``beta`` and ``eps`` at their values (a meta-device build has none yet)."""
+        with torch.no_grad():
+            self.beta.fill_(0.5)
+            self.eps.fill_(-1e-6)
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha_p = nn.functional.softplus(self.alpha_p)
+        alpha_n = self.beta + nn.functional.softplus(self.alpha_n)
+        negative = (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n
+        return torch.where(x > 0, alpha_p * x * x, negative) + self.beta * x
+
+
 def _activation(name: str) -> nn.Module:
     if name in ("gelu", "geglu"):
         return nn.GELU()  # exact (erf) GELU
@@ -48,6 +83,8 @@ def _activation(name: str) -> nn.Module:
         return nn.ReLU()
     if name == "relu2":
         return ReLUSquared()
+    if name == "xielu":
+        return XIELU()
     if name in ("silu", "swiglu"):
         return nn.SiLU()
     raise ValueError(f"unknown activation {name!r}; expected one of {get_args(MlpActivation)}")
@@ -80,7 +117,7 @@ class Mlp(nn.Module):
         dim: input and output width D.
         hidden: hidden width F.
         activation: ``gelu`` (exact erf), ``gelu_tanh`` (tanh approximation), ``quick_gelu``, ``relu``,
-            ``relu2`` (squared ReLU) or ``silu``.
+            ``relu2`` (squared ReLU), ``silu`` or ``xielu`` (:class:`XIELU`, learned).
         bias: whether ``fc1`` and ``fc2`` have biases.
         dropout: dropout probability after the activation and after ``fc2``.
         norm: a norm on the hidden activations before ``fc2`` (``layernorm``, ``rmsnorm``), or None.

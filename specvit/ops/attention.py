@@ -40,6 +40,7 @@ def attention_params(b: BlockCtx, **parts: Any) -> AttentionParams:
         "qk_norm_affine": spec.norm.affine,
         "qk_norm_unit_offset": spec.norm.unit_offset,
         "qk_norm_scope": "all" if spec.qk_norm == "all" else "head",
+        "qk_norm_late": spec.qk_norm_after_rope,
         "eps": spec.norm.eps,
         "attn_drop": s.dropout.attention,
         "proj_drop": s.dropout.projection,

@@ -100,6 +100,7 @@ class AttentionParams(Params):
         qk_norm_affine: the QK norms have a learned weight.
         qk_norm_unit_offset: the QK norms scale by ``1 + w``.
         qk_norm_scope: ``head`` (each head over head_dim) or ``all`` (a token's heads at once, OLMo 2).
+        qk_norm_late: the QK norms after RoPE, on the rotated queries and keys (HunYuan).
         eps: epsilon of the QK norms.
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
@@ -142,6 +143,7 @@ class AttentionParams(Params):
     qk_norm_affine: bool = True
     qk_norm_unit_offset: bool = False
     qk_norm_scope: str = "head"
+    qk_norm_late: bool = False
     eps: float = 1e-6
     attn_drop: float = 0.0
     proj_drop: float = 0.0
@@ -265,7 +267,11 @@ def _masked(p: AttentionParams) -> bool:
 def _flags(p: AttentionParams) -> list[str]:
     flags = []
     if p.qk_norm:
-        flags.append(f"qk {p.qk_norm}" + (" over all heads" if p.qk_norm_scope == "all" else ""))
+        flags.append(
+            f"qk {p.qk_norm}"
+            + " over all heads" * (p.qk_norm_scope == "all")
+            + " after RoPE" * p.qk_norm_late
+        )
     if p.attn_drop or p.proj_drop:
         flags.append(f"dropout {p.attn_drop:g}/{p.proj_drop:g}")
     if p.window is not None and not p.tiles:
@@ -408,6 +414,7 @@ class Attention(Op):
             qk |= {} if p.qk_norm_affine else {"qk_norm_affine": False}
             qk |= {"qk_norm_unit_offset": True} if p.qk_norm_unit_offset else {}
             qk |= {"qk_norm_scope": "all"} if p.qk_norm_scope == "all" else {}
+            qk |= {"qk_norm_after_rope": True} if p.qk_norm_late else {}
         qk |= {"norm_eps": p.eps} if p.reduction else {}  # the reduction's norm
         cpb = {"cpb_hidden": p.cpb_hidden, "pretrained": p.pretrained} if p.relative == "cpb" else {}
         return core_args(

@@ -11,9 +11,12 @@ from specvit.ops.norm import norm_params
 
 __all__ = ["ACTIVATIONS", "GATED", "MlpParams"]
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
+ACTIVATIONS = (
+    "gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu", "swiglu", "geglu", "geglu_tanh"
+)  # fmt: skip
 """``mlp.activation`` values: exact GELU, GPT-2's tanh GELU, CLIP's x·sigmoid(1.702x), ReLU, squared ReLU
-(Primer, Nemotron), SiLU, and the gated SwiGLU / GeGLU (exact or tanh GELU gate, T5 v1.1)."""
+(Primer, Nemotron), SiLU, xIELU (Apertus: two learned scalars per MLP), and the gated SwiGLU / GeGLU (exact or
+tanh GELU gate, T5 v1.1)."""
 GATED = ("swiglu", "geglu", "geglu_tanh")
 
 
@@ -66,7 +69,8 @@ class Mlp(Op):
     def params(self, p: MlpParams) -> int:
         inner = norm_params(p.norm, p.hidden, p.norm_bias, p.norm_affine) if p.norm else 0
         conv = 10 * p.hidden if p.dwconv else 0  # a 3x3 kernel and a bias per channel
-        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner + conv
+        act = 2 if p.activation == "xielu" else 0  # alpha_p and alpha_n
+        return p.dim * p.fc1_out + p.fc1_out * p.bias + p.hidden * p.dim + p.dim * p.bias + inner + conv + act
 
     def flops(self, p: MlpParams, inputs: Mapping[str, tuple[int, ...]]) -> int:
         tokens = numel(inputs["x"])

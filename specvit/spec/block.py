@@ -266,6 +266,11 @@ class BlockSpec(Node):
         "its head_dim channels (ViT-22B, Qwen3); all: a token's heads over all their channels at once "
         "(OLMo 2).",
     )
+    qk_norm_after_rope: bool = Field(
+        False,
+        description="The QK-norm normalises the rotated queries and keys (HunYuan); false: it comes before "
+        "RoPE (Qwen3, OLMo 2).",
+    )
     attention_scale: float | None = Field(
         None, gt=0.0, le=100.0, description="Scale of q·k; null = 1/sqrt(head_dim). T5 uses 1."
     )

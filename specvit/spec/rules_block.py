@@ -201,7 +201,7 @@ def _block(role: str, at: str, b: BlockSpec, spec: Spec) -> list[Problem]:
                 "remove memory_norm, or add cross_attention to the layers",
             )
         )
-    out += _cross_attention_heads(role, at, b, spec)
+    out += _qk_order(at, b) + _cross_attention_heads(role, at, b, spec)
     out += _global_tokens(role, at, b, spec)
     out += _parameters(at, b)
     if b.parallel and (b.norm.placement != "pre" or b.graph is not None):
@@ -282,6 +282,17 @@ def _parameters(at: str, b: BlockSpec) -> list[Problem]:
     return out
 
 
+def _qk_order(at: str, b: BlockSpec) -> list[Problem]:
+    """qk_norm_after_rope places a QK-norm, which the block must have."""
+    if b.qk_norm_after_rope and not b.qk_norm:
+        return [
+            Problem(
+                f"{at}.qk_norm_after_rope", "the block has no qk_norm to place", "set qk_norm, or remove this"
+            )
+        ]
+    return []
+
+
 def _moe(at: str, b: BlockSpec, s: StackSpec) -> list[Problem]:
     """A mixture of experts: what its experts have and lack."""
     moe, mlp, key = b.mlp.moe, b.mlp, f"{at}.mlp"
@@ -307,6 +318,12 @@ def _moe(at: str, b: BlockSpec, s: StackSpec) -> list[Problem]:
             "set mlp.bias: false",
         ),
         (not mlp.norm, f"{key}.norm", "the experts have no inner norm", "remove mlp.norm"),
+        (
+            mlp.activation != "xielu",
+            f"{key}.activation",
+            "xielu is learned per MLP, not per expert",
+            "use silu",
+        ),
         (s.dropout.mlp == 0, "dropout.mlp", "the experts have no dropout", "set dropout.mlp: 0"),
     ]
     return [Problem(where, what, fix) for ok, where, what, fix in checks if not ok]
