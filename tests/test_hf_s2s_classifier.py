@@ -281,10 +281,14 @@ BAD = [
      "shifted_source last puts the last token that is not padding first, and there is no padding_idx"),
     ({"decoder.input.vocab": 50, "shared_embeddings": False}, "decoder.input.shifted_source",
      "the encoder's ids (vocab 97) index the decoder's table of 50 rows"),
+    ({"decoder.input.shifted_source": -1}, "decoder.input.shifted_source", ""),  # no id is negative
+    ({"decoder.input.shifted_source": True}, "decoder.input.shifted_source", ""),  # nor a bool
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("changes", "path", "message"), BAD, ids=["encoder", "start", "last", "vocab"])
+@pytest.mark.parametrize(
+    ("changes", "path", "message"), BAD, ids=["encoder", "start", "last", "vocab", "negative", "bool"]
+)
 def test_a_shift_no_model_computes_is_refused(changes: dict[str, Any], path: str, message: str) -> None:
     ref = _hf("bart")
     _edited(ref)  # the control: the spec as imported is valid

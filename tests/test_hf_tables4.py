@@ -314,3 +314,28 @@ def test_splinter_s_span_selection_classes_are_refused(cls: str) -> None:
         f"config.architectures: splinter config has architectures=['{cls}']: specvit reads the Splinter "
         "classes SplinterModel",
     )
+
+
+def test_hunyuan_reads_the_hubs_older_rope_scaling_layout() -> None:
+    """Published HunYuan config.json files give ``rope_scaling: {type: dynamic, alpha}`` beside a top-level
+    ``rope_theta``: the same base as transformers 5's ``rope_parameters``; the control, no scaling, is plain
+    RoPE at rope_theta, and dynamic scaling without an alpha stays refused."""
+    base = {"model_type": "hunyuan_v1_dense", "head_dim": 12, "architectures": ["HunYuanDenseV1ForCausalLM"]}
+    new = specvit.from_hf(base | {"rope_parameters": NTK_ALPHA})
+    old = specvit.from_hf(base | {"rope_scaling": {"type": "dynamic", "alpha": 3.0}, "rope_theta": 50.0})
+    assert old.decoder.position.base == new.decoder.position.base == pytest.approx(50.0 * 3.0 ** (12 / 10))
+    assert specvit.from_hf(base | {"rope_theta": 50.0}).decoder.position.base == 50.0
+    with pytest.raises(specvit.SpecError, match="dynamic RoPE scaling has no specvit position kind"):
+        specvit.from_hf(base | {"rope_scaling": {"type": "dynamic"}, "rope_theta": 50.0})
+
+
+def test_splinter_read_from_its_model_has_no_pooler() -> None:
+    """SplinterModel holds no pooler: read from the model (not its config), the spec is headless and loads
+    every weight strictly; its outputs are the last hidden state."""
+    ref = _splinter()
+    spec = specvit.from_hf(ref)
+    assert spec.head.kind == "none"
+    model = converted(ref, spec)  # strict: a pooler's linear would have no weights
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(ids) - ref(input_ids=ids).last_hidden_state).abs().max().item() <= ATOL

@@ -26,6 +26,11 @@ CASES: dict[str, tuple[str, int, dict[str, Any]]] = {
     "table shrunk, not antialiased": ("naflexvit_base_patch16_gap", 160, {"pos_embed_antialias": False}),
     "bilinear, rectangle": ("naflexvit_base_patch16_gap", 0, {"pos_embed_interp_mode": "bilinear"}),
     "class token": ("naflexvit_base_patch16_gap", 192, {"class_token": True, "global_pool": "token"}),
+    "class token, prefix flag set": (  # token pooling reads token 0 whatever pool_include_prefix says
+        "naflexvit_base_patch16_gap",
+        192,
+        {"class_token": True, "global_pool": "token", "pool_include_prefix": True},
+    ),
     "patches flattened channel first": ("naflexvit_base_patch16_gap", 192, {"patchify_channels_last": False}),
     "convolution projection": ("naflexvit_base_patch16_gap", 192, {"embed_proj_type": "conv"}),
     "probe, no prefix": ("naflexvit_base_patch16_map", 192, {"reg_tokens": 0}),

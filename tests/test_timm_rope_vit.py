@@ -145,3 +145,16 @@ def test_the_summary_shows_each_layers_tables() -> None:
         "rotary 2D · learned per head · grid 4x4",
         "half pairs · 1 prefix unrotated",
     )
+
+
+def test_learned_frequencies_refuse_grouped_keys() -> None:
+    """Each query head's rotation is its own: keys shared by several query heads have none to take."""
+    spec = _spec({"kind": "rope2d", "frequencies": "learned", "layout": "interleaved"})
+    spec["encoder"]["block"]["kv_heads"] = 1
+    with pytest.raises(SpecError) as err:
+        specvit.parse_spec(spec)
+    assert "learned frequencies turn each head's keys as its queries; 1 key/value heads serve 2" in str(
+        err.value
+    )
+    del spec["encoder"]["block"]["kv_heads"]  # the control
+    specvit.parse_spec(spec)

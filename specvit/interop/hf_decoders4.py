@@ -19,7 +19,7 @@ from typing import Any
 from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3
 from specvit.interop.hf_decoders3 import GRANITE, PLAIN
 from specvit.interop.hf_layers import layer_types, overrides
-from specvit.interop.hf_llama import LLAMA, head_dim, rope, sliding
+from specvit.interop.hf_llama import LLAMA, head_dim, rope, rope_params, sliding
 from specvit.interop.hf_moe import QWEN3_MOE, qwen_moe
 from specvit.interop.registry import Config, listable
 from specvit.interop.table import BARE, D, F, count, register
@@ -254,15 +254,14 @@ GRANITE_MOE_SHARED = register(
 def _hunyuan_rope(c: Config, spec: Mapping[str, Any]) -> dict[str, Any]:
     """HunYuan's RoPE: plain, or ``dynamic`` with an ``alpha`` (its NTK-alpha RoPE), which only raises the
     base to ``theta * alpha ** (hd / (hd - 2))`` whatever the length: plain RoPE at that base."""
-    params = c.sub("rope_parameters")
-    if params.get("rope_type") != "dynamic" or not params.get("alpha"):
+    key, params, kind, theta = rope_params(c, 10000.0)  # the Hub's configs: rope_scaling, rope_theta beside
+    if kind != "dynamic" or not params.get("alpha"):
         return _PLAIN_ROPE.read(c, spec)
-    alpha, theta = params.get("alpha", 1.0, float), params.get("rope_theta", 10000.0, float)
-    dim = c.get("head_dim", 0, int)
+    alpha, dim = params.get("alpha", 1.0, float), c.get("head_dim", 0, int)
     if alpha <= 0 or dim <= 2:
         why = "its base is rope_theta * alpha ** (head_dim / (head_dim - 2)), from the config's head_dim"
-        raise c.refuse("rope_parameters", params.values, why, "give head_dim > 2 and alpha > 0")
-    return {"kind": "rope", "base": theta * alpha ** (dim / (dim - 2))}
+        raise c.refuse(key, params.values, why, "give head_dim > 2 and alpha > 0")
+    return {"kind": "rope", "base": float(theta) * alpha ** (dim / (dim - 2))}
 
 
 _PLAIN_ROPE = rope()
@@ -273,7 +272,11 @@ HUNYUAN_DENSE = register(
         ("hunyuan_v1_dense",),
         {
             "decoder.input.vocab": F("vocab_size", 290943),
-            "decoder.position": D(_hunyuan_rope, ("rope_parameters", "head_dim"), _PLAIN_ROPE.inverse),
+            "decoder.position": D(
+                _hunyuan_rope,
+                ("rope_parameters", "rope_scaling", "rope_theta", "head_dim"),
+                _PLAIN_ROPE.inverse,
+            ),
             "decoder.block.qk_norm": "head",
             "decoder.block.qk_norm_after_rope": True,  # RMSNorm of each rotated head
             "decoder.block.norm.eps": F("rms_norm_eps", 1e-5),

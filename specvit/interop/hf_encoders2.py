@@ -30,5 +30,6 @@ SPLINTER = register(
             "ForSequenceClassification",
         ),
         inert=("question_token_id",),  # read by the QASS classes only, which are refused
+        pooled=None,  # SplinterModel has no pooler
     )
 )

@@ -11,23 +11,34 @@ from typing import Any
 from specvit.interop.registry import Config, listable
 from specvit.interop.table import BARE, LM, SEQUENCE, D, F, Only, Table, count, per_token, register
 
-__all__ = ["GATED", "LLAMA", "head_dim", "rope", "sliding"]
+__all__ = ["GATED", "LLAMA", "head_dim", "rope", "rope_params", "sliding"]
 
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh"}
 """transformers' activation of a gated MLP (``act(gate) * up``) -> specvit's gated activation."""
 
 
-def _theta(c: Config, default: float) -> tuple[Config, float]:
-    """The RoPE parameters (transformers 5's ``rope_parameters``, 4's ``rope_scaling``) and theta;
-    scaled RoPE is refused."""
+def rope_params(c: Config, default: float) -> tuple[str, Config, str, float]:
+    """Where the RoPE parameters are (transformers 5's ``rope_parameters``, 4's and the Hub's older
+    ``rope_scaling`` with a top-level ``rope_theta``), them, their kind and theta.
+
+    Args:
+        c: the config.
+        default: the family's default theta.
+    """
     key = "rope_parameters" if c.get("rope_parameters", kind=dict) else "rope_scaling"
     params = c.sub(key)
     kind = params.get("rope_type", params.get("type", "default"))
+    return key, params, kind, params.get("rope_theta", c.get("rope_theta", default))
+
+
+def _theta(c: Config, default: float) -> tuple[Config, float]:
+    """The RoPE parameters and theta; scaled RoPE is refused."""
+    key, params, kind, theta = rope_params(c, default)
     if kind != "default":
         raise c.refuse(
             key, params.values, f"{kind} RoPE scaling has no specvit position kind", "use plain RoPE"
         )
-    return params, params.get("rope_theta", c.get("rope_theta", default))
+    return params, theta
 
 
 def rope(default_theta: float = 10000.0, fraction: float | None = None, layout: str | None = None) -> D:

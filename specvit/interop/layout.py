@@ -134,9 +134,10 @@ class BlockSlice:
     """
 
     dim: int
-    index: int = -1
+    index: int | None = None
 
     def __call__(self, ts: Sequence[Tensor]) -> Tensor:
+        assert self.index is not None, "a BlockSlice is bound to its block by Layout.sources"
         return ts[0].select(self.dim, self.index).contiguous()
 
 

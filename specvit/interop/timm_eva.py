@@ -8,7 +8,7 @@ from typing import Any
 
 from specvit.interop.layout import BlockSlice, Entry, Layout, cat, one, patches, same
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import image_input, vit_blocks
+from specvit.interop.timm_vit import image_input, vit_blocks, vit_stack
 from specvit.spec.schema import Spec
 
 __all__ = ["eva_block", "eva_layout"]
@@ -183,18 +183,7 @@ def _eva(r: Reader) -> dict[str, Any]:
                 "registers": 0 if m.reg_token is None else m.reg_token.shape[1],
             },
             "position": positions[0] if len(positions) == 1 else positions or "none",
-            "width": m.embed_dim,
-            "depth": len(blocks),
-            "block": block,
-            "dropout": {
-                "embedding": r.dropout("pos_drop"),
-                "attention": r.dropout("blocks.0.attn.attn_drop"),
-                "projection": r.dropout("blocks.0.attn.proj_drop"),
-                "mlp": r.dropout("blocks.0.mlp.drop1"),
-            },
-            "drop_path": r.drop_path(blocks),
-            "embed_norm": type(m.norm_pre).__name__ != "Identity",
-            "final_norm": type(m.norm).__name__ != "Identity",
+            **vit_stack(r, blocks, block, "pos_drop"),
         },
         "head": _head(r),
     }

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from specvit.interop.layout import Layout, Undoable, one
 from specvit.interop.timm import Reader, TimmFamily, timm_family
-from specvit.interop.timm_vit import vit_block, vit_head, vit_layout, vit_stack
+from specvit.interop.timm_vit import VIT_MODULES, vit_block, vit_head, vit_layout, vit_stack
 from specvit.spec.schema import ImageInput, Spec
 
 __all__ = ["naflex_layout", "naflex_spec"]
@@ -63,7 +63,8 @@ def _position(r: Reader) -> Any:
     table = r.at(f"{e}.pos_embed")
     grid = [int(table.shape[1]), int(table.shape[2])]
     _, height, width = r.model.pretrained_cfg["input_size"]
-    if r.at(f"{e}.pos_embed_ar_preserving") and height != width:
+    ph, pw = tuple(r.at(f"{e}.patch_size"))
+    if r.at(f"{e}.pos_embed_ar_preserving") and height // ph != width // pw:  # timm crops a square table
         raise r.refuse(
             f"{e}.pos_embed_ar_preserving", True, "a square resampling cropped to a non-square grid", ""
         )
@@ -84,7 +85,7 @@ def naflex_spec(r: Reader) -> dict[str, Any]:
     r.only("global_pool", ["token", "avg", "map", ""], "specvit pools by the class token, mean or a probe")
     if m.global_pool == "map" and m.num_prefix_tokens:  # the probe then reads the patches only
         r.only("pool_include_prefix", [True], "specvit's probe reads every token, the prefix too")
-    elif m.global_pool:
+    elif m.global_pool == "avg":  # the class token's pool reads token 0 whatever the flag
         r.only("pool_include_prefix", [False], "specvit's mean pool leaves the prefix tokens out")
     blocks = [f"blocks.{i}" for i in range(len(m.blocks))]
     block = r.same(blocks, lambda b: vit_block(r, b), "block")
@@ -137,10 +138,7 @@ def naflex_layout(spec: Spec, keys: Sequence[str]) -> Layout:
 timm_family(
     TimmFamily(
         classes=("NaFlexVit",),
-        modules=frozenset(
-            {"NaFlexEmbeds", "Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm"}
-            | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU", "AttentionPoolLatent"}
-        ),
+        modules=VIT_MODULES | {"NaFlexEmbeds"},
         keys=r"embeds\.proj\.",
         spec=naflex_spec,
         layout=naflex_layout,

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from specvit.interop.layout import Entry, one
+from specvit.interop.layout import Entry, Misfit, one
 from specvit.interop.timm import Reader
 from specvit.spec.schema import ImageInput
 
@@ -166,9 +166,7 @@ def stem_entries(image: ImageInput, keys: Sequence[str]) -> dict[str, Entry]:
         if layer.kind == "conv" or (layer.kind == "norm" and (layer.affine or layer.type == "batch"))
     ]
     if len(modules) != len(stateful):
-        raise ValueError(
-            f"the stem has {len(stateful)} layers with weights, the backbone {len(modules)} modules"
-        )
+        raise Misfit(f"the stem has {len(stateful)} layers with weights, the backbone {len(modules)} modules")
     return {
         f"encoder.stem.{i}.{{p}}": one(f"{prefix}{m}.{{p}}") for i, m in zip(stateful, modules, strict=True)
     }

@@ -274,14 +274,16 @@ def vit_layout(spec: Spec, keys: Sequence[str]) -> Layout:
     return Layout(name, table)
 
 
+VIT_MODULES = frozenset(
+    {"Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm", "AttentionPoolLatent"}
+    | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU"}
+)
+"""The module classes of timm's ViT blocks and heads, whatever embeds the patches."""
+
 timm_family(
     TimmFamily(
         classes=("VisionTransformer",),
-        modules=frozenset(
-            {"PatchEmbed", "Block", "Attention", "Mlp", "SwiGLU", "GluMlp", "LayerScale", "RmsNorm"}
-            | {"GELU", "GELUTanh", "QuickGELU", "SiLU", "ReLU", "AttentionPoolLatent"}
-            | STEM_MODULES
-        ),
+        modules=VIT_MODULES | {"PatchEmbed"} | STEM_MODULES,
         keys=None,
         spec=vit_spec,
         layout=vit_layout,

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from specvit.errors import Problem
 from specvit.ops.base import MAX_IMAGE, MAX_WIDTH, Dims, Fragment, ModelCtx, Op, Params, Shape, op
+from specvit.ops.maps import spatial as _spatial
 
 __all__ = [
     "ActLayer",
@@ -278,12 +279,6 @@ def lower_map_ops(
 
 
 # ---------------------------------------------------------------------------------------------- ops
-
-
-def _spatial(x: Shape) -> tuple[int, ...]:
-    size = x[2:]
-    assert all(isinstance(s, int) for s in size), x
-    return tuple(s for s in size if isinstance(s, int))
 
 
 @dataclass(frozen=True)

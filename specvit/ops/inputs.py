@@ -6,9 +6,9 @@ and leaves ``ctx.x`` at the embedded tokens, ``ctx.n`` at their count and ``ctx.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from specvit.errors import Problem
 from specvit.ops.base import MAX_LEN, MAX_VOCAB, MAX_WIDTH, Fragment, StackCtx, fragment
@@ -157,7 +157,7 @@ class TokensInput(InputFragment):
     type_vocab: int = Field(
         0, ge=0, le=MAX_VOCAB, description="Token-type (segment) vocabulary, as BERT's 2; 0 for none."
     )
-    shifted_source: int | Literal["last"] | None = Field(
+    shifted_source: Annotated[StrictInt, Field(ge=0, le=MAX_VOCAB)] | Literal["last"] | None = Field(
         None,
         description="A decoder's ids made of the encoder's token ids: shifted one position right behind this "
         "start id (HF's shift_tokens_right, as BART's and T5's *ForSequenceClassification given input_ids "

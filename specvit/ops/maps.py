@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from specvit.ops.base import Dims, Op, Params, Shape, op
 
-__all__ = ["MapPoolParams", "ToMapParams", "ToTokensParams"]
+__all__ = ["MapPoolParams", "ToMapParams", "ToTokensParams", "spatial"]
 
 
-def _spatial(x: Shape) -> tuple[int, ...]:
+def spatial(x: Shape) -> tuple[int, ...]:
+    """The spatial sizes of a (B, C, *size) map's shape."""
     size = x[2:]
     assert all(isinstance(s, int) for s in size), x
     return tuple(s for s in size if isinstance(s, int))
@@ -31,7 +32,7 @@ class ToTokens(Op):
     def shape(self, p: ToTokensParams, inputs: Mapping[str, Shape], dims: Dims) -> Shape:
         b, c = inputs["x"][:2]
         n = 1
-        for s in _spatial(inputs["x"]):
+        for s in spatial(inputs["x"]):
             n *= s
         return (b, n, c)
 

@@ -20,7 +20,7 @@ class PoolParams(Params):
     Args:
         kind: ``cls``, ``first``, ``mean``, ``cls_mean``, ``eos``, ``last_eos`` or ``last``.
         prefix: the leading class and register tokens a mean leaves out.
-        eos_id: the end token's id for ``eos`` (None: the highest id in each sequence).
+        eos_id: the end token's id for ``eos`` and ``last_eos`` (None: the highest id in each sequence).
     """
 
     kind: str

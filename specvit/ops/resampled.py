@@ -69,7 +69,10 @@ class ResampledOp(Op):
     def init(self, module: nn.Module, p: ResampledParams, fill: Filler) -> None:
         import torch.nn as nn
 
-        fill(module.weight, lambda t: nn.init.trunc_normal_(t, std=0.02))
+        if fill.convention == "vit":
+            fill(module.weight, lambda t: nn.init.trunc_normal_(t, std=0.02))
+        else:
+            fill(module.weight, lambda t: t.normal_(std=0.02))
 
     def label(self, p: ResampledParams) -> tuple[str, ...]:
         (r, c), (h, w) = p.grid, p.size

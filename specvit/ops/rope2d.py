@@ -77,6 +77,12 @@ class Rope2dPosition(PositionFragment):
                 self.layout != "sections" and self.ref_grid is None,
                 "learned frequencies pair the channels interleaved or half, over the patch indexes",
                 "set layout: interleaved or half, and remove ref_grid",
+            ) + _needs(
+                f"{at}.frequencies",
+                stack.kv_heads == stack.heads,
+                f"learned frequencies turn each head's keys as its queries; {stack.kv_heads} key/value heads "
+                f"serve {stack.heads} query heads",
+                "remove block.kv_heads, or use frequencies: fixed",
             )
         if self.ref_grid is not None:
             problems += _needs(
