@@ -170,7 +170,7 @@ def test_a_classifier_goes_back_to_transformers(family: str, tmp_path: Path) -> 
         want = ref(input_ids=src, attention_mask=mask).logits
     assert (load(specvit.to_hf(ours, tmp_path / "back")) - want).abs().max().item() <= 1e-5
     with torch.no_grad():
-        ours.head.ops[0].weight[0].add_(0.5)
+        ours.head.ops[1].weight[0].add_(0.5)  # the dense layer, after the dropout
     assert (load(specvit.to_hf(ours, tmp_path / "changed")) - want).abs().max().item() > 10 * ATOL
 
 
@@ -334,3 +334,19 @@ def test_a_left_padded_source_is_transformers(family: str) -> None:
         unmasked = ref(input_ids=src).logits  # the control: the padding mask changes what HF computes
     assert (ours - theirs).abs().max().item() <= ATOL
     assert (unmasked - theirs).abs().max().item() > 10 * ATOL
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_the_head_drops_out_where_transformers_does(family: str) -> None:
+    """HF's classification head drops out before ``dense`` and before ``out_proj``, both at
+    ``classifier_dropout``: the spec's head holds both, in that order, and ``to_hf`` writes the rate back."""
+    ref = _hf(family, classifier_dropout=0.3)
+    model = converted(ref, specvit.from_hf(hf_config(ref)))
+    ops = list(model.head.ops)  # type: ignore[union-attr]
+    assert isinstance(ops[0], nn.Dropout) and ops[0].p == 0.3 and isinstance(ops[1], nn.Linear)
+    assert model.spec.head.dropout == 0.3
+    head = type(ref.classification_head)
+    dense, out_proj = (inspect.getsource(head.forward).index(k) for k in ("self.dense(", "self.out_proj("))
+    assert inspect.getsource(head.forward)[:dense].count("self.dropout(") == 1  # the reference's order
+    assert inspect.getsource(head.forward)[dense:out_proj].count("self.dropout(") == 1
+    assert spec_dict(ref)["head"]["ops"][0] == {"kind": "dropout", "p": 0.3}

@@ -177,8 +177,8 @@ def start_id(default: int | None, pad: int | None, writes_pad: bool = False) -> 
 def classification(start: Any, eos: int, module: str = "classification_head") -> Head:
     """``*ForSequenceClassification`` of an encoder-decoder (BART's, T5's): the decoder reads the source shifted
     right (``start``: its ``decoder.input.shifted_source`` entry), and its token at the source's last
-    ``eos_token_id`` goes through ``dense``, tanh and ``out_proj`` to ``num_labels`` logits. HF drops out
-    before ``dense`` and before ``out_proj`` (``classifier_dropout``); specvit before ``out_proj`` alone.
+    ``eos_token_id`` goes through dropout, ``dense``, tanh, dropout and ``out_proj`` to ``num_labels`` logits
+    (both dropouts ``classifier_dropout``).
 
     Args:
         start: the entry of the shift's start id (:func:`start_id`, or a D giving ``last``).
@@ -196,8 +196,16 @@ def classification(start: Any, eos: int, module: str = "classification_head") ->
             ("eos_token_id",),
             lambda value, get: {"eos_token_id": value},
         ),
-        "head.ops": [{"kind": "linear"}, {"kind": "act", "fn": "tanh"}],
+        "head.ops": D(
+            _classifier_ops, ("classifier_dropout",), lambda ops, get: {"classifier_dropout": ops[0]["p"]}
+        ),
         "head.dropout": F("classifier_dropout", 0.0),
         "head.classes": LABELS,
     }
-    return Head(spec, {"head.ops.0": f"{module}.dense", "head.fc": f"{module}.out_proj"})
+    return Head(spec, {"head.ops.1": f"{module}.dense", "head.fc": f"{module}.out_proj"})
+
+
+def _classifier_ops(c: Config, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The classification head's layers before ``out_proj``: HF's dropout before ``dense``, then tanh."""
+    p = c.get("classifier_dropout", 0.0, float)
+    return [{"kind": "dropout", "p": p}, {"kind": "linear"}, {"kind": "act", "fn": "tanh"}]

@@ -6,7 +6,9 @@ Each item is one layer over the features of every token (an ``lm`` head) or of t
 - ``{kind: linear, width: 768, bias: true}``: a dense layer (``width`` null: as wide as its input);
 - ``{kind: act, fn: tanh}``: an activation (the map ops' ``act``: gelu, gelu_tanh, quick_gelu, relu, relu2,
   silu, tanh);
-- ``{kind: norm}``: the blocks' norm over the features (``eps`` null: the blocks' eps).
+- ``{kind: norm}``: the blocks' norm over the features (``eps`` null: the blocks' eps);
+- ``{kind: dropout, p: 0.1}``: dropout while training (BART's and T5's classification heads drop out before
+  their dense layer, as before their output layer).
 
 BERT's pooler is ``[linear, {act, fn: tanh}]`` before a classifier on the first token; its masked-LM head is
 ``[linear, {act, fn: gelu}, norm]`` before the tied decoder. The nodes are ``head.ops.{i}``, so the weights
@@ -24,9 +26,19 @@ from specvit.ops.base import MAX_WIDTH, Fragment, ModelCtx, Params
 from specvit.ops.conv import ActLayer
 from specvit.ops.embed import LinearParams
 from specvit.ops.facts import StackView
+from specvit.ops.fields import Probability
 from specvit.ops.norm import NormParams
+from specvit.ops.structure import DropParams
 
-__all__ = ["FeatureNorm", "HeadOp", "HeadOps", "LinearLayer", "head_ops_width", "lower_head_ops"]
+__all__ = [
+    "DropoutLayer",
+    "FeatureNorm",
+    "HeadOp",
+    "HeadOps",
+    "LinearLayer",
+    "head_ops_width",
+    "lower_head_ops",
+]
 
 
 class LinearLayer(Fragment):
@@ -48,21 +60,31 @@ class FeatureNorm(Fragment):
     eps: float | None = Field(None, gt=0.0, lt=1.0, description="Added to the variance; null: the blocks'.")
 
 
-HeadOp = Annotated[LinearLayer | ActLayer | FeatureNorm, Field(discriminator="kind")]
+class DropoutLayer(Fragment):
+    """Dropout on the features while training."""
+
+    kind: Literal["dropout"] = Field(description="Discriminator: dropout.")
+    p: Probability = Field(description="The probability of zeroing each feature.")
+
+
+Layer = LinearLayer | ActLayer | FeatureNorm | DropoutLayer
+HeadOp = Annotated[Layer, Field(discriminator="kind")]
 HeadOps = Annotated[list[HeadOp], Field(max_length=16)]
 
 
-def head_ops_width(ops: Sequence[LinearLayer | ActLayer | FeatureNorm], width: int) -> int:
+def head_ops_width(ops: Sequence[Layer], width: int) -> int:
     """The features ``ops`` leave, from ``width`` in."""
     for layer in ops:
         width = layer.out(width) if isinstance(layer, LinearLayer) else width
     return width
 
 
-def _node(layer: LinearLayer | ActLayer | FeatureNorm, width: int, stack: StackView) -> tuple[str, Params]:
+def _node(layer: Layer, width: int, stack: StackView) -> tuple[str, Params]:
     """The op kind and params of one layer over ``width`` features."""
     if isinstance(layer, LinearLayer):
         return "linear", LinearParams(width, layer.out(width), layer.bias)
+    if isinstance(layer, DropoutLayer):
+        return "dropout", DropParams(layer.p)
     if isinstance(layer, FeatureNorm):
         n = stack.block.norm
         p = NormParams.of(n, width)
@@ -72,9 +94,7 @@ def _node(layer: LinearLayer | ActLayer | FeatureNorm, width: int, stack: StackV
     return layer.node(width, 0)
 
 
-def lower_head_ops(
-    ctx: ModelCtx, x: str, ops: Sequence[LinearLayer | ActLayer | FeatureNorm], stack: StackView
-) -> str:
+def lower_head_ops(ctx: ModelCtx, x: str, ops: Sequence[Layer], stack: StackView) -> str:
     """Add a node ``head.ops.{i}`` per layer of ``ops`` after ``x`` (features last); returns the last.
 
     Args:
