@@ -24,6 +24,11 @@ SIZES = dict(
     vocab_size=VOCAB, num_hidden_layers=2, hidden_size=48, num_attention_heads=4, intermediate_size=40
 )
 THETA = {"rope_type": "default", "rope_theta": 50.0}
+GQA = SIZES | dict(num_key_value_heads=2, head_dim=12)
+"""Grouped keys and values, and a head width other than width / heads."""
+LLAMA_SWITCHES = [("num_key_value_heads", 4), ("rms_norm_eps", 0.3), ("hidden_act", "gelu"), ("head_dim", 8),
+                  ("rope_parameters", THETA), ("tie_word_embeddings", True)]  # fmt: skip
+"""The fields of Llama's attention and MLP a Llama-like table reads, each with a value that moves the output."""
 
 Case = tuple[str, str, dict[str, Any], list[tuple[Any, ...]]]
 Read = Callable[[nn.Module], Any]

@@ -152,6 +152,22 @@ def converted(ref: nn.Module, spec: Spec, source: Source = "hf") -> SpecModel:
     return model
 
 
+def ejected_twin(spec: Mapping[str, Any], std: float) -> tuple[SpecModel, nn.Module]:
+    """The model of ``spec`` with N(0, ``std``) weights (off the init, whose classifier is zero) and the
+    ``Model`` of its ejected file holding the same weights, both in eval mode."""
+    from specvit.compile import eject
+
+    model = build_model(spec).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, std, generator=torch.Generator().manual_seed(p.numel()))
+    namespace: dict[str, Any] = {}
+    exec(compile(eject(spec), "ejected.py", "exec"), namespace)
+    ejected = namespace["Model"]().eval()
+    ejected.load_state_dict(model.state_dict())
+    return model, ejected
+
+
 def timm_model(name: str, seed: int, **kwargs: Any) -> nn.Module:
     """``timm.create_model(name, **kwargs)`` with seeded random weights, perturbed (see :func:`perturbed`)."""
     import timm  # a test dependency; tests/conftest.py makes it importable on CPU-only torch

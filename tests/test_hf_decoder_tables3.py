@@ -18,6 +18,8 @@ import pytest
 import torch
 from decoder_tables import (
     ATOL,
+    GQA,
+    LLAMA_SWITCHES,
     SIZES,
     THETA,
     VOCAB,
@@ -36,9 +38,6 @@ from reference import converted
 import specvit
 from specvit.errors import SpecError
 
-GQA = SIZES | dict(num_key_value_heads=2, head_dim=12)
-LLAMA_SWITCHES = [("num_key_value_heads", 4), ("rms_norm_eps", 0.3), ("hidden_act", "gelu"), ("head_dim", 8),
-                  ("rope_parameters", THETA), ("tie_word_embeddings", True)]  # fmt: skip
 BIASES = [("attention_bias", True), ("mlp_bias", True)]
 HALF = THETA | {"partial_rotary_factor": 0.5}
 

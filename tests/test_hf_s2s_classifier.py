@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from reference import check_refused, converted, hf_config, hf_model, noised
+from test_hf_encdec_tables import BART_IDS, BART_SIZES, T5_SIZES
 from torch import nn
 
 import specvit
@@ -26,25 +27,8 @@ from specvit.nn.functional import eos_pool, shift_right
 from specvit.spec.loader import parse_spec
 
 VOCAB, S, ATOL = 97, 13, 1e-4
-BART = dict(
-    vocab_size=VOCAB,
-    d_model=24,
-    encoder_layers=2,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=4,
-    encoder_ffn_dim=40,
-    decoder_ffn_dim=36,
-    max_position_embeddings=32,
-    pad_token_id=1,
-    bos_token_id=0,
-    eos_token_id=2,
-    decoder_start_token_id=2,
-    num_labels=3,
-)
-T5 = dict(vocab_size=VOCAB, d_model=32, d_kv=8, num_heads=4, d_ff=40, num_layers=2, num_decoder_layers=2,
-          relative_attention_num_buckets=8, relative_attention_max_distance=10, pad_token_id=0, eos_token_id=1,
-          decoder_start_token_id=0, num_labels=3)  # fmt: skip
+BART = BART_SIZES | BART_IDS | dict(num_labels=3)
+T5 = T5_SIZES | dict(num_labels=3)
 CASES = {"bart": ("Bart", BART), "mbart": ("MBart", BART), "t5": ("T5", T5), "mt5": ("MT5", T5)}
 SWITCHES: dict[str, list[dict[str, Any]]] = {
     "bart": [{"eos_token_id": 5}, {"decoder_start_token_id": 7}, {"num_labels": 5}],

@@ -21,6 +21,8 @@ import pytest
 import torch
 from decoder_tables import (
     ATOL,
+    GQA,
+    LLAMA_SWITCHES,
     SIZES,
     THETA,
     VOCAB,
@@ -41,9 +43,6 @@ from torch import nn
 import specvit
 from specvit.interop.table import TABLES
 
-GQA = SIZES | dict(num_key_value_heads=2, head_dim=12)
-LLAMA_SWITCHES = [("num_key_value_heads", 4), ("rms_norm_eps", 0.3), ("hidden_act", "gelu"), ("head_dim", 8),
-                  ("rope_parameters", THETA), ("tie_word_embeddings", True)]  # fmt: skip
 ALTERNATE = ["full_attention", "sliding_attention"]
 NTK_ALPHA = {"rope_type": "dynamic", "alpha": 3.0, "rope_theta": 50.0, "factor": 1.0}
 """HunYuan's NTK-alpha RoPE: plain RoPE at base theta * alpha ** (hd / (hd - 2))."""

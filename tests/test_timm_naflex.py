@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted, timm_model, timm_parity
+from reference import converted, ejected_twin, timm_model, timm_parity
 
 import specvit
 from specvit.errors import SpecError
@@ -208,14 +208,7 @@ def test_ejected_file_resamples_as_the_model() -> None:
     spec = _spec(
         {"kind": "learned", "include_prefix": False, "grid": {"size": [4, 4], "antialias": False}}, 96
     )
-    model = specvit.build_model(spec).eval()
-    with torch.no_grad():  # off the init, whose classifier is zero
-        for p in model.parameters():
-            p.normal_(0, 0.08, generator=torch.Generator().manual_seed(p.numel()))
-    namespace: dict[str, Any] = {}
-    exec(compile(specvit.eject(spec), "ejected.py", "exec"), namespace)
-    ejected = namespace["Model"]().eval()
-    ejected.load_state_dict(model.state_dict())
+    model, ejected = ejected_twin(spec, 0.08)
     images = torch.randn(2, 3, 96, 96)
     assert torch.equal(ejected(images), model(images))
     with torch.no_grad():

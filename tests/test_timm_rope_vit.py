@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from reference import converted, timm_model, timm_parity
+from reference import converted, ejected_twin, timm_model, timm_parity
 
 import specvit
 from specvit.errors import SpecError
@@ -123,14 +123,7 @@ def test_learned_frequencies_refuse_what_they_cannot_pair(extra: dict[str, Any])
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_ejected_file_rotates_as_the_model(layout: str) -> None:
     spec = _spec({"kind": "rope2d", "frequencies": "learned", "layout": layout, "axes": "xy"})
-    model = specvit.build_model(spec).eval()
-    with torch.no_grad():  # off the init, whose classifier is zero
-        for p in model.parameters():
-            p.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
-    namespace: dict[str, Any] = {}
-    exec(compile(specvit.eject(spec), "ejected.py", "exec"), namespace)
-    ejected = namespace["Model"]().eval()
-    ejected.load_state_dict(model.state_dict())
+    model, ejected = ejected_twin(spec, 0.3)
     images = torch.randn(2, 3, 32, 32)
     assert torch.equal(ejected(images), model(images))
     with torch.no_grad():

@@ -13,6 +13,11 @@ from specvit.interop.table import D, F, Only, count, lm, register
 __all__: list[str] = []
 
 _LAYER = "layers.{i}."
+RES_POST_NAMES = {
+    "decoder.blocks.{i}.norm1": _LAYER + "post_attention_layernorm",
+    "decoder.blocks.{i}.norm2": _LAYER + "post_feedforward_layernorm",
+}
+"""HF's names of a block whose norms follow each branch (``placement: res_post``: OLMo 2, EXAONE 4)."""
 _LAYERS = r"(?:model\.)?layers\.\d+\."
 _NO_BIAS = {
     "decoder.block.qkv_bias": False,
@@ -169,10 +174,7 @@ OLMO2 = register(
             "decoder.block.qk_norm": "all",  # one RMSNorm over all heads' queries (keys)
         },
         drop=("clip_qkv",),
-        names={
-            "decoder.blocks.{i}.norm1": _LAYER + "post_attention_layernorm",
-            "decoder.blocks.{i}.norm2": _LAYER + "post_feedforward_layernorm",
-        },
+        names=RES_POST_NAMES,
     )
 )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3
+from specvit.interop.hf_decoders import GEMMA2, MIXTRAL, QWEN3, RES_POST_NAMES
 from specvit.interop.hf_decoders3 import GRANITE, PLAIN
 from specvit.interop.hf_layers import layer_types, overrides
 from specvit.interop.hf_llama import LLAMA, head_dim, rope, rope_params, sliding
@@ -88,10 +88,7 @@ EXAONE4 = register(
             "decoder.overrides": overrides(_EXAONE4_WINDOWS["decoder.overrides"], _exaone4_no_rope),
         },
         drop=("pretraining_tp",),
-        names={
-            "decoder.blocks.{i}.norm1": _LAYER + "post_attention_layernorm",
-            "decoder.blocks.{i}.norm2": _LAYER + "post_feedforward_layernorm",
-        },
+        names=RES_POST_NAMES,
     )
 )
 
