@@ -77,6 +77,20 @@ def stream_rate(nbytes: int, repeat: int) -> float:
     return x.nbytes / min(times)
 
 
+class Rates:
+    """Streaming-read rates sampled between the measurements (this VM's rate drifts by a third within
+    minutes): each the fastest of 3 sums over ``nbytes``; :meth:`median` is the wall's rate so far."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.samples = nbytes, [stream_rate(nbytes, 3)]
+
+    def sample(self) -> None:
+        self.samples.append(stream_rate(self.nbytes, 3))
+
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
 def step_bytes(ref: nn.Module, batch: int, position: float, dtype_bytes: int = 4) -> float:
     """Bytes one decode step must read: every weight once (the embedding table only when the LM head is tied
     to it; a lookup reads a row otherwise) and the KV cache of ``position`` tokens per row."""
@@ -138,7 +152,7 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
     rows: list[Row] = []
     ids = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        rate = stream_rate(sizes.stream_bytes, repeat)
+        rates = Rates(sizes.stream_bytes)
         for batch in (1, 8):
             prompt = torch.randint(0, vocab, (batch, sizes.prompt), generator=ids)
             for sample in (False, True):
@@ -148,6 +162,7 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
                     lambda p=prompt, s=sample: _hf_generate(ref, p, sizes.new, s),
                     runs,
                 )
+                rates.sample()
                 what = f"sampled (T=1, top-50), batch {batch}"
                 if not sample:
                     what = f"greedy, {_agreement(got, want)}, batch {batch}"
@@ -161,17 +176,20 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
                         "HF generate",
                     )
                 )
-            rows.append(_per_token(ref, ours, prompt, sizes, rate, runs, rows[-2]))
+            rows.append(_per_token(ref, ours, prompt, sizes, rates, runs, rows[-2]))
             if batch == 1:
-                rows += _smaller_weights(ours, prompt, sizes, rate, runs, rows[-1])
+                rows += _smaller_weights(ours, prompt, sizes, rates, runs, rows[-1])
         seq = torch.randint(0, vocab, (1, sizes.prefill), generator=ids)
         t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, max(2, repeat // 2))
         rows.append(
             Row(f"Prefill of {sizes.prefill} tokens", "batch 1, all logits", t_ours, t_hf, "HF forward")
         )
+    low, high = min(rates.samples) / 1e9, max(rates.samples) / 1e9
     NOTES.append(
-        f"decode wall: streaming-read rate {rate / 1e9:.1f} GB/s (fastest sum over a "
-        f"{sizes.stream_bytes // 2**20} MB float32 tensor in this run); a step reads every weight once (the "
+        f"decode wall: streaming-read rate {rates.median() / 1e9:.1f} GB/s, the median of {len(rates.samples)} "
+        f"samples taken between the decode rows ({low:.1f}-{high:.1f} GB/s; each the fastest of 3 sums over a "
+        f"{sizes.stream_bytes // 2**20} MB float32 tensor), each row's wall at the median of the samples taken "
+        "up to it; a step reads every weight once (the "
         "tied LM head included) and the KV cache of its position; the per-token time is "
         f"(t(generate {sizes.new}) - t(generate 1)) / {sizes.new - 1}, as a user of generate sees it"
     )
@@ -179,7 +197,7 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
 
 
 def _per_token(
-    ref: nn.Module, ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rate: float, runs: int, greedy: Row
+    ref: nn.Module, ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rates: Rates, runs: int, greedy: Row
 ) -> Row:
     """One decoded token's time, from the greedy row less a one-token generation, against the wall."""
     t_ours1, t_hf1, _, _ = _pair(
@@ -189,7 +207,8 @@ def _per_token(
     assert greedy.peer is not None
     ours_step, hf_step = (greedy.ours - t_ours1) / steps, (greedy.peer - t_hf1) / steps
     batch = prompt.shape[0]
-    wall = step_bytes(ref, batch, sizes.prompt + sizes.new / 2) / rate
+    rates.sample()
+    wall = step_bytes(ref, batch, sizes.prompt + sizes.new / 2) / rates.median()
     share = wall / ours_step if ours_step > 0 else float("nan")
     if batch == 1:
         target("fp32 decode >= 70% of the memory wall (batch 1)", share >= 0.7, f"{share:.0%}")
@@ -214,7 +233,7 @@ def module_step_bytes(module: nn.Module) -> int:
 
 
 def _smaller_weights(
-    ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rate: float, runs: int, fp32: Row
+    ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rates: Rates, runs: int, fp32: Row
 ) -> list[Row]:
     """Per-token decode from bf16 and from weight-only int8 weights (the modules ``optimize(for_='generation',
     precision='int8')`` measures), each against its own wall, and its logit error against fp32."""
@@ -229,9 +248,10 @@ def _smaller_weights(
             lambda m=module: m.generate(prompt, sizes.new), lambda m=module: m.generate(prompt, 1), runs
         )
         step = (t_new - t_one) / (sizes.new - 1)
+        rates.sample()
         layers, width = _kv_layout(ours)
         kv = 2 * layers * width * 2 * (sizes.prompt + sizes.new / 2)  # bf16 keys and values, mean position
-        wall = (module_step_bytes(module) + kv) / rate
+        wall = (module_step_bytes(module) + kv) / rates.median()
         share = wall / step if step > 0 else float("nan")
         diff = next(t.max_abs_diff for t in report.trials if t.name == name)
         target(f"{name} decode >= 60% of its memory wall (batch 1)", share >= 0.6, f"{share:.0%}")

@@ -109,7 +109,7 @@ def decode_loop(
         generator: random generator for sampling.
         stepped: the modules ``step`` runs; from ``PACK_FROM`` new tokens on, their float32 linears run with
             weights pre-packed for oneDNN on CPU (:mod:`specvit.nn.packed`) while decoding, when the memory
-            available holds the packed copies.
+            available holds the packed copies; at a batch whose one-row steps take the split product, unpacked.
 
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).
@@ -129,7 +129,7 @@ def decode_loop(
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     packing: AbstractContextManager[None] = nullcontext()
     if max_new_tokens >= PACK_FROM:
-        packing = packed_linears(*stepped, max_bytes=available_memory())
+        packing = packed_linears(*stepped, max_bytes=available_memory(), step_rows=tokens.shape[0])
     seq = tokens
     fed = 0  # tokens already in the cache
     with packing:

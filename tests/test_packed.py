@@ -10,7 +10,7 @@ from torch import nn
 
 import specvit
 from specvit.generate import PACK_FROM
-from specvit.nn import packed
+from specvit.nn import gemv, packed
 from specvit.nn.layers import TiedLinear
 from specvit.nn.linear import Linear
 from specvit.nn.packed import SPLIT_ROWS, PackedLinear, can_pack, packed_linears, split_linear
@@ -58,10 +58,10 @@ def test_packed_linears_put_back_on_error_and_respect_the_budget() -> None:
         assert _layers(model) == before
 
 
-def test_only_float32_cpu_linears_are_packed() -> None:
+def test_only_float32_and_native_bfloat16_cpu_linears_are_packed() -> None:
     assert can_pack(nn.Linear(4, 3))
     assert not can_pack(nn.Linear(4, 3, dtype=torch.float64))
-    assert not can_pack(nn.Linear(4, 3, dtype=torch.bfloat16))
+    assert can_pack(nn.Linear(4, 3, dtype=torch.bfloat16)) == gemv.available()
     assert not can_pack(nn.Conv1d(4, 3, 1))
     model = _gpt().double()
     with packed_linears(model):
@@ -126,9 +126,9 @@ def test_one_row_calls_take_the_split_product_where_it_was_measured_faster(
     model = _gpt(**{"decoder.input.vocab": 96})
     tied = next(m for m in model.modules() if isinstance(m, TiedLinear))
     head = PackedLinear(tied)
-    assert head.blocks == 4 and head._plain is not None
+    assert head.blocks == 4
     assert head._plain[0].data_ptr() == tied.weight.data_ptr()  # the embedding's table, not a copy
-    assert PackedLinear(nn.Linear(8, 7))._plain is None  # 7 rows do not split: always the packed product
+    assert PackedLinear(nn.Linear(8, 7)).blocks == 1  # 7 rows do not split: always the packed product
     calls = [0]
 
     def counted(*args: object) -> torch.Tensor:
@@ -139,7 +139,8 @@ def test_one_row_calls_take_the_split_product_where_it_was_measured_faster(
     x = torch.randn(SPLIT_ROWS + 1, 1, 64)
     want = torch.nn.functional.linear(x, tied.weight).detach()
     for faster, used in ((True, [1, 1, 0]), (False, [0, 0, 0])):
-        monkeypatch.setattr(packed, "split_is_faster", lambda threads, f=faster: f)
+        path = "split" if faster else "packed"
+        monkeypatch.setattr(packed, "few_rows_path", lambda rows, dtype, threads, p=path: p)
         got = []
         for rows in (1, SPLIT_ROWS, SPLIT_ROWS + 1):
             before = calls[0]
@@ -148,3 +149,71 @@ def test_one_row_calls_take_the_split_product_where_it_was_measured_faster(
             got.append(calls[0] - before)
             assert (out - want[:rows]).abs().max().item() <= 1e-5
         assert got == used
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_generation_packs_only_where_the_steps_do_not_split(
+    monkeypatch: pytest.MonkeyPatch, split: bool
+) -> None:
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(packed, "few_rows_path", lambda rows, dtype, threads: "split" if split else "packed")
+    model = _gpt()
+    prompt = torch.randint(0, 97, (1, 5))
+    with torch.no_grad():
+        want = model.generate(prompt, PACK_FROM - 1)  # not swapped
+    held: list[object] = []
+    first = next(name for name, m in model.named_modules() if isinstance(m, nn.Linear))
+    swapped = [0]
+
+    def record(module: nn.Module, args: object, out: object) -> None:
+        layer = model.get_submodule(first)
+        if isinstance(layer, PackedLinear):
+            held.append(layer.packed)
+            swapped[0] += 1
+
+    model.register_forward_hook(record)
+    got = model.generate(prompt, PACK_FROM)
+    assert swapped[0] == PACK_FROM  # every step ran the swapped layers
+    assert all((t is None) == split for t in held)  # batch 1 splits: no packed copies; else packed
+    assert torch.equal(got[:, : want.shape[1]], want)
+
+
+def test_an_unpacked_layer_runs_more_rows_as_linear_does() -> None:
+    torch.manual_seed(0)
+    layer = Linear(24, 40)
+    x = torch.randn(300, 24)
+    with torch.no_grad():
+        got, want = PackedLinear(layer, pack=False)(x), layer(x)
+    assert PackedLinear(layer, pack=False).packed is None
+    assert (got - want).abs().max().item() <= 1e-5
+    assert (got - want[:, torch.randperm(40)]).abs().max().item() > 1e-3  # control: columns shuffled
+
+
+@pytest.mark.skipif(not gemv.available(), reason="specvit's native kernel does not build here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_row_calls_take_the_native_kernel_where_it_was_measured_fastest(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(37, 24).to(dtype)  # 37 inputs: the kernel's 8-wide loop and its scalar tail
+    swapped = PackedLinear(layer, pack=False)
+    calls = [0]
+    native = swapped._native
+    assert native is not None
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        return native(x)
+
+    monkeypatch.setattr(swapped, "_native", counted)
+    for path, used in (("native", 1), ("linear" if dtype == torch.bfloat16 else "packed", 0)):
+        monkeypatch.setattr(packed, "few_rows_path", lambda rows, dtype, threads, p=path: p)
+        for rows in (1, 8, 9):
+            x = torch.randn(rows, 1, 37, dtype=dtype)
+            before = calls[0]
+            with torch.no_grad():
+                got, want = swapped(x), layer(x)
+            assert got.dtype == dtype and got.shape == want.shape
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            assert (got.float() - want.float()).abs().max().item() <= tol
+            assert calls[0] - before == (used if rows <= 8 else 0)  # 9 rows: never the few-row kernel

@@ -9,6 +9,7 @@ from torch import nn
 
 import specvit
 from specvit.inference import GENERATION_TOKENS, optimize
+from specvit.nn import gemv, quant
 from specvit.nn.quant import Int8Linear, quantize_int8, quantize_rows
 from specvit.tuning import INT8_RTOL, Candidate, bf16_weights, int8_weights
 
@@ -45,14 +46,23 @@ def test_quantize_rows_values() -> None:
     assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
 
 
-def test_int8_linear_is_the_dequantised_product() -> None:
+@pytest.mark.parametrize("native", [False, True])
+def test_int8_linear_is_the_dequantised_product(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    if native and not gemv.available():
+        pytest.skip("specvit's native kernel does not build here")
+    monkeypatch.setattr(quant, "native_is_faster", lambda rows, threads: native)
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
     layer = Int8Linear(linear)
-    x = torch.randn(2, 3, 48)
+    calls = [0]
+    if layer._native is not None:
+        kernel = layer._native
+        monkeypatch.setattr(layer, "_native", lambda x: (calls.__setitem__(0, calls[0] + 1), kernel(x))[1])
+    x = torch.randn(2, 3, 48)  # 6 rows: the few-row kernel's when measured faster
     q, scale = quantize_rows(linear.weight)
     want = F.linear(x.double(), (q.double() * scale.double()[:, None]), linear.bias.double())
     got = layer(x)
+    assert calls[0] == int(native)
     assert got.shape == (2, 3, 40) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), want, atol=0.03, rtol=0.02)  # bf16 activations and output
     # the control: the float32 layer differs from the int8 one by the weights' rounding, which is not nothing

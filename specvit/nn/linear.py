@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 __all__ = [
     "Linear",
     "eager_cpu_float32",
+    "fastest",
     "first_is_faster",
     "onednn_available",
     "onednn_is_faster",
@@ -89,24 +90,35 @@ MIN_ROWS = 256
 """The oneDNN path needs at least this many input rows to repay the weight's reorder (one pass over it)."""
 
 
+def fastest(runs: Mapping[str, Callable[[], object]], rounds: int = 5) -> str:
+    """The name of the kernel that runs fastest: medians of ``rounds`` alternating timed calls each, after one
+    untimed call of each, without autograd.
+
+    Args:
+        runs: the kernels to time, by name (at least one).
+        rounds: timed calls of each.
+    """
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.no_grad():
+        for run in runs.values():
+            run()
+        for _ in range(rounds):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    return min(times, key=lambda name: statistics.median(times[name]))
+
+
 def first_is_faster(first: Callable[[], object], second: Callable[[], object], rounds: int = 5) -> bool:
-    """Whether ``first`` runs faster than ``second``: medians of ``rounds`` alternating timed calls each, after
-    one untimed call of each, without autograd.
+    """Whether ``first`` runs faster than ``second`` (:func:`fastest` of the two).
 
     Args:
         first: a kernel to time.
         second: the kernel to time against it.
         rounds: timed calls of each.
     """
-    times: Sequence[list[float]] = ([], [])
-    with torch.no_grad():
-        first(), second()
-        for _ in range(rounds):
-            for run, spent in zip((first, second), times, strict=True):
-                start = time.perf_counter()
-                run()
-                spent.append(time.perf_counter() - start)
-    return statistics.median(times[0]) < statistics.median(times[1])
+    return fastest({"first": first, "second": second}, rounds) == "first"
 
 
 @functools.cache

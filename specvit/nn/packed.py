@@ -11,28 +11,36 @@ A step that decodes one token per sequence gives each linear a single row, and b
 matrix-vector product on one thread: on the 2-core AVX2 AMD EPYC, 11 GB/s (MKL) and 13-15 GB/s (oneDNN
 packed) of weights, where a sum over the same bytes reads 21-28 GB/s. :func:`split_linear` computes it as
 a batch of products over blocks of the weight's rows, which the batched product spreads over the threads (19
-GB/s there). Which of the two serves one-row calls is measured once per process and thread count
-(:func:`split_is_faster`); the packed weight serves every call of more rows.
+GB/s there), and specvit's own kernel (:mod:`specvit.nn.gemv`, where it builds) streams the weight at close to
+the sum's rate, for float32 and bfloat16 weights alike. Which of them serves calls of a few rows is measured
+once per process (:func:`few_rows_path`); the packed weight serves the calls of more rows. Where the repeated
+calls (``packed_linears(..., step_rows=B)``: a decode step's B rows) do not take the packed product, nothing
+is packed: the reorder (a pass over every weight, 0.2 s for a 135M-parameter model) would serve only the
+prompt's one call.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Literal, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from specvit.nn import gemv
+from specvit.nn.gemv import MAX_ROWS
 from specvit.nn.layers import TiedLinear
-from specvit.nn.linear import Linear, first_is_faster, onednn_available, packed_linear
+from specvit.nn.linear import Linear, fastest, onednn_available, onednn_linear, packed_linear
 
 __all__ = [
     "PackedLinear",
     "can_pack",
+    "few_rows_path",
     "pack_linears",
     "packed_linears",
-    "split_is_faster",
     "split_linear",
     "unpack_linears",
 ]
@@ -74,55 +82,85 @@ def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, blocks: int) ->
     return y.transpose(0, 1).reshape(*x.shape[:-1], weight.shape[0])  # (..., out)
 
 
+Kernel = Literal["native", "split", "packed", "linear"]
+
+
+def _bucket(rows: int) -> int:
+    """The row count :func:`few_rows_path` measures for calls of ``rows`` rows: 1 up to ``SPLIT_ROWS``, else
+    ``MAX_ROWS``."""
+    return 1 if rows <= SPLIT_ROWS else MAX_ROWS
+
+
 @functools.cache
-def split_is_faster(threads: int) -> bool:
-    """Whether :func:`split_linear` runs one-row products faster than oneDNN's packed weights with ``threads``
-    threads, over 64 MB of (1024, 1024) weights (more than a cache holds, as a model's are); measured once per
-    process and thread count."""
-    if threads < 2:
-        return False
-    weights = [torch.ones(1024, 1024) for _ in range(16)]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
-    x, blocks = torch.ones(1, 1024), _blocks(1024)
-    return first_is_faster(
-        lambda: [split_linear(x, w, None, blocks) for w in weights],
-        lambda: [packed_linear(x, p, None) for p in packed],
-    )
+def few_rows_path(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
+    """The fastest product of ``rows`` rows (at most ``MAX_ROWS``) with ``dtype`` weights on this machine:
+    ``native`` (:mod:`specvit.nn.gemv`), ``split`` (:func:`split_linear`; float32, at most ``SPLIT_ROWS`` rows,
+    two threads or more), ``packed`` (float32, oneDNN) or ``linear`` (``F.linear``, other dtypes). Timed over 64
+    MB of (1024, 1024) weights (more than a cache holds, as a model's are), once per process, row count,
+    dtype and thread count."""
+    weights = [torch.ones(1024, 1024, dtype=dtype) for _ in range(64 // dtype.itemsize)]
+    x = torch.ones(rows, 1024, dtype=dtype)
+    runs: dict[str, Callable[[], object]] = {}
+    if gemv.available():
+        kernels = [gemv.Gemv(w) for w in weights]
+        runs["native"] = lambda: [k(x) for k in kernels]
+    if dtype == torch.float32:
+        if rows <= SPLIT_ROWS and threads > 1:
+            blocks = _blocks(1024)
+            runs["split"] = lambda: [split_linear(x, w, None, blocks) for w in weights]
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
+        runs["packed"] = lambda: [packed_linear(x, p, None) for p in packed]
+    else:
+        runs["linear"] = lambda: [F.linear(x, w) for w in weights]
+    return cast(Kernel, fastest(runs))
 
 
 class PackedLinear(nn.Module):
-    """An inference-only linear layer whose weight is also held pre-packed for oneDNN.
+    """An inference-only linear layer for decoding on CPU: a float32 weight also held pre-packed for oneDNN,
+    and calls of a few rows run by the kernel measured fastest here (:func:`few_rows_path`).
 
     It holds the parameters of the layer it replaces under the same names (the state_dict keys stay the same;
-    a tied layer's weight stays the embedding's); the forward uses the packed copy, which is not saved and
-    does not follow later updates of the weight.
+    a tied layer's weight stays the embedding's); the packed copy is not saved and does not follow later
+    updates of the weight.
 
     Args:
-        linear: the layer to pack: an ``nn.Linear`` or a :class:`~specvit.nn.layers.TiedLinear` output layer.
+        linear: the layer to swap: an ``nn.Linear`` or a :class:`~specvit.nn.layers.TiedLinear` output layer,
+            with float32 or bfloat16 weights.
+        pack: hold the packed copy (float32 weights); without it, calls of more rows run as
+            :class:`~specvit.nn.linear.Linear` does (:func:`~specvit.nn.linear.onednn_linear`).
     """
 
-    packed: Tensor  # the weight in oneDNN's blocked layout
+    packed: Tensor | None  # the weight in oneDNN's blocked layout, or None when not packed
 
-    def __init__(self, linear: Packable):
+    def __init__(self, linear: Packable, pack: bool = True):
         super().__init__()
         self.out_features, self.in_features = linear.weight.shape
         for name, param in linear.named_parameters(recurse=False):
             self.register_parameter(name, param)
         self.bias = linear.bias
         weight = linear.weight.detach()
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
-        self.blocks = _blocks(self.out_features)
-        # the plain weight for split one-row products, outside the module's tensors (a tied one is the embedding's)
-        self._plain = (weight,) if self.blocks > 1 and weight.is_contiguous() else None
+        packed = (
+            torch.ops.mkldnn._reorder_linear_weight(weight)
+            if pack and weight.dtype == torch.float32
+            else None
+        )
+        self.register_buffer("packed", packed, persistent=False)
+        self.blocks = _blocks(self.out_features) if weight.is_contiguous() else 1
+        self._plain = (weight,)  # outside the module's tensors (a tied layer's is the embedding's)
+        native = gemv.available() and weight.is_contiguous()
+        self._native = gemv.Gemv(weight, bias=self.bias) if native else None
 
     def forward(self, x: Tensor) -> Tensor:
-        bias = None if self.bias is None else self.bias.detach()
-        if (
-            self._plain is not None
-            and x.numel() <= SPLIT_ROWS * self.in_features
-            and split_is_faster(torch.get_num_threads())
-        ):
-            return split_linear(x, self._plain[0], bias, self.blocks)  # (..., out)
+        weight, bias = self._plain[0], None if self.bias is None else self.bias.detach()
+        rows = x.numel() // self.in_features
+        if rows <= MAX_ROWS:
+            path = few_rows_path(_bucket(rows), weight.dtype, torch.get_num_threads())
+            if path == "native" and self._native is not None:
+                return self._native(x).to(x.dtype)  # (..., out)
+            if path == "split" and rows <= SPLIT_ROWS and self.blocks > 1:
+                return split_linear(x, weight, bias, self.blocks)  # (..., out)
+        if self.packed is None:
+            return onednn_linear(x, weight, bias)  # (..., out)
         return packed_linear(x, self.packed, bias)  # (..., out)
 
     def extra_repr(self) -> str:
@@ -132,26 +170,31 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(module: nn.Module) -> bool:
-    """Whether ``module`` is a float32 linear layer on the CPU (``nn.Linear``, specvit's or a tied output layer)
-    and oneDNN is there to run it packed."""
-    return (
-        type(module) in (nn.Linear, Linear, TiedLinear)
-        and isinstance(module.weight, Tensor)
-        and module.weight.dtype == torch.float32
-        and module.weight.device.type == "cpu"
-        and onednn_available()
+    """Whether ``module`` is a linear layer on the CPU (``nn.Linear``, specvit's or a tied output layer) that a
+    :class:`PackedLinear` runs faster: float32 weights with oneDNN there, or bfloat16 ones with the native
+    kernel (:mod:`specvit.nn.gemv`)."""
+    if type(module) not in (nn.Linear, Linear, TiedLinear):
+        return False
+    weight = module.weight
+    if not isinstance(weight, Tensor) or weight.device.type != "cpu":
+        return False
+    return (weight.dtype == torch.float32 and onednn_available()) or (
+        weight.dtype == torch.bfloat16 and gemv.available()
     )
 
 
 Swapped = list[tuple[nn.Module, str, Packable]]  # (parent, attribute name, the original layer)
 
 
-def pack_linears(*models: nn.Module, max_bytes: int | None = None) -> Swapped:
+def pack_linears(*models: nn.Module, max_bytes: int | None = None, step_rows: int | None = None) -> Swapped:
     """Replace, in place, every float32 CPU ``nn.Linear`` of ``models`` by a :class:`PackedLinear`.
 
     Args:
         models: the models (or parts of one) to swap layers in.
         max_bytes: pack nothing when the packed copies would take more than this (None: no limit).
+        step_rows: the rows of the calls that repeat (a decode step's: one per sequence), or None; when they
+            do not take the packed product (:func:`few_rows_path`), the layers are swapped without packed
+            copies.
 
     Returns:
         What was replaced, for :func:`unpack_linears`.
@@ -163,10 +206,15 @@ def pack_linears(*models: nn.Module, max_bytes: int | None = None) -> Swapped:
         for name, child in parent.named_children()
         if isinstance(child, Packable) and can_pack(child)
     ]
-    if max_bytes is not None and sum(child.weight.nbytes for _, _, child in found) > max_bytes:
+    pack = (
+        step_rows is None
+        or step_rows > MAX_ROWS
+        or few_rows_path(_bucket(step_rows), torch.float32, torch.get_num_threads()) == "packed"
+    )
+    if pack and max_bytes is not None and sum(child.weight.nbytes for _, _, child in found) > max_bytes:
         return []
     for parent, name, child in found:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, PackedLinear(child, pack))
     return found
 
 
@@ -177,7 +225,9 @@ def unpack_linears(swapped: Swapped) -> None:
 
 
 @contextmanager
-def packed_linears(*models: nn.Module, max_bytes: int | None = None) -> Iterator[None]:
+def packed_linears(
+    *models: nn.Module, max_bytes: int | None = None, step_rows: int | None = None
+) -> Iterator[None]:
     """Inside the block, every float32 CPU ``nn.Linear`` of ``models`` is a :class:`PackedLinear`.
 
     The packed copies take as much memory again as the weights they pack; they are dropped, and the original
@@ -187,10 +237,11 @@ def packed_linears(*models: nn.Module, max_bytes: int | None = None) -> Iterator
     Args:
         models: the models (or parts of one) to swap layers in, in place.
         max_bytes: pack nothing when the packed copies would take more than this (None: no limit).
+        step_rows: the rows of the calls that repeat; see :func:`pack_linears`.
     """
     swapped: Swapped = []
     try:
-        swapped = pack_linears(*models, max_bytes=max_bytes)
+        swapped = pack_linears(*models, max_bytes=max_bytes, step_rows=step_rows)
         yield
     finally:
         unpack_linears(swapped)

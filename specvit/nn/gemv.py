@@ -1,0 +1,189 @@
+"""Products of a few rows with a weight, ``x @ w.T * scale + bias``, at the memory's read rate (decoding).
+
+A decode step multiplies one row per sequence with every weight of the model, so its time is the bytes of
+the weights over the rate memory is read at. torch's kernels read them well below that rate on CPU: MKL's
+one-row product runs on one thread (42% of a 2-core AMD EPYC's streaming rate), the split product of
+:mod:`specvit.nn.packed` reaches 67-80%, bfloat16 ``F.linear`` 60-71% and ``torch._weight_int8pack_mm``
+about 35%. ``gemv.c`` next to this file streams each weight row once over torch's OpenMP threads, for
+float32, bfloat16 and int8 (per-row scale) weights: 82-97%, 75-94% and 65-77% there, measured with
+``python -m benchmarks``.
+
+The kernel is built on first use with the C compiler (``$CC``, else ``gcc`` or ``cc``) into a cache folder
+(``$XDG_CACHE_HOME/specvit``, else ``~/.cache/specvit``), named by a hash of its source and flags; about a
+second, once per machine. It needs Linux on an x86-64 CPU with AVX2 and FMA (torch's CPU capability AVX2 or
+AVX512) and a compiler with OpenMP; anywhere else, or with ``SPECVIT_NATIVE=0``, :func:`available` is False
+and the callers keep torch's kernels. Which kernel serves a call is measured once per process by the callers
+(:func:`specvit.nn.packed.few_rows_path`, :mod:`specvit.nn.quant`).
+
+Dim legend: M input rows (at most ``MAX_ROWS``), N outputs (the weight's rows), K inputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["MAX_ROWS", "Gemv", "available", "gemv"]
+
+MAX_ROWS = 8
+"""The most input rows one call takes (``gemv.c``'s MAX_ROWS): each weight row is multiplied with all of them
+while it is in the L1 cache."""
+
+SOURCE = Path(__file__).with_name("gemv.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_KERNELS = {
+    torch.float32: "specvit_gemv_f32",
+    torch.bfloat16: "specvit_gemv_bf16",
+    torch.int8: "specvit_gemv_i8",
+}
+
+
+def _cache_dir() -> Path:
+    """Where built kernels are kept: ``$XDG_CACHE_HOME/specvit`` or ``~/.cache/specvit``."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "specvit"
+
+
+def _unsupported() -> str | None:
+    """Why the kernel cannot run here, or None."""
+    if os.environ.get("SPECVIT_NATIVE", "1") == "0":
+        return "SPECVIT_NATIVE=0"
+    if not sys.platform.startswith("linux") or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"{sys.platform} {platform.machine()} (needs Linux on x86-64)"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return "the CPU has no AVX2"
+    return None
+
+
+def _build() -> Path | None:
+    """The kernel's shared library, built into the cache folder if it is not there; None without a compiler
+    or when the build fails."""
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"gemv-{digest}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, then renamed: never half
+            built = Path(tmp) / target.name
+            subprocess.run(
+                [compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            os.replace(built, target)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot run (see :func:`_unsupported`) or be built."""
+    if _unsupported() is not None:
+        return None
+    path = _build()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))  # its libgomp is torch's, loaded already: one thread pool
+    except OSError:
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name in _KERNELS.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [pointer] * 5 + [size] * 3
+        fn.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Whether :func:`gemv` can run on this machine (builds the kernel on the first call)."""
+    return _library() is not None
+
+
+def _address(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class Gemv:
+    """``(x @ weight.T) * scale + bias`` in float32 for a few rows, the weight read once per call.
+
+    It holds the weight (and float32 copies of the scale and bias) and reads the weight's memory at each call:
+    updates made in place are seen; a weight replaced by another tensor is not. It holds tensors and the
+    kernel's name only, so a module holding one copies, pickles and loads as usual.
+
+    Args:
+        weight: (N, K) float32, bfloat16 or int8, contiguous, on the CPU.
+        scale: (N,) per-row scale (int8 weights), or None.
+        bias: (N,), or None.
+
+    Raises:
+        RuntimeError: the kernel is not available here (check :func:`available` first).
+        ValueError: a weight it does not take, or a scale or bias of another length.
+    """
+
+    def __init__(self, weight: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> None:
+        lib = _library()
+        if lib is None:
+            raise RuntimeError(
+                f"specvit's gemv kernel is not available here: {_unsupported() or 'no C compiler'}"
+            )
+        if weight.dim() != 2 or weight.dtype not in _KERNELS or not weight.is_contiguous():
+            raise ValueError(
+                f"gemv takes a contiguous 2-D float32, bfloat16 or int8 weight, got a {weight.dtype} weight of "
+                f"shape {list(weight.shape)}"
+            )
+        if weight.device.type != "cpu":
+            raise ValueError("gemv runs on the CPU")
+        self.n, self.k = weight.shape
+        extras = [None if t is None else t.detach().to(torch.float32).contiguous() for t in (scale, bias)]
+        if any(t is not None and t.shape != (self.n,) for t in extras):
+            raise ValueError(f"scale and bias must have shape ({self.n},)")
+        self.weight, (self.scale, self.bias) = weight.detach(), extras
+        self.kernel = _KERNELS[weight.dtype]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """(..., K) inputs, at most ``MAX_ROWS`` rows, on the CPU (cast to float32) -> (..., N) float32."""
+        rows = x.reshape(-1, self.k)  # (M, K)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.to(torch.float32).contiguous()
+        m = rows.shape[0]
+        if m > MAX_ROWS or not rows.is_cpu:
+            raise ValueError(f"gemv takes at most {MAX_ROWS} rows on the CPU, got {m} on {rows.device}")
+        out = torch.empty((*x.shape[:-1], self.n))  # (..., N)
+        kernel = getattr(_library(), self.kernel)
+        weight, scale, bias = self.weight.data_ptr(), _address(self.scale), _address(self.bias)
+        kernel(rows.data_ptr(), weight, scale, bias, out.data_ptr(), m, self.n, self.k)
+        return out
+
+
+def gemv(x: Tensor, weight: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+    """``(x @ weight.T) * scale + bias`` in float32, the weight read once: ``Gemv(weight, scale, bias)(x)``.
+
+    Args:
+        x: (..., K) floating inputs, at most ``MAX_ROWS`` rows (cast to float32).
+        weight: (N, K) float32, bfloat16 or int8, contiguous, on the CPU.
+        scale: (N,) per-row scale (int8 weights), or None.
+        bias: (N,), or None.
+
+    Returns:
+        (..., N) float32.
+    """
+    return Gemv(weight, scale, bias)(x)
