@@ -107,7 +107,8 @@ def optimize(
             timed; the module returned has ``generate``).
         precision: ``fp32`` (every candidate equals eager within 1e-4), ``bf16`` (bf16 candidates join,
             held to 5% of eager's largest output magnitude; chosen only if faster) or ``int8`` (bf16 and
-            weight-only int8 candidates join, int8 held to 10%: :mod:`specvit.nn.quant`).
+            weight-only int8 candidates join, int8 held to 10%: :mod:`specvit.nn.quant`); for generation the
+            bf16 and int8 candidates hold only their linears' weights so, activations in float32.
         compile: include the ``torch.compile(fullgraph=True)`` candidates (each costs a warm-up: compilation).
         repeat: timed rounds per candidate (median); 1-2 keeps tests cheap.
         verbose: print the report's table to standard error.

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from specvit.nn.packed import pack_linears
-from specvit.nn.quant import quantize_int8
+from specvit.nn.quant import quantize_int8, weight_only
 
 __all__ = [
     "Candidate",
@@ -204,13 +204,26 @@ def int8_weights(model: nn.Module) -> nn.Module:
     return Cast(quantize_int8(copy.deepcopy(model)).to(torch.bfloat16), torch.bfloat16)
 
 
+def bf16_weights_only(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose linear layers hold bfloat16 weights, activations in float32
+    (:func:`specvit.nn.quant.weight_only`)."""
+    return weight_only(copy.deepcopy(model), torch.bfloat16)
+
+
+def int8_weights_only(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose linear layers hold weight-only int8 with per-row scales, activations in
+    float32 (:func:`specvit.nn.quant.weight_only`)."""
+    return weight_only(copy.deepcopy(model), torch.int8)
+
+
 def default_candidates(precision: Precision, compile: bool, generation: bool = False) -> list[Candidate]:
     """Eager, oneDNN pre-packed weights, and with ``compile`` Inductor (fullgraph) with and without freezing
     (freezing folds the weights into the graph as constants and pre-packs them for oneDNN); with
     ``precision='bf16'`` also the bf16 casts of eager and of compiled Inductor; with ``'int8'`` also
     weight-only int8 and bf16 eager. ``generation``: the candidates ``generate`` runs well: eager (which packs
-    its linears for oneDNN while decoding), eager with oneDNN off (MKL's products) and the smaller weights,
-    no compilation (each new length would recompile)."""
+    its linears for oneDNN while decoding), eager with oneDNN off (MKL's products) and the smaller weights with
+    float32 activations (a decode step's time is its weights' bytes; bf16 arithmetic on a CPU without it only
+    adds conversions), no compilation (each new length would recompile)."""
     found = [Candidate("eager", lambda m: m)]
     if torch.backends.mkldnn.is_available() and not generation:
         found.append(Candidate("eager, oneDNN pre-packed", prepack))
@@ -219,6 +232,12 @@ def default_candidates(precision: Precision, compile: bool, generation: bool = F
     compile = compile and not generation
     if compile:
         found += [Candidate("compile", _compiled(False)), Candidate("compile + freezing", _compiled(True))]
+    if generation:
+        if precision in ("bf16", "int8"):
+            found.append(Candidate("bf16 weights", bf16_weights_only, "bf16"))
+        if precision == "int8":
+            found.append(Candidate("int8 weights", int8_weights_only, "int8"))
+        return found
     if precision in ("bf16", "int8"):
         found.append(Candidate("bf16", bf16_weights, "bf16"))
         if compile and precision == "bf16":

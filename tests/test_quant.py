@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,8 +12,15 @@ from torch import nn
 import specvit
 from specvit.inference import GENERATION_TOKENS, optimize
 from specvit.nn import gemv, quant
-from specvit.nn.quant import Int8Linear, quantize_int8, quantize_rows
-from specvit.tuning import INT8_RTOL, Candidate, bf16_weights, int8_weights
+from specvit.nn.quant import Bf16Linear, Int8Linear, quantize_int8, quantize_rows, weight_only
+from specvit.tuning import (
+    INT8_RTOL,
+    Candidate,
+    bf16_weights,
+    bf16_weights_only,
+    int8_weights,
+    int8_weights_only,
+)
 
 TINY_LLAMA = dict(
     vocab_size=256,
@@ -102,6 +111,11 @@ def test_smaller_weights_state_their_error_against_fp32() -> None:
     assert bf16_diff <= 0.015 * peak and bf16_agree == 1.0
     assert int8_diff <= 0.03 * peak and int8_agree == 1.0
     assert int8_diff <= INT8_RTOL * peak  # what optimize holds int8 candidates to
+    # the same weights with float32 activations (generation's candidates) round only the weights: bf16's
+    # error is then the weights' alone (measured 0.0018 against 0.0044); int8's is the weights' in both
+    only_bf16, only_bf16_agree = _errors(bf16_weights_only(model), reference)
+    only_int8, only_int8_agree = _errors(int8_weights_only(model), reference)
+    assert only_bf16 < bf16_diff and only_int8 <= 0.03 * peak and only_bf16_agree == only_int8_agree == 1.0
     for layer in int8.modules():  # the control: every scale 10% off
         if isinstance(layer, Int8Linear):
             layer.scale.mul_(1.1)
@@ -117,7 +131,7 @@ def test_optimize_for_generation_decodes_from_the_chosen_weights() -> None:
     fast = optimize(model, (prompt,), "generation", precision="int8", repeat=1, progress=False)
     report = fast.optimize_report
     names = [t.name for t in report.trials]
-    assert names == ["eager", "eager, MKL linears (no oneDNN)", "bf16", "int8 weights, bf16"]
+    assert names == ["eager", "eager, MKL linears (no oneDNN)", "bf16 weights", "int8 weights"]
     assert all(t.rejected is None and t.seconds is not None for t in report.trials)
     with torch.inference_mode():
         out = fast.generate(prompt, 5)  # type: ignore[operator]
@@ -125,7 +139,8 @@ def test_optimize_for_generation_decodes_from_the_chosen_weights() -> None:
             tokens = module.generate(prompt, GENERATION_TOKENS)  # type: ignore[operator]
             assert tokens.shape == (2, 8 + GENERATION_TOKENS), name
     assert out.shape == (2, 13) and torch.equal(out[:, :8], prompt)
-    assert any(isinstance(m, Int8Linear) for m in report.modules["int8 weights, bf16"].modules())
+    assert any(isinstance(m, Int8Linear) for m in report.modules["int8 weights"].modules())
+    assert any(isinstance(m, Bf16Linear) for m in report.modules["bf16 weights"].modules())
     # oneDNN off: the same fp32 model, its greedy tokens those of eager (MKL's products round alike here)
     with torch.inference_mode():
         mkl = report.modules["eager, MKL linears (no oneDNN)"].generate(prompt, 5)  # type: ignore[operator]
@@ -163,3 +178,23 @@ def test_optimize_for_generation_picks_the_fastest_and_refuses_what_it_cannot_me
         optimize(model, (prompt.float(),), "generation")
     with pytest.raises(ValueError, match="'fp32', 'bf16' or 'int8'"):
         optimize(model, (prompt,), "generation", precision="int4")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("rows", [1, 3, 40])  # the few-row kernel (where it builds) and torch's products
+def test_weight_only_layers_keep_float32_activations(dtype: torch.dtype, rows: int) -> None:
+    torch.manual_seed(rows)
+    model = nn.Sequential(nn.Linear(48, 40), nn.GELU(), nn.Linear(40, 24))
+    x = torch.randn(rows, 48)
+    with torch.no_grad():
+        want = model(x)
+        small = weight_only(copy.deepcopy(model), dtype)
+        got = small(x)
+    kind = Bf16Linear if dtype == torch.bfloat16 else Int8Linear
+    assert [type(m) for m in small if not isinstance(m, nn.GELU)] == [kind, kind]
+    assert got.dtype == torch.float32 and got.shape == (rows, 24)
+    bound = 0.02 if dtype == torch.bfloat16 else 0.05  # the weights' rounding, through two layers
+    assert (got - want).abs().max().item() <= bound * want.abs().max().item()
+    assert (got - want).abs().max().item() > 0  # the weights were rounded: not the float32 model itself
+    with pytest.raises(ValueError, match=r"torch\.bfloat16 or torch\.int8"):
+        weight_only(model, torch.float16)

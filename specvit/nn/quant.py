@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn import gemv
@@ -29,7 +30,7 @@ from specvit.nn.gemv import MAX_ROWS
 from specvit.nn.layers import TiedLinear
 from specvit.nn.linear import fastest
 
-__all__ = ["Int8Linear", "native_is_faster", "quantize_int8", "quantize_rows"]
+__all__ = ["Bf16Linear", "Int8Linear", "native_is_faster", "quantize_int8", "quantize_rows", "weight_only"]
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -70,7 +71,8 @@ class Int8Linear(nn.Module):
 
     Args:
         linear: the layer to quantise: an ``nn.Linear`` or a tied output layer; its bias is kept as it is.
-        dtype: the activations' dtype (bfloat16 or float16); the output has it too.
+        dtype: the activations' dtype (bfloat16, float16 or float32); the output has it too. With float32,
+            calls of more than ``MAX_ROWS`` rows run ``_weight_int8pack_mm`` in bfloat16.
     """
 
     weight_int8: Tensor  # (N, K)
@@ -95,15 +97,76 @@ class Int8Linear(nn.Module):
             and native_is_faster(1 if rows == 1 else MAX_ROWS, torch.get_num_threads())
         ):
             return self._native(x).to(self.scale.dtype)  # (..., N)
-        if flat.dtype != self.scale.dtype:
-            flat = flat.to(self.scale.dtype)
-        out = torch._weight_int8pack_mm(flat.contiguous(), self.weight_int8, self.scale)  # (M, N)
+        act = (
+            torch.bfloat16 if self.scale.dtype == torch.float32 else self.scale.dtype
+        )  # what the kernel runs
+        scale = self.scale.to(act)
+        out = torch._weight_int8pack_mm(flat.to(act).contiguous(), self.weight_int8, scale)  # (M, N)
+        out = out.to(self.scale.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)  # (..., N)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+class Bf16Linear(nn.Module):
+    """An inference-only linear layer holding a bfloat16 copy of another layer's weight (half the bytes a
+    decode step reads), with activations, bias and output in float32.
+
+    Calls of at most ``MAX_ROWS`` rows run the native kernel (:mod:`specvit.nn.gemv`: the bfloat16 weights read
+    once, summed in float32) where it is available; more rows cast the weight to float32 for ``F.linear``.
+
+    Args:
+        linear: the layer to copy: an ``nn.Linear`` or a tied output layer.
+    """
+
+    weight: Tensor  # (N, K) bfloat16
+
+    def __init__(self, linear: nn.Linear | TiedLinear) -> None:
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+        self._native = gemv.Gemv(self.weight, bias=self.bias) if gemv.available() else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self._native is not None and x.numel() <= MAX_ROWS * self.in_features:
+            return self._native(x).to(x.dtype)  # (..., N)
+        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bfloat16 weights"
+
+
+def weight_only(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Replace, in place, every floating ``nn.Linear`` (specvit's ``Linear`` too) and tied output layer of
+    ``model`` by one holding its weight in ``dtype``, the activations left as they are (float32): a
+    :class:`Bf16Linear` or a float32 :class:`Int8Linear`; returns ``model``. Decoding reads the smaller weights
+    and computes everything else at full precision.
+
+    Args:
+        model: the model, changed in place.
+        dtype: ``torch.bfloat16`` or ``torch.int8``.
+    """
+    if dtype not in (torch.bfloat16, torch.int8):
+        raise ValueError(f"weight_only stores weights as torch.bfloat16 or torch.int8, not {dtype}")
+    for parent, name, child in _linears(model):
+        layer = Bf16Linear(child) if dtype == torch.bfloat16 else Int8Linear(child, torch.float32)
+        setattr(parent, name, layer)
+    return model
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear | TiedLinear]]:
+    """``(parent, attribute, layer)`` of every floating linear and tied output layer of ``model``."""
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear | TiedLinear) and child.weight.is_floating_point()
+    ]
 
 
 def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
@@ -115,12 +178,6 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.M
         model: the model, changed in place.
         dtype: the activations' dtype.
     """
-    found = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear | TiedLinear) and child.weight.is_floating_point()
-    ]
-    for parent, name, child in found:
+    for parent, name, child in _linears(model):
         setattr(parent, name, Int8Linear(child, dtype))
     return model
