@@ -107,9 +107,10 @@ def decode_loop(
         top_k: restrict sampling to the k most likely tokens (>= 1), or None for all.
         use_cache: feed one token per step into a KV cache instead of the whole sequence.
         generator: random generator for sampling.
-        stepped: the modules ``step`` runs; from ``PACK_FROM`` new tokens on, their float32 linears run with
-            weights pre-packed for oneDNN on CPU (:mod:`specvit.nn.packed`) while decoding, when the memory
-            available holds the packed copies; at a batch whose one-row steps take the split product, unpacked.
+        stepped: the modules ``step`` runs; from ``PACK_FROM`` new tokens on, their float32 and bfloat16
+            linears are swapped for decoding ones on CPU (:mod:`specvit.nn.packed`): a few rows per call run
+            the kernel measured fastest, and weights are pre-packed for oneDNN when the steps' rows take the
+            packed product and the memory available holds the copies.
 
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).

@@ -128,7 +128,7 @@ def test_one_row_calls_take_the_split_product_where_it_was_measured_faster(
     head = PackedLinear(tied)
     assert head.blocks == 4
     assert head._plain[0].data_ptr() == tied.weight.data_ptr()  # the embedding's table, not a copy
-    assert PackedLinear(nn.Linear(8, 7)).blocks == 1  # 7 rows do not split: always the packed product
+    assert PackedLinear(nn.Linear(8, 7)).blocks == 1  # 7 rows do not split into blocks
     calls = [0]
 
     def counted(*args: object) -> torch.Tensor:

@@ -5,8 +5,8 @@ the weights over the rate memory is read at. torch's kernels read them well belo
 one-row product runs on one thread (42% of a 2-core AMD EPYC's streaming rate), the split product of
 :mod:`specvit.nn.packed` reaches 67-80%, bfloat16 ``F.linear`` 60-71% and ``torch._weight_int8pack_mm``
 about 35%. ``gemv.c`` next to this file streams each weight row once over torch's OpenMP threads, for
-float32, bfloat16 and int8 (per-row scale) weights: 82-97%, 75-94% and 65-77% there, measured with
-``python -m benchmarks``.
+float32, bfloat16 and int8 (per-row scale) weights: 82-97%, 75-94% and 65-77% there over SmolLM-135M's
+weight shapes (the decode rows of ``python -m benchmarks`` time whole steps).
 
 The kernel is built on first use with the C compiler (``$CC``, else ``gcc`` or ``cc``) into a cache folder
 (``$XDG_CACHE_HOME/specvit``, else ``~/.cache/specvit``), named by a hash of its source and flags; about a

@@ -187,11 +187,12 @@ Swapped = list[tuple[nn.Module, str, Packable]]  # (parent, attribute name, the 
 
 
 def pack_linears(*models: nn.Module, max_bytes: int | None = None, step_rows: int | None = None) -> Swapped:
-    """Replace, in place, every float32 CPU ``nn.Linear`` of ``models`` by a :class:`PackedLinear`.
+    """Replace, in place, every linear layer of ``models`` that :func:`can_pack` accepts by a
+    :class:`PackedLinear`.
 
     Args:
         models: the models (or parts of one) to swap layers in.
-        max_bytes: pack nothing when the packed copies would take more than this (None: no limit).
+        max_bytes: swap nothing when the packed copies would take more than this (None: no limit).
         step_rows: the rows of the calls that repeat (a decode step's: one per sequence), or None; when they
             do not take the packed product (:func:`few_rows_path`), the layers are swapped without packed
             copies.
@@ -211,7 +212,8 @@ def pack_linears(*models: nn.Module, max_bytes: int | None = None, step_rows: in
         or step_rows > MAX_ROWS
         or few_rows_path(_bucket(step_rows), torch.float32, torch.get_num_threads()) == "packed"
     )
-    if pack and max_bytes is not None and sum(child.weight.nbytes for _, _, child in found) > max_bytes:
+    packed_bytes = sum(child.weight.nbytes for _, _, child in found if child.weight.dtype == torch.float32)
+    if pack and max_bytes is not None and packed_bytes > max_bytes:
         return []
     for parent, name, child in found:
         setattr(parent, name, PackedLinear(child, pack))
@@ -228,7 +230,7 @@ def unpack_linears(swapped: Swapped) -> None:
 def packed_linears(
     *models: nn.Module, max_bytes: int | None = None, step_rows: int | None = None
 ) -> Iterator[None]:
-    """Inside the block, every float32 CPU ``nn.Linear`` of ``models`` is a :class:`PackedLinear`.
+    """Inside the block, every linear layer of ``models`` that :func:`can_pack` accepts is a :class:`PackedLinear`.
 
     The packed copies take as much memory again as the weights they pack; they are dropped, and the original
     layers put back, when the block ends (also on an exception). Inference only: the packed copies carry no

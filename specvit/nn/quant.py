@@ -97,11 +97,11 @@ class Int8Linear(nn.Module):
             and native_is_faster(1 if rows == 1 else MAX_ROWS, torch.get_num_threads())
         ):
             return self._native(x).to(self.scale.dtype)  # (..., N)
-        act = (
-            torch.bfloat16 if self.scale.dtype == torch.float32 else self.scale.dtype
-        )  # what the kernel runs
-        scale = self.scale.to(act)
-        out = torch._weight_int8pack_mm(flat.to(act).contiguous(), self.weight_int8, scale)  # (M, N)
+        # the kernel is vectorised for bfloat16 activations: float32 ones run it in bfloat16
+        act = torch.bfloat16 if self.scale.dtype == torch.float32 else self.scale.dtype
+        out = torch._weight_int8pack_mm(
+            flat.to(act).contiguous(), self.weight_int8, self.scale.to(act)
+        )  # (M, N)
         out = out.to(self.scale.dtype)
         if self.bias is not None:
             out = out + self.bias
