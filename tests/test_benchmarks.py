@@ -100,8 +100,8 @@ def test_decode_rows_smoke() -> None:
         ("Generation of 8 tokens from 8", "greedy, same tokens, batch 1"),
         ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 1"),
         ("Per-token decode", "fp32, batch 1"),
-        ("Per-token decode", "bf16, batch 1"),
-        ("Per-token decode", "int8 weights, bf16, batch 1"),
+        ("Per-token decode", "bf16 weights, batch 1"),
+        ("Per-token decode", "int8 weights, batch 1"),
         ("Generation of 8 tokens from 8", "greedy, same tokens, batch 8"),
         ("Generation of 8 tokens from 8", "sampled (T=1, top-50), batch 8"),
         ("Per-token decode", "fp32, batch 8"),
@@ -114,9 +114,10 @@ def test_decode_rows_smoke() -> None:
 
 def test_module_step_bytes_of_smaller_weights() -> None:
     """fp32 and bf16 read the tied table through the head; int8 reads its int8 copy (and bf16 scales), not the
-    bf16 table, of which a lookup reads one row."""
+    bf16 table, of which a lookup reads one row; the weight-only copies read their linears' smaller weights and
+    float32 norms (and float32 scales)."""
     from benchmarks.decode import llama_pair, module_step_bytes, step_bytes
-    from specvit.tuning import bf16_weights, int8_weights
+    from specvit.tuning import bf16_weights, bf16_weights_only, int8_weights, int8_weights_only
 
     ref, ours = llama_pair(smoke=True)
     fp32 = module_step_bytes(ours)
@@ -126,6 +127,8 @@ def test_module_step_bytes_of_smaller_weights() -> None:
     linears = 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) + 256 * 64
     outputs = 2 * (64 + 32 + 32 + 64 + 128 + 128 + 64) + 256
     assert module_step_bytes(int8_weights(ours)) == linears + 2 * outputs + 2 * 5 * 64
+    assert module_step_bytes(bf16_weights_only(ours)) == 2 * linears + 4 * 5 * 64
+    assert module_step_bytes(int8_weights_only(ours)) == linears + 4 * outputs + 4 * 5 * 64
 
 
 def test_decode_agreement_text() -> None:
