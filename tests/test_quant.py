@@ -11,7 +11,7 @@ from torch import nn
 
 import specvit
 from specvit.inference import GENERATION_TOKENS, optimize
-from specvit.nn import gemv, quant
+from specvit.nn import gemv, packed
 from specvit.nn.quant import Bf16Linear, Int8Linear, quantize_int8, quantize_rows, weight_only
 from specvit.tuning import (
     INT8_RTOL,
@@ -59,7 +59,9 @@ def test_quantize_rows_values() -> None:
 def test_int8_linear_is_the_dequantised_product(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
     if native and not gemv.available():
         pytest.skip("specvit's native kernel does not build here")
-    monkeypatch.setattr(quant, "native_is_faster", lambda rows, threads: native)
+    monkeypatch.setattr(
+        packed, "few_rows_path", lambda rows, dtype, threads: "native" if native else "linear"
+    )
     torch.manual_seed(0)
     linear = nn.Linear(48, 40)
     layer = Int8Linear(linear)

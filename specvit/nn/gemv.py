@@ -13,7 +13,7 @@ The kernel is built on first use with the C compiler (``$CC``, else ``gcc`` or `
 second, once per machine. It needs Linux on an x86-64 CPU with AVX2 and FMA (torch's CPU capability AVX2 or
 AVX512) and a compiler with OpenMP; anywhere else, or with ``SPECVIT_NATIVE=0``, :func:`available` is False
 and the callers keep torch's kernels. Which kernel serves a call is measured once per process by the callers
-(:func:`specvit.nn.packed.few_rows_path`, :mod:`specvit.nn.quant`).
+(:func:`specvit.nn.packed.few_rows_path`).
 
 Dim legend: M input rows (at most ``MAX_ROWS``), N outputs (the weight's rows), K inputs.
 """
@@ -140,8 +140,7 @@ class Gemv:
     """
 
     def __init__(self, weight: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> None:
-        lib = _library()
-        if lib is None:
+        if _library() is None:
             raise RuntimeError(
                 f"specvit's gemv kernel is not available here: {_unsupported() or 'no C compiler'}"
             )

@@ -85,24 +85,25 @@ def split_linear(x: Tensor, weight: Tensor, bias: Tensor | None, blocks: int) ->
 Kernel = Literal["native", "split", "packed", "linear"]
 
 
-def _bucket(rows: int) -> int:
-    """The row count :func:`few_rows_path` measures for calls of ``rows`` rows: 1 up to ``SPLIT_ROWS``, else
-    ``MAX_ROWS``."""
-    return 1 if rows <= SPLIT_ROWS else MAX_ROWS
-
-
-@functools.cache
 def few_rows_path(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
     """The fastest product of ``rows`` rows (at most ``MAX_ROWS``) with ``dtype`` weights on this machine:
     ``native`` (:mod:`specvit.nn.gemv`), ``split`` (:func:`split_linear`; float32, at most ``SPLIT_ROWS`` rows,
-    two threads or more), ``packed`` (float32, oneDNN) or ``linear`` (``F.linear``, other dtypes). Timed over 64
-    MB of (1024, 1024) weights (more than a cache holds, as a model's are), once per process, row count,
-    dtype and thread count."""
+    two threads or more), ``packed`` (float32, oneDNN) or ``linear`` (torch's own product for the other dtypes:
+    ``F.linear``, or ``_weight_int8pack_mm`` with bfloat16 activations for int8). Measured at 1 row up to
+    ``SPLIT_ROWS`` rows and at ``MAX_ROWS`` above, once per process, dtype and thread count."""
+    return _measured(1 if rows <= SPLIT_ROWS else MAX_ROWS, dtype, threads)
+
+
+@functools.cache
+def _measured(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
+    """:func:`few_rows_path` timed over 64 MB of (1024, 1024) weights (more than a cache holds, as a model's
+    are)."""
     weights = [torch.ones(1024, 1024, dtype=dtype) for _ in range(64 // dtype.itemsize)]
-    x = torch.ones(rows, 1024, dtype=dtype)
+    act = torch.bfloat16 if dtype == torch.int8 else dtype
+    x, scale = torch.ones(rows, 1024, dtype=act), torch.ones(1024, dtype=act)
     runs: dict[str, Callable[[], object]] = {}
     if gemv.available():
-        kernels = [gemv.Gemv(w) for w in weights]
+        kernels = [gemv.Gemv(w, scale if dtype == torch.int8 else None) for w in weights]
         runs["native"] = lambda: [k(x) for k in kernels]
     if dtype == torch.float32:
         if rows <= SPLIT_ROWS and threads > 1:
@@ -110,6 +111,8 @@ def few_rows_path(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
             runs["split"] = lambda: [split_linear(x, w, None, blocks) for w in weights]
         packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
         runs["packed"] = lambda: [packed_linear(x, p, None) for p in packed]
+    elif dtype == torch.int8:
+        runs["linear"] = lambda: [torch._weight_int8pack_mm(x, w, scale) for w in weights]
     else:
         runs["linear"] = lambda: [F.linear(x, w) for w in weights]
     return cast(Kernel, fastest(runs))
@@ -154,7 +157,7 @@ class PackedLinear(nn.Module):
         weight, bias = self._plain[0], None if self.bias is None else self.bias.detach()
         rows = x.numel() // self.in_features
         if rows <= MAX_ROWS:
-            path = few_rows_path(_bucket(rows), weight.dtype, torch.get_num_threads())
+            path = few_rows_path(rows, weight.dtype, torch.get_num_threads())
             if path == "native" and self._native is not None:
                 return self._native(x).to(x.dtype)  # (..., out)
             if path == "split" and rows <= SPLIT_ROWS and self.blocks > 1:
@@ -210,7 +213,7 @@ def pack_linears(*models: nn.Module, max_bytes: int | None = None, step_rows: in
     pack = (
         step_rows is None
         or step_rows > MAX_ROWS
-        or few_rows_path(_bucket(step_rows), torch.float32, torch.get_num_threads()) == "packed"
+        or few_rows_path(step_rows, torch.float32, torch.get_num_threads()) == "packed"
     )
     packed_bytes = sum(child.weight.nbytes for _, _, child in found if child.weight.dtype == torch.float32)
     if pack and max_bytes is not None and packed_bytes > max_bytes:

@@ -9,7 +9,7 @@ bfloat16 (or float16) activations: with float32 ones the kernel is not vectorise
 slower than the float32 product it replaces. Calls of at most ``MAX_ROWS`` rows (decode steps) take specvit's
 own kernel instead (:mod:`specvit.nn.gemv`: the int8 weights streamed once over the threads, about twice the
 rate of ``_weight_int8pack_mm`` on the 2-core AVX2 EPYC), where it builds and is measured faster
-(:func:`native_is_faster`). :func:`quantize_int8` swaps every linear layer of a model.
+(:func:`specvit.nn.packed.few_rows_path`). :func:`quantize_int8` swaps every linear layer of a model.
 
 Why not torchao: it would be a dependency whose releases each pin a torch version, for the one kernel
 above, which torch itself ships.
@@ -19,18 +19,15 @@ Dim legend: N output features, K input features, M rows of the input.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specvit.nn import gemv
+from specvit.nn import gemv, packed
 from specvit.nn.gemv import MAX_ROWS
 from specvit.nn.layers import TiedLinear
-from specvit.nn.linear import fastest
 
-__all__ = ["Bf16Linear", "Int8Linear", "native_is_faster", "quantize_int8", "quantize_rows", "weight_only"]
+__all__ = ["Bf16Linear", "Int8Linear", "quantize_int8", "quantize_rows", "weight_only"]
 
 
 def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -47,23 +44,6 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)  # (N, K)
     return q, scale
-
-
-@functools.cache
-def native_is_faster(rows: int, threads: int) -> bool:
-    """Whether the native kernel runs products of ``rows`` rows (at most ``MAX_ROWS``) with int8 weights faster
-    than ``torch._weight_int8pack_mm`` with bfloat16 activations, over 64 MB of (1024, 1024) weights with
-    ``threads`` threads; measured once per process (False where the kernel is not available)."""
-    if not gemv.available():
-        return False
-    weights = [torch.ones(1024, 1024, dtype=torch.int8) for _ in range(64)]
-    scale, x = torch.ones(1024, dtype=torch.bfloat16), torch.ones(rows, 1024, dtype=torch.bfloat16)
-    kernels = [gemv.Gemv(w, scale) for w in weights]
-    runs = {
-        "native": lambda: [k(x) for k in kernels],
-        "torch": lambda: [torch._weight_int8pack_mm(x, w, scale) for w in weights],
-    }
-    return fastest(runs) == "native"
 
 
 class Int8Linear(nn.Module):
@@ -94,7 +74,7 @@ class Int8Linear(nn.Module):
         if (
             self._native is not None
             and rows <= MAX_ROWS
-            and native_is_faster(1 if rows == 1 else MAX_ROWS, torch.get_num_threads())
+            and packed.few_rows_path(rows, torch.int8, torch.get_num_threads()) == "native"
         ):
             return self._native(x).to(self.scale.dtype)  # (..., N)
         # the kernel is vectorised for bfloat16 activations: float32 ones run it in bfloat16
