@@ -80,6 +80,20 @@ def test_int8_linear_is_the_dequantised_product(monkeypatch: pytest.MonkeyPatch,
     assert (F.linear(x, linear.weight, linear.bias) - want).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("width", [40, 50, 64])  # 40 and 50: wrong sums and a crash in torch's AVX-512 kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_linear_of_any_input_width_is_the_dequantised_product(width: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(width)
+    linear = nn.Linear(width, 24)
+    layer = Int8Linear(linear, dtype)
+    x = torch.randn(12, width)  # more rows than the few-row kernel takes: torch's products
+    q, scale = quantize_rows(linear.weight)
+    want = F.linear(x.double(), (q.double() * scale.double()[:, None]), linear.bias.double())
+    got = layer(x.to(dtype))
+    assert got.shape == (12, 24) and got.dtype == dtype
+    torch.testing.assert_close(got.double(), want, atol=0.05, rtol=0.02)  # bf16 activations in the kernel
+
+
 def test_quantize_int8_swaps_every_linear_and_the_tied_head() -> None:
     model = quantize_int8(_llama())
     kinds = {type(m).__name__ for m in model.modules()}

@@ -52,7 +52,9 @@ class Int8Linear(nn.Module):
     Args:
         linear: the layer to quantise: an ``nn.Linear`` or a tied output layer; its bias is kept as it is.
         dtype: the activations' dtype (bfloat16, float16 or float32); the output has it too. With float32,
-            calls of more than ``MAX_ROWS`` rows run ``_weight_int8pack_mm`` in bfloat16.
+            calls of more than ``MAX_ROWS`` rows run ``_weight_int8pack_mm`` in bfloat16. Layers whose input
+            width is not a multiple of 16 multiply by the dequantised weight instead: torch 2.13's AVX-512
+            ``_weight_int8pack_mm`` gives wrong sums or crashes for them.
     """
 
     weight_int8: Tensor  # (N, K)
@@ -77,12 +79,14 @@ class Int8Linear(nn.Module):
             and packed.few_rows_path(rows, torch.int8, torch.get_num_threads()) == "native"
         ):
             return self._native(x).to(self.scale.dtype)  # (..., N)
-        # the kernel is vectorised for bfloat16 activations: float32 ones run it in bfloat16
-        act = torch.bfloat16 if self.scale.dtype == torch.float32 else self.scale.dtype
-        out = torch._weight_int8pack_mm(
-            flat.to(act).contiguous(), self.weight_int8, self.scale.to(act)
-        )  # (M, N)
-        out = out.to(self.scale.dtype)
+        if self.in_features % 16:  # torch's AVX-512 kernel reads 16 columns at a time: wrong or a crash else
+            dequantised = self.weight_int8.to(self.scale.dtype) * self.scale[:, None]  # (N, K)
+            out = F.linear(flat.to(self.scale.dtype), dequantised)  # (M, N)
+        else:  # the kernel is vectorised for bfloat16 activations: float32 ones run it in bfloat16
+            act = torch.bfloat16 if self.scale.dtype == torch.float32 else self.scale.dtype
+            out = torch._weight_int8pack_mm(
+                flat.to(act).contiguous(), self.weight_int8, self.scale.to(act)
+            ).to(self.scale.dtype)  # (M, N)
         if self.bias is not None:
             out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)  # (..., N)
