@@ -5,7 +5,8 @@
  * or int8 with a float scale per row), multiply it with every input row while it is in L1, and spread the
  * weight's rows over torch's OpenMP threads (the same runtime: torch's libgomp is loaded first).
  *
- * Built by specvit/nn/gemv.py with -O3 -mavx2 -mfma -fopenmp on x86-64 CPUs with AVX2 and FMA.
+ * Built by specvit/nn/gemv.py with -O3 -mavx2 -mfma -fopenmp on x86-64 CPUs with AVX2 and FMA, and with
+ * -mavx512f too where torch's CPU capability is AVX512 (sixteen lanes: half the instructions per weight).
  * Dims: M input rows (at most MAX_ROWS), N weight rows (outputs), K inputs. x (M, K) float32, w (N, K),
  * scale (N,) float32 or NULL, bias (N,) float32 or NULL, y (M, N) float32; all contiguous.
  */
@@ -14,24 +15,46 @@
 
 #define MAX_ROWS 8
 
-static inline float hsum(__m256 v) {
+#ifdef __AVX512F__ /* built with -mavx512f where torch's CPU capability is AVX512: sixteen lanes */
+#define W 16
+typedef __m512 vec;
+static inline vec vzero(void) { return _mm512_setzero_ps(); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float hsum(vec v) { return _mm512_reduce_add_ps(v); }
+/* W weights as float32 */
+static inline vec load_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline vec load_bf16(const uint16_t *p) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); /* bfloat16 is float32's upper half */
+}
+static inline vec load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+#else /* AVX2 and FMA: eight lanes */
+#define W 8
+typedef __m256 vec;
+static inline vec vzero(void) { return _mm256_setzero_ps(); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float hsum(vec v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-
-/* eight weights as float32 */
-static inline __m256 load_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline __m256 load_bf16(const uint16_t *p) {
+/* W weights as float32 */
+static inline vec load_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline vec load_bf16(const uint16_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); /* bfloat16 is float32's upper half */
 }
-static inline __m256 load_i8(const int8_t *p) {
+static inline vec load_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
+#endif
 
-/* one weight as float32, for the last K % 8 */
+/* one weight as float32, for the last K % W */
 static inline float one_f32(const float *p) { return *p; }
 static inline float one_bf16(const uint16_t *p) {
     union { uint32_t u; float f; } c;
@@ -40,36 +63,53 @@ static inline float one_bf16(const uint16_t *p) {
 }
 static inline float one_i8(const int8_t *p) { return (float)*p; }
 
-#define GEMV(NAME, T, LOAD, ONE)                                                                       \
+/* The sums of one weight row with M input rows, acc[m] = w . x[m] over the first K - K % W inputs (the
+ * caller adds the rest). Always inlined with a constant M, so the M sums live in registers. */
+#define DOTS(NAME, T, LOAD)                                                                            \
+    static inline __attribute__((always_inline)) void NAME(const float *x, const T *row, int64_t K,    \
+                                                            int64_t M, float *acc) {                   \
+        int64_t k = 0;                                                                                 \
+        if (M == 1) { /* four sums in flight */                                                        \
+            vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;                                               \
+            for (; k + 4 * W <= K; k += 4 * W) {                                                       \
+                a0 = vfma(LOAD(row + k), load_f32(x + k), a0);                                         \
+                a1 = vfma(LOAD(row + k + W), load_f32(x + k + W), a1);                                 \
+                a2 = vfma(LOAD(row + k + 2 * W), load_f32(x + k + 2 * W), a2);                         \
+                a3 = vfma(LOAD(row + k + 3 * W), load_f32(x + k + 3 * W), a3);                         \
+            }                                                                                          \
+            for (; k + W <= K; k += W) a0 = vfma(LOAD(row + k), load_f32(x + k), a0);                  \
+            acc[0] = hsum(vadd(vadd(a0, a1), vadd(a2, a3)));                                           \
+            return;                                                                                    \
+        }                                                                                              \
+        vec a[MAX_ROWS]; /* one sum per input row: each W weights loaded once for all rows */          \
+        for (int64_t m = 0; m < M; m++) a[m] = vzero();                                                \
+        for (; k + W <= K; k += W) {                                                                   \
+            vec v = LOAD(row + k);                                                                     \
+            for (int64_t m = 0; m < M; m++) a[m] = vfma(v, load_f32(x + m * K + k), a[m]);             \
+        }                                                                                              \
+        for (int64_t m = 0; m < M; m++) acc[m] = hsum(a[m]);                                           \
+    }
+
+#define GEMV(NAME, T, DOTS_OF, ONE)                                                                    \
     void NAME(const float *x, const T *w, const float *scale, const float *bias, float *y, int64_t M, \
               int64_t N, int64_t K) {                                                                 \
         _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                \
             const T *row = w + n * K;                                                                 \
             float acc[MAX_ROWS];                                                                      \
-            int64_t k = 0;                                                                            \
-            if (M == 1) { /* four sums in flight */                                                   \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                           \
-                for (; k + 32 <= K; k += 32) {                                                        \
-                    a0 = _mm256_fmadd_ps(LOAD(row + k), _mm256_loadu_ps(x + k), a0);                  \
-                    a1 = _mm256_fmadd_ps(LOAD(row + k + 8), _mm256_loadu_ps(x + k + 8), a1);          \
-                    a2 = _mm256_fmadd_ps(LOAD(row + k + 16), _mm256_loadu_ps(x + k + 16), a2);        \
-                    a3 = _mm256_fmadd_ps(LOAD(row + k + 24), _mm256_loadu_ps(x + k + 24), a3);        \
-                }                                                                                     \
-                for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(LOAD(row + k), _mm256_loadu_ps(x + k), a0); \
-                acc[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));           \
-            } else { /* one sum per input row: each eight weights loaded once for all rows */         \
-                __m256 a[MAX_ROWS];                                                                   \
-                for (int64_t m = 0; m < M; m++) a[m] = _mm256_setzero_ps();                           \
-                for (; k + 8 <= K; k += 8) {                                                          \
-                    __m256 v = LOAD(row + k);                                                         \
-                    for (int64_t m = 0; m < M; m++)                                                   \
-                        a[m] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + m * K + k), a[m]);              \
-                }                                                                                     \
-                for (int64_t m = 0; m < M; m++) acc[m] = hsum(a[m]);                                  \
+            switch (M) { /* a constant M for each inlined copy */                                     \
+            case 1: DOTS_OF(x, row, K, 1, acc); break;                                                \
+            case 2: DOTS_OF(x, row, K, 2, acc); break;                                                \
+            case 3: DOTS_OF(x, row, K, 3, acc); break;                                                \
+            case 4: DOTS_OF(x, row, K, 4, acc); break;                                                \
+            case 5: DOTS_OF(x, row, K, 5, acc); break;                                                \
+            case 6: DOTS_OF(x, row, K, 6, acc); break;                                                \
+            case 7: DOTS_OF(x, row, K, 7, acc); break;                                                \
+            case 8: DOTS_OF(x, row, K, 8, acc); break;                                                \
+            default: break; /* M is 1 to MAX_ROWS (gemv.py checks) */                                 \
             }                                                                                         \
             for (int64_t m = 0; m < M; m++) {                                                         \
                 float s = acc[m];                                                                     \
-                for (int64_t j = k; j < K; j++) s += ONE(row + j) * x[m * K + j];                     \
+                for (int64_t j = K - K % W; j < K; j++) s += ONE(row + j) * x[m * K + j];             \
                 if (scale) s *= scale[n];                                                             \
                 if (bias) s += bias[n];                                                               \
                 y[m * N + n] = s;                                                                     \
@@ -77,6 +117,9 @@ static inline float one_i8(const int8_t *p) { return (float)*p; }
         }                                                                                             \
     }
 
-GEMV(specvit_gemv_f32, float, load_f32, one_f32)
-GEMV(specvit_gemv_bf16, uint16_t, load_bf16, one_bf16)
-GEMV(specvit_gemv_i8, int8_t, load_i8, one_i8)
+DOTS(dots_f32, float, load_f32)
+DOTS(dots_bf16, uint16_t, load_bf16)
+DOTS(dots_i8, int8_t, load_i8)
+GEMV(specvit_gemv_f32, float, dots_f32, one_f32)
+GEMV(specvit_gemv_bf16, uint16_t, dots_bf16, one_bf16)
+GEMV(specvit_gemv_i8, int8_t, dots_i8, one_i8)

@@ -88,8 +88,9 @@ Kernel = Literal["native", "split", "packed", "linear"]
 def few_rows_path(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
     """The fastest product of ``rows`` rows (at most ``MAX_ROWS``) with ``dtype`` weights on this machine:
     ``native`` (:mod:`specvit.nn.gemv`), ``split`` (:func:`split_linear`; float32, at most ``SPLIT_ROWS`` rows,
-    two threads or more), ``packed`` (float32, oneDNN) or ``linear`` (torch's own product for the other dtypes:
-    ``F.linear``, or ``_weight_int8pack_mm`` with bfloat16 activations for int8). Measured at 1 row up to
+    two threads or more), ``packed`` (float32, oneDNN) or ``linear`` (torch's own product: ``F.linear``, or
+    ``_weight_int8pack_mm`` with bfloat16 activations for int8; MKL's float32 one-row product streamed at
+    about 90% of the read rate on a 2-core AVX-512 Xeon, and at 42% on the AVX2 EPYC). Measured at 1 row up to
     ``SPLIT_ROWS`` rows and at ``MAX_ROWS`` above, once per process, dtype and thread count."""
     return _measured(1 if rows <= SPLIT_ROWS else MAX_ROWS, dtype, threads)
 
@@ -111,6 +112,7 @@ def _measured(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
             runs["split"] = lambda: [split_linear(x, w, None, blocks) for w in weights]
         packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in weights]
         runs["packed"] = lambda: [packed_linear(x, p, None) for p in packed]
+        runs["linear"] = lambda: [F.linear(x, w) for w in weights]
     elif dtype == torch.int8:
         runs["linear"] = lambda: [torch._weight_int8pack_mm(x, w, scale) for w in weights]
     else:
@@ -162,6 +164,8 @@ class PackedLinear(nn.Module):
                 return self._native(x).to(x.dtype)  # (..., out)
             if path == "split" and rows <= SPLIT_ROWS and self.blocks > 1:
                 return split_linear(x, weight, bias, self.blocks)  # (..., out)
+            if path == "linear":
+                return F.linear(x, weight, bias)  # (..., out)
         if self.packed is None:
             return onednn_linear(x, weight, bias)  # (..., out)
         return packed_linear(x, self.packed, bias)  # (..., out)
