@@ -327,7 +327,9 @@ def attend_math(
         logits = mix_heads(logits, mix[0], heads)
     if bias is not None:
         logits = logits + bias.to(logits.dtype)
-    if cap is not None:
+    if cap is not None and fold and not logits.requires_grad:  # in place: two (B, H, N, T) tensors fewer
+        logits = logits.tanh_().mul_(cap)
+    elif cap is not None:
         logits = torch.tanh(logits) * cap if fold else tanh_cap(logits, cap)
     if hidden is not None:
         logits = logits.masked_fill_(hidden, float("-inf"))  # logits is this function's own tensor
