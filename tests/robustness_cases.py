@@ -6,15 +6,17 @@ case must get a SpecError: through ``python -m specvit.cli validate FILE`` exit 
 path itself cannot be read), no traceback,
 and a first error line that starts with ``expected``, after the file name (and line:col) it names.
 
-``tests/test_robustness.py`` runs the table through the CLI and through :func:`specvit.load_spec`.
+``tests/test_robustness.py`` runs the table through the CLI and through :func:`specvit.load_spec`. The CLI
+runs are forked from one interpreter that imported specvit (:func:`cli_runs`: one start-up instead of one per
+case), and a sample runs in fresh interpreters too (:func:`cli_command`), which must give the same.
 ``python tests/robustness_cases.py`` runs it in-process and writes ``docs/robustness.md`` from it;
 a test fails when that file is stale.
 
 The tests may run as root (they do in this project's container), and root reads files whatever their
 mode. The one case that needs file permissions to apply (``path_unreadable``) therefore runs with the
 effective user id switched to ``nobody`` (65534) when the process is root: in-process with ``os.seteuid``
-around the call, and through the CLI by a ``python -c`` that does the same before calling
-``specvit.cli.main``. Its directory is then made traversable by ``nobody``, so that the error comes from
+around the call, and through the CLI by a forked process, or a ``python -c``, that does the same before
+running the CLI. Its directory is then made traversable by ``nobody``, so that the error comes from
 the file's mode, not from a parent directory. ``path_symlink_loop`` is a path no user can read, root
 included.
 """
@@ -26,6 +28,7 @@ import json
 import os
 import shlex
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -765,6 +768,83 @@ def run_in_process(case: Case, case_dir: Path) -> Outcome:
             first_line = str(exc).splitlines()[0]
         seconds = time.process_time() - start
     return Outcome(first_line, seconds)
+
+
+# Runs cases as ``python -m specvit.cli validate PATH`` does, less the interpreter's start-up: it imports
+# specvit once, and each case runs the CLI module's code as __main__ in a process forked from it, with
+# standard output and error sent to files and an alarm for a hang. argv: the jobs as JSON
+# ([id, path, uid or null]), the folder for the outputs, the seconds before the alarm.
+_FORKED_CLI = r"""
+import builtins, importlib.util, json, os, signal, sys, traceback
+import specvit.cli, specvit.spec.loader
+spec = importlib.util.find_spec("specvit.cli")
+code = spec.loader.get_code("specvit.cli")
+jobs, out_dir, limit = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+status = {}
+for job, path, uid in jobs:
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        exit_code = 1
+        try:
+            for fd, name in ((1, "out"), (2, "err")):
+                os.dup2(os.open(os.path.join(out_dir, f"{job}.{name}"), os.O_WRONLY | os.O_CREAT, 0o600), fd)
+            signal.alarm(limit)
+            if uid is not None:
+                os.seteuid(uid)
+            sys.argv = [spec.origin, "validate", path]
+            exec(code, {"__name__": "__main__", "__file__": spec.origin, "__package__": "specvit",
+                        "__spec__": spec, "__builtins__": builtins})
+            exit_code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                exit_code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(exit_code)
+    status[job] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(status))
+"""
+
+
+def cli_runs(
+    cases: list[Case], dirs: dict[str, Path], limit: int
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Every case through the CLI as ``python -m specvit.cli validate`` runs it (as ``nobody`` when it must
+    drop privileges), each in a process of its own forked from one that imported specvit: what each run
+    returned, printed and wrote to standard error. A run killed by its alarm after ``limit`` seconds has
+    the return code ``-SIGALRM``.
+
+    Args:
+        cases: the cases.
+        dirs: each case's directory, by id, made by ``case.create``.
+        limit: seconds before a case counts as hanging.
+    """
+    jobs = [(c.id, str(dirs[c.id] / c.spec_name), NOBODY if must_drop_privileges(c) else None) for c in cases]
+    with tempfile.TemporaryDirectory(prefix="specvit-cli-") as out:
+        runner = subprocess.run(
+            [sys.executable, "-c", _FORKED_CLI, json.dumps(jobs), out, str(limit)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        )
+        status = json.loads(runner.stdout)
+        return {
+            job: subprocess.CompletedProcess(
+                [sys.executable, "-m", "specvit.cli", "validate", path],
+                status[job],
+                *(
+                    Path(out, f"{job}.{name}").read_text(encoding="utf-8", errors="replace")
+                    for name in ("out", "err")
+                ),
+            )
+            for job, path, _ in jobs
+        }
 
 
 def cli_command(case: Case, case_dir: Path) -> list[str]:

@@ -1,13 +1,13 @@
 """Bad input never crashes, never hangs, never runs code, never loses a file.
 
-The table of bad inputs lives in ``tests/robustness_cases.py``; here every case goes through the CLI in a
-subprocess and through :func:`specvit.load_spec` in-process, ``docs/robustness.md`` is checked against the
+The table of bad inputs lives in ``tests/robustness_cases.py``; here every case goes through the CLI (each
+in a process forked from one interpreter that imported specvit, and a sample also in fresh interpreters, which
+must give the same) and through :func:`specvit.load_spec` in-process, ``docs/robustness.md`` is checked against the
 table, and ``specvit.parse_spec`` is given random bytes and random YAML-like text (Hypothesis).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 import re
@@ -142,19 +142,11 @@ def test_case_in_process(case: rc.Case, tmp_path: Path) -> None:
             assert not (case_dir / case.must_not_create).exists(), "the spec ran code"
 
 
-def _cli_failures(case: rc.Case, case_dir: Path) -> list[str]:
-    """Run one case through ``specvit validate`` in a subprocess; what is wrong with the result."""
-    before = rc.snapshot(case_dir)
-    try:
-        run = subprocess.run(
-            rc.cli_command(case, case_dir),
-            capture_output=True,
-            encoding="utf-8",
-            errors="replace",
-            timeout=HANG + 30,  # generous: Python and specvit start up in this time too
-            cwd=rc.ROOT,
-        )
-    except subprocess.TimeoutExpired:
+def _cli_problems(
+    case: rc.Case, case_dir: Path, run: subprocess.CompletedProcess[str] | None, before: object
+) -> list[str]:
+    """What is wrong with the result of validating ``case`` through the CLI (``run``; None: it timed out)."""
+    if run is None or run.returncode == -signal.SIGALRM:
         return ["hangs"]
     problems = []
     lines = run.stderr.splitlines()
@@ -179,20 +171,56 @@ def _cli_failures(case: rc.Case, case_dir: Path) -> list[str]:
     return problems
 
 
+def _cli_cases() -> list[rc.Case]:
+    return [c for c in rc.CASES if not (rc.must_drop_privileges(c) and not _can_switch_user())]
+
+
 def test_cases_through_the_cli(tmp_path: Path) -> None:
-    """Every case through ``python -m specvit.cli validate FILE``, a subprocess each, several at a time."""
-    cases = [c for c in rc.CASES if not (rc.must_drop_privileges(c) and not _can_switch_user())]
-    with (
-        rc.traversable_tmpdir() as open_base,
-        concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool,
-    ):
-        jobs = {}
-        for case in cases:
-            case_dir = case.create(open_base if rc.must_drop_privileges(case) else tmp_path)
-            jobs[case.id] = pool.submit(_cli_failures, case, case_dir)
-        failures = {i: job.result() for i, job in jobs.items()}
-    report = [f"{i}: {'; '.join(problems)}" for i, problems in failures.items() if problems]
+    """Every case through ``specvit validate`` as ``python -m specvit.cli`` runs it, each in a process of its
+    own forked from one interpreter that imported specvit (:func:`rc.cli_runs`): one start-up for all."""
+    cases = _cli_cases()
+    with rc.traversable_tmpdir() as open_base:
+        dirs = {c.id: c.create(open_base if rc.must_drop_privileges(c) else tmp_path) for c in cases}
+        before = {i: rc.snapshot(d) for i, d in dirs.items()}
+        runs = rc.cli_runs(cases, dirs, int(HANG))
+        report = [
+            f"{c.id}: {'; '.join(problems)}"
+            for c in cases
+            if (problems := _cli_problems(c, dirs[c.id], runs[c.id], before[c.id]))
+        ]
     assert not report, "\n".join(report)
+
+
+SAMPLE = ["syntax_error", "path_missing", "python_object", "path_unreadable"]
+"""Cases also run through a fresh ``python -m specvit.cli`` each: exit statuses 2 and 1, a spec that must not
+run code, and the case that runs as ``nobody``."""
+
+
+def test_forked_runs_are_what_a_fresh_interpreter_gives(tmp_path: Path) -> None:
+    """The sample through ``python -m specvit.cli validate`` in a subprocess each: the checks pass, and the
+    status, output and error are exactly the forked runs' (so the forked runs stand for the real CLI)."""
+    cases = [c for c in _cli_cases() if c.id in SAMPLE]
+    assert len(cases) >= len(SAMPLE) - 1  # path_unreadable drops out where the user cannot switch
+    with rc.traversable_tmpdir() as open_base:
+        dirs = {c.id: c.create(open_base if rc.must_drop_privileges(c) else tmp_path) for c in cases}
+        forked = rc.cli_runs(cases, dirs, int(HANG))
+        for case in cases:
+            before = rc.snapshot(dirs[case.id])
+            try:
+                run = subprocess.run(
+                    rc.cli_command(case, dirs[case.id]),
+                    capture_output=True,
+                    encoding="utf-8",
+                    errors="replace",
+                    timeout=HANG + 30,  # generous: Python and specvit start up in this time too
+                    cwd=rc.ROOT,
+                )
+            except subprocess.TimeoutExpired:
+                run = None
+            assert _cli_problems(case, dirs[case.id], run, before) == [], case.id
+            assert run is not None
+            got = (forked[case.id].returncode, forked[case.id].stdout, forked[case.id].stderr)
+            assert got == (run.returncode, run.stdout, run.stderr), case.id
 
 
 def test_the_code_case_would_run_code_if_loaded_unsafely(tmp_path: Path) -> None:
