@@ -103,9 +103,10 @@ def _measured(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
     act = torch.bfloat16 if dtype == torch.int8 else dtype
     x, scale = torch.ones(rows, 1024, dtype=act), torch.ones(1024, dtype=act)
     runs: dict[str, Callable[[], object]] = {}
-    if gemv.available():
+    if gemv.available():  # int8 as decoding calls it: float32 rows (torch's kernel converts them to bfloat16)
         kernels = [gemv.Gemv(w, scale if dtype == torch.int8 else None) for w in weights]
-        runs["native"] = lambda: [k(x) for k in kernels]
+        rows_in = x.float()
+        runs["native"] = lambda: [k(rows_in) for k in kernels]
     if dtype == torch.float32:
         if rows <= SPLIT_ROWS and threads > 1:
             blocks = _blocks(1024)
