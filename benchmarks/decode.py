@@ -129,6 +129,20 @@ def _agreement(got: torch.Tensor, want: torch.Tensor) -> str:
     return f"tokens differ from HF's from position {at} of row {row}"
 
 
+def _token_agreement(got: torch.Tensor, want: torch.Tensor, prompt: int) -> str:
+    """How closely greedy tokens ``got`` follow ``want`` (both (B, prompt + new) with the same prompts): the
+    share of new positions holding the same token, and the rows equal throughout (after a first difference a
+    row continues from another context, so later positions differ more)."""
+    if got.shape != want.shape:
+        return f"{list(got.shape)} tokens vs fp32's {list(want.shape)}"
+    same = got[:, prompt:] == want[:, prompt:]  # (B, new)
+    rows, new = same.shape
+    return (
+        f"greedy tokens equal fp32's at {same.float().mean().item():.0%} of {rows} prompts x {new} positions "
+        f"({int(same.all(dim=1).sum())} of {rows} rows throughout)"
+    )
+
+
 def _hf_generate(ref: nn.Module, prompt: torch.Tensor, new: int, sample: bool) -> torch.Tensor:
     """HF's ``generate`` of exactly ``new`` tokens: greedy, or sampling at temperature 1 from the top 50."""
     extra = {"temperature": 1.0, "top_k": 50, "top_p": 1.0} if sample else {}
@@ -178,7 +192,7 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
                 )
             rows.append(_per_token(ref, ours, prompt, sizes, rates, runs, rows[-2]))
             if batch == 1:
-                rows += _smaller_weights(ours, prompt, sizes, rates, runs, rows[-1])
+                rows += _smaller_weights(ours, prompt, sizes, rates, runs, rows[-1], vocab)
         seq = torch.randint(0, vocab, (1, sizes.prefill), generator=ids)
         t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, max(2, repeat // 2))
         rows.append(
@@ -233,15 +247,18 @@ def module_step_bytes(module: nn.Module) -> int:
 
 
 def _smaller_weights(
-    ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rates: Rates, runs: int, fp32: Row
+    ours: nn.Module, prompt: torch.Tensor, sizes: Sizes, rates: Rates, runs: int, fp32: Row, vocab: int
 ) -> list[Row]:
     """Per-token decode from bf16 and from int8 weights with float32 activations (the modules
-    ``optimize(for_='generation', precision='int8')`` measures), each against its own wall, and its logit
-    error against fp32."""
+    ``optimize(for_='generation', precision='int8')`` measures), each against its own wall, with its logit
+    error against fp32 and how often its greedy tokens equal fp32's over a fixed set of prompts."""
     import specvit
 
     fast = specvit.optimize(ours, (prompt,), "generation", precision="int8", repeat=max(1, runs))
     report = fast.optimize_report  # type: ignore[union-attr]
+    prompts = torch.randint(0, vocab, (8, sizes.prompt), generator=torch.Generator().manual_seed(1))
+    greedy = min(sizes.new, 32)  # new tokens of the agreement check, from a fixed set of 8 prompts
+    want = ours.generate(prompts, greedy)
     rows = []
     for name in ("bf16 weights", "int8 weights"):
         module = report.modules[name]
@@ -256,9 +273,10 @@ def _smaller_weights(
         share = wall / step if step > 0 else float("nan")
         diff = next(t.max_abs_diff for t in report.trials if t.name == name)
         target(f"{name} decode >= 60% of its memory wall (batch 1)", share >= 0.6, f"{share:.0%}")
+        agreement = _token_agreement(module.generate(prompts, greedy), want, sizes.prompt)
         what = (
             f"{name}, batch 1: {share:.0%} of its memory wall ({wall * 1e3:.1f} ms); max logit diff vs fp32 "
-            f"{diff:.1e}; optimize chose {report.chosen!r}"
+            f"{diff:.1e}; {agreement}; optimize chose {report.chosen!r}"
         )
         rows.append(Row("Per-token decode", what, step, fp32.ours, "specvit fp32"))
     return rows

@@ -109,6 +109,7 @@ def test_decode_rows_smoke() -> None:
     ]
     assert all(r.ours > 0 and r.peer for r in rows if r.section != "Per-token decode")
     assert "of the memory wall" in rows[2].what and "of its memory wall" in rows[4].what
+    assert all("greedy tokens equal fp32's at" in r.what for r in rows[3:5])
     assert NOTES[-1].startswith("decode wall: streaming-read rate")
 
 
@@ -140,6 +141,21 @@ def test_decode_agreement_text() -> None:
     got[1, 2:] = 0  # row 1 departs at position 2
     assert _agreement(got, want) == "tokens differ from HF's from position 2 of row 1"
     assert _agreement(want[:, :3], want) == "[2, 3] tokens vs HF's [2, 4]"
+
+
+def test_token_agreement_text() -> None:
+    from benchmarks.decode import _token_agreement
+
+    want = torch.tensor([[9, 1, 2, 3, 4], [9, 5, 6, 7, 8]])  # a one-token prompt, then four new tokens
+    assert _token_agreement(want.clone(), want, 1) == (
+        "greedy tokens equal fp32's at 100% of 2 prompts x 4 positions (2 of 2 rows throughout)"
+    )
+    got = want.clone()
+    got[1, 3:] = 0  # row 1 departs at its third new token: 6 of 8 new positions equal
+    assert _token_agreement(got, want, 1) == (
+        "greedy tokens equal fp32's at 75% of 2 prompts x 4 positions (1 of 2 rows throughout)"
+    )
+    assert _token_agreement(want[:, :3], want, 1) == "[2, 3] tokens vs fp32's [2, 5]"
 
 
 def _finite(rows: list[Row]) -> bool:
