@@ -103,9 +103,11 @@ def _measured(rows: int, dtype: torch.dtype, threads: int) -> Kernel:
     act = torch.bfloat16 if dtype == torch.int8 else dtype
     x, scale = torch.ones(rows, 1024, dtype=act), torch.ones(1024, dtype=act)
     runs: dict[str, Callable[[], object]] = {}
-    if gemv.available():  # int8 as decoding calls it: float32 rows (torch's kernel converts them to bfloat16)
+    if gemv.available():
         kernels = [gemv.Gemv(w, scale if dtype == torch.int8 else None) for w in weights]
-        rows_in = x.float()
+        # int8 as decoding calls it, on float32 rows (torch's int8 kernel converts them to bfloat16); the
+        # other dtypes on rows of their own dtype, as a model of that dtype calls its PackedLinear layers
+        rows_in = x.float() if dtype == torch.int8 else x
         runs["native"] = lambda: [k(rows_in) for k in kernels]
     if dtype == torch.float32:
         if rows <= SPLIT_ROWS and threads > 1:
