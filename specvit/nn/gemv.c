@@ -63,6 +63,16 @@ static inline float one_bf16(const uint16_t *p) {
 }
 static inline float one_i8(const int8_t *p) { return (float)*p; }
 
+/* Bytes ahead of the weight being read that each loop asks the cache for. The weights stream from memory
+ * once per call, and the hardware prefetcher alone does not keep far enough ahead: the loads stall and the
+ * multiplications wait, so memory and arithmetic take turns. Streaming SmolLM-135M's layer shapes (120
+ * weights, one row) on a 2-core AVX-512 Xeon whose sum reads 21 GB/s, the median of 11 passes went from
+ * 19.0 to 20.5 GB/s for float32, 15.2 to 20.3 for bfloat16 and 15.0 to 22.9 for int8 (the int8 weights fit
+ * its L3 cache); 2048 and 8192 bytes ahead measured the same as 4096. Past a row's end it reads the next
+ * rows, which this thread reads next (its last rows ask for a few lines it never reads); a prefetch
+ * never faults. */
+#define AHEAD 4096
+
 /* The sums of one weight row with M input rows, acc[m] = w . x[m] over the first K - K % W inputs (the
  * caller adds the rest). Always inlined with a constant M, so the M sums live in registers. */
 #define DOTS(NAME, T, LOAD)                                                                            \
@@ -72,6 +82,8 @@ static inline float one_i8(const int8_t *p) { return (float)*p; }
         if (M == 1) { /* four sums in flight */                                                        \
             vec a0 = vzero(), a1 = a0, a2 = a0, a3 = a0;                                               \
             for (; k + 4 * W <= K; k += 4 * W) {                                                       \
+                for (int64_t b = 0; b < 4 * W * (int64_t)sizeof(T); b += 64) /* each line of 4 W */    \
+                    _mm_prefetch((const char *)(row + k) + AHEAD + b, _MM_HINT_T0);                    \
                 a0 = vfma(LOAD(row + k), load_f32(x + k), a0);                                         \
                 a1 = vfma(LOAD(row + k + W), load_f32(x + k + W), a1);                                 \
                 a2 = vfma(LOAD(row + k + 2 * W), load_f32(x + k + 2 * W), a2);                         \
@@ -84,6 +96,7 @@ static inline float one_i8(const int8_t *p) { return (float)*p; }
         vec a[MAX_ROWS]; /* one sum per input row: each W weights loaded once for all rows */          \
         for (int64_t m = 0; m < M; m++) a[m] = vzero();                                                \
         for (; k + W <= K; k += W) {                                                                   \
+            _mm_prefetch((const char *)(row + k) + AHEAD, _MM_HINT_T0);                                \
             vec v = LOAD(row + k);                                                                     \
             for (int64_t m = 0; m < M; m++) a[m] = vfma(v, load_f32(x + m * K + k), a[m]);             \
         }                                                                                              \
