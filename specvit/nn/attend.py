@@ -354,8 +354,31 @@ def split_heads(t: Tensor, head_dim: int) -> Tensor:
 def split_parts(t: Tensor, parts: tuple[tuple[int, int], ...]) -> list[Tensor]:
     """(..., L, sum of heads * width) packed projections -> one (..., heads, L, width) tensor per (heads,
     width) of ``parts`` (keys and values of their own widths)."""
+    if len({width for _, width in parts}) == 1:  # the same views, from one view of all heads: 3 ops, not 7
+        return list(split_heads(t, parts[0][1]).split([heads for heads, _ in parts], dim=-3))
     pieces = t.split([heads * width for heads, width in parts], dim=-1)  # (..., L, heads * width) each
     return [split_heads(piece, width) for piece, (_, width) in zip(pieces, parts, strict=True)]
+
+
+def split_rotated(
+    t: Tensor, heads: tuple[int, int, int], head_dim: int, rope: tuple[Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`split_parts` of a packed projection of queries, keys and values all ``head_dim`` wide, the
+    queries and keys rotated by RoPE in one call: (..., H, L, hd), (..., Hkv, L, hd), (..., Hkv, L, hd).
+
+    The values of rotating each (RoPE is elementwise) in half the ops: a decode step's layers are short of
+    arithmetic, and each op costs microseconds however small.
+
+    Args:
+        t: (..., L, (H + 2 Hkv) * hd) the projection.
+        heads: (H, Hkv, Hkv).
+        head_dim: hd.
+        rope: ``(cos, sin)`` tables of the L positions.
+    """
+    h, hkv, hv = heads
+    qk, v = split_heads(t, head_dim).split((h + hkv, hv), dim=-3)  # (..., H + Hkv, L, hd), (..., Hkv, L, hd)
+    q, k = apply_rope(qk, *rope).split((h, hkv), dim=-3)
+    return q, k, v
 
 
 def visible_mask(

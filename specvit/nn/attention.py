@@ -56,6 +56,7 @@ from specvit.nn.attend import (
     resolve_heads,
     split_heads,
     split_parts,
+    split_rotated,
     three_biases,
     visible_mask,
 )
@@ -204,15 +205,11 @@ class Attention(nn.Module):
         if disentangled and scale is None:  # DeBERTa scales its three terms by 1/sqrt(3 hd)
             self.scale = (3 * self.head_dim) ** -0.5
         self.cosine, self.talking_heads, self.softcap = cosine, talking_heads, softcap
-        self.relative, self.pretrained, self.gated, self.disentangled = (
-            relative,
-            pretrained,
-            gated,
-            disentangled,
-        )
+        self.relative, self.pretrained = relative, pretrained
+        self.gated, self.disentangled = gated, disentangled
         self.grid, self.grid_window, self.shift = grid, grid_window, shift
         hd, h = self.head_dim, num_heads
-        self._projections(dim, memory_dim, qkv_bias, device, dtype)
+        self._projections(dim, memory_dim, qkv_bias, qk_norm, device, dtype)
         if global_projection:  # Longformer's query_global, key_global and value_global, packed
             self.qkv_global = packed_projection(self, dim, global_parts(self.parts), device, dtype)
         qk = {"bias": qk_norm_bias, "affine": qk_norm_affine, "unit_offset": qk_norm_unit_offset}
@@ -261,12 +258,16 @@ class Attention(nn.Module):
         dim: int,
         memory_dim: int | None,
         qkv_bias: QkvBias,
+        qk_norm: QkNorm | None,
         device: torch.device | str | None,
         dtype: torch.dtype | None,
     ) -> None:
         """The q/k/v projections: ``qkv``; ``q`` and ``kv`` with a memory; ``q``, ``k``, ``v`` (split); or
-        the 1x1 convs ``query``, ``key``, ``value`` (conv: SAGAN's, their weights (out, D, 1, 1))."""
+        the 1x1 convs ``query``, ``key``, ``value`` (conv: SAGAN's, their weights (out, D, 1, 1)); and
+        ``rope_together``: one RoPE call may rotate q and k (one ``qkv``, all heads one width, no QK-norm;
+        tables of no heads: RoPE-Mixed's hold one per query head)."""
         hd, h, hkv, vd = self.head_dim, self.num_heads, self.num_kv_heads, self.v_head_dim
+        self.rope_together = False
         bq, bk, bv = three_biases(qkv_bias)
         if self.projection == "conv":  # a map's 1x1 convs: SAGAN's f, g, h (g queries, f keys)
             self.query = nn.Conv2d(dim, h * hd, 1, bias=bq, device=device, dtype=dtype)
@@ -282,6 +283,7 @@ class Attention(nn.Module):
             self.kv = packed_projection(self, memory_dim or dim, self.parts, device, dtype)
         else:
             self.parts = (("q", h * hd, bq), ("k", hkv * hd, bk), ("v", hkv * vd, bv))
+            self.rope_together = self.queries is None and vd == hd and qk_norm is None
             self.qkv = packed_projection(self, dim, self.parts, device, dtype)
 
     @property
@@ -292,9 +294,11 @@ class Attention(nn.Module):
         assert self.grid is not None
         return self.grid
 
-    def _qkv(self, x: Tensor, pos: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(
+        self, x: Tensor, pos: Tensor | None, rope: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, [G,] H, Nq, hd), keys (hd) and values (B, [G,] Hkv, L, vd) of the tokens x:
-        (B, [G,] L, D), or of a (B, D, H, W) map (conv)."""
+        (B, [G,] L, D), or of a (B, D, H, W) map (conv); with ``rope`` (if ``rope_together``) q and k rotated."""
         h, hkv, hd, vd = self.num_heads, self.num_kv_heads, self.head_dim, self.v_head_dim
         if self.projection == "conv":  # each 1x1 conv over the map, its H * W positions as tokens
             q, k, v = (to_tokens(conv(x)) for conv in (self.query, self.key, self.value))  # (B, N, out)
@@ -304,6 +308,8 @@ class Attention(nn.Module):
             return split_heads(q, hd), split_heads(self.k(x), hd), split_heads(self.v(x), vd)
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
+        if rope is not None:
+            return split_rotated(qkv, (h, hkv, hkv), hd, rope)
         q, k, v = split_parts(qkv, ((h, hd), (hkv, hd), (hkv, vd)))  # (B, [G,] H or Hkv, L, hd); values vd
         return (q if self.queries is None else q[..., : self.queries, :]), k, v
 
@@ -410,13 +416,15 @@ class Attention(nn.Module):
         if self.grid_window is not None:
             assert self.grid is not None  # check_parts: windows need the grid
             x = window_split(x, self.grid, self.grid_window, self.shift)  # (B, G, L, D)
+        together = rope is not None and self.rope_together and rope[0].dim() == 2  # one call, (N, r) tables
         if self.cross:
             q = split_heads(self.q(x if pos is None else x + pos), hd)  # (B, H, N, hd)
             k, v = self._memory(x if self.reduction else memory, memory_pos, memory_rope, cache)
-        else:
-            q, k, v = self._qkv(x, pos)  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
-        q = normed_rotated(q, self.q_norm, rope, self.qk_norm_after_rope)
-        k = k if self.cross else normed_rotated(k, self.k_norm, rope, self.qk_norm_after_rope)
+        else:  # (B, [G,] H, Nq, hd), (B, [G,] Hkv, L, hd), (B, [G,] Hkv, L, hd)
+            q, k, v = self._qkv(x, pos, rope if together else None)
+        if not together:
+            q = normed_rotated(q, self.q_norm, rope, self.qk_norm_after_rope)
+            k = k if self.cross else normed_rotated(k, self.k_norm, rope, self.qk_norm_after_rope)
         if self.cosine:
             q, k = cosine_qk(q, k, self.logit_scale)
         if self.grid_window is not None:  # windows and heads as one 4D attention, which every SDPA takes
