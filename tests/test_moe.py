@@ -12,12 +12,13 @@ import torch
 from reference import float64_reference
 from test_constructs import TOL, VOCAB, N, Rename, _decoder, _hf, _llama_keys, _ours
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from specvit.compile import build_graph, build_model, eject
 from specvit.diagram.text import format_table
 from specvit.errors import SpecError
 from specvit.model import SpecModel
+from specvit.nn.moe import expert_products
 from specvit.spec.loader import parse_spec
 
 E, K = 4, 2
@@ -236,3 +237,38 @@ def test_an_moe_mlp_in_a_block_graph_names_its_router_beside_it() -> None:
     with torch.no_grad():
         a, b = ours(ids), written(ids)
     assert a["logits"].equal(b["logits"]) and a["router_loss"].equal(b["router_loss"])
+
+
+def _expert_products_run(k: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], dict[Any, int]]:
+    """``expert_products`` of 10 rows of width ``k`` over 4 experts (one with no rows), forward and backward
+    under ``FlopCounterMode``: the output and both gradients, and the FLOPs counted per op."""
+    torch.manual_seed(0)
+    x = torch.randn(10, k, dtype=torch.float64).to(dtype).requires_grad_()
+    weight = torch.randn(E, 24, k, dtype=torch.float64).to(dtype).requires_grad_()
+    with FlopCounterMode(display=False) as counter:
+        out = expert_products(x, weight, [3, 0, 5, 2])
+        out.backward(torch.ones_like(out))
+    assert x.grad is not None and weight.grad is not None
+    return [out.detach(), x.grad, weight.grad], counter.get_flop_counts().get("Global", {})
+
+
+@pytest.mark.parametrize("k", [16, 6])
+def test_expert_products_equal_a_product_per_expert_and_count_their_flops(k: int) -> None:
+    """One grouped product where the rows are 16-byte multiples (k = 16), a product per expert elsewhere:
+    the same values and gradients as each expert's ``F.linear`` in float64, and FLOPs counted as torch
+    counts those products (forward, and the inputs' and weights' gradients: 3 x 2 x S x K x N)."""
+    got, flops = _expert_products_run(k, torch.float32)
+    want, _ = _expert_products_run(k, torch.float64)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+    assert (torch.ops.aten._grouped_mm in flops) == (k == 16), flops
+    assert sum(flops.values()) == 3 * 2 * 10 * k * 24
+
+
+def test_grouped_products_count_nothing_without_specvit_s_flop_formula(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control of the FLOPs above: torch has no formula for ``aten._grouped_mm`` of its own."""
+    monkeypatch.delitem(flop_registry, torch.ops.aten._grouped_mm)
+    _, flops = _expert_products_run(16, torch.float32)
+    assert sum(flops.values()) != 3 * 2 * 10 * 16 * 24

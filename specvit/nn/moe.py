@@ -6,18 +6,21 @@ Dim legend: B batch, N tokens, D width, E experts, k experts per token, F expert
 
 from __future__ import annotations
 
-from typing import get_args
+import math
+from itertools import accumulate
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from specvit.nn.linear import Linear
 from specvit.nn.mlp import GluActivation, MlpActivation, _activation, build_mlp
 from specvit.nn.regions import enter_region, leave_region, local
 
-__all__ = ["MoeMlp", "load_balancing_loss", "route", "routing_stats"]
+__all__ = ["MoeMlp", "expert_products", "load_balancing_loss", "route", "routing_stats"]
 
 
 def route(logits: Tensor, top_k: int, normalize: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -78,6 +81,42 @@ def load_balancing_loss(stats: Tensor, top_k: int) -> Tensor:
     """
     rows = stats[0].sum() / top_k  # tokens over all layers
     return (stats[0] / rows * (stats[1] / rows)).sum() * stats.shape[-1]
+
+
+def _grouped_mm_flops(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of ``F.grouped_mm`` as ``FlopCounterMode`` counts a matmul's (2 per multiply-add): each output
+    element is one dot product over the inputs' last dim, and two 2-D inputs split that dim into the groups
+    (the experts' weight gradients)."""
+    k = a_shape[-1]
+    if len(a_shape) == 2 and len(b_shape) == 2:  # (M, K) x (K, N) -> (G, M, N), the groups' K summing to K
+        return 2 * a_shape[0] * k * b_shape[1]
+    return 2 * math.prod(out_shape) * k
+
+
+if torch.ops.aten._grouped_mm not in flop_registry:  # torch counts none: a model's experts would cost nothing
+    register_flop_formula(torch.ops.aten._grouped_mm)(_grouped_mm_flops)
+
+
+def expert_products(x: Tensor, weight: Tensor, counts: list[int]) -> Tensor:
+    """Rows sorted by expert through their experts' matrices: ``x`` (S, K) holds ``counts[e]`` rows of
+    expert e in turn, ``weight`` (E, N, K) stacks the experts' ``nn.Linear``-shaped weights; (S, N).
+
+    On CPU one grouped product (``F.grouped_mm``) runs them all, forward and backward: 6% faster than a
+    product per expert at the Mixtral size of ``python -m benchmarks`` (2-core Xeon), where it takes the
+    rows: float32, bfloat16 or float16, a multiple of 16 bytes long. Elsewhere, a product per expert.
+
+    Args:
+        x: (S, K) the rows.
+        weight: (E, N, K) the experts' weights.
+        counts: the rows of each expert, summing to S.
+    """
+    grouped = x.dtype in (torch.float32, torch.bfloat16, torch.float16) and x.dtype == weight.dtype
+    if x.device.type == "cpu" and grouped and x.shape[-1] * x.element_size() % 16 == 0:  # rows it takes
+        offs = torch.tensor(list(accumulate(counts)), dtype=torch.int32)  # (E,) where each expert's rows end
+        return F.grouped_mm(x, weight.transpose(-2, -1), offs=offs)  # (S, N)
+    w = weight.unbind(0)  # one backward stacks every expert's gradient (weight[e] each would make a zero
+    # gradient of the whole stack per expert)
+    return torch.cat([F.linear(part, w[e]) for e, part in enumerate(x.split(counts))])  # (S, N)
 
 
 class MoeMlp(nn.Module):
@@ -160,14 +199,13 @@ class MoeMlp(nn.Module):
         """The (T, D) outputs of this rank's experts (every expert on one process) for the (T, D) tokens.
 
         The T * k (token, choice) slots are sorted by expert, so each expert's tokens are one contiguous run:
-        one gather, two products per expert, the activation and the routing weights over all slots at once,
-        one scatter back (a loop of gathers and index-adds per expert costs more than the products).
+        one gather, the experts' two products (:func:`expert_products`), the activation and the routing
+        weights over all slots at once, one scatter back (a loop of gathers and index-adds per expert costs
+        more than the products).
         """
         _, weights, index = route(logits.flatten(0, -2), self.top_k, self.normalize)  # (T, k) each
         fc1, fc2 = local(self.fc1), local(self.fc2)  # (E or E / ranks, F or 2F, D), (..., D, F)
         mine = fc1.shape[0]
-        w1, w2 = fc1.unbind(0), fc2.unbind(0)  # one backward stacks every expert's gradient (fc1[e] each
-        # made a zero gradient of the whole stack per expert)
         expert = (index - self.first_expert).flatten()  # (T * k,) this rank's expert of each slot
         expert = torch.where((expert >= 0) & (expert < mine), expert, mine)  # other ranks' experts: last
         order = torch.argsort(expert, stable=True)  # (T * k,) slots by expert
@@ -175,13 +213,13 @@ class MoeMlp(nn.Module):
         used = order[: sum(counts)]  # the slots this rank's experts run
         token = torch.div(used, self.top_k, rounding_mode="floor")  # (S,) each slot's token
         x = flat[token]  # (S, D) sorted by expert
-        h = torch.cat([F.linear(part, w1[e]) for e, part in enumerate(x.split(counts))])  # (S, F or 2F)
+        h = expert_products(x, fc1, counts)  # (S, F or 2F)
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
             h = self.act(gate) * value  # (S, F)
         else:
             h = self.act(h)
-        y = torch.cat([F.linear(part, w2[e]) for e, part in enumerate(h.split(counts))])  # (S, D)
+        y = expert_products(h, fc2, counts)  # (S, D)
         y = y * weights.flatten()[used, None]  # (S, D) times each slot's routing weight
         return torch.zeros_like(flat).index_add(0, token, y)  # (T, D)
 
