@@ -303,6 +303,21 @@ def test_rope_is_relative() -> None:
 # ----------------------------------------------------------------------------------------------- embed
 
 
+@pytest.mark.parametrize("rotary", [16, 8])  # all of a head's 16 channels, or the first 8
+def test_queries_and_keys_rotated_in_one_call_equal_one_call_each(rotary: int) -> None:
+    """The core rotates its queries and keys in one RoPE call where it can (``rope_together``): exactly the
+    values of a call for each, with GQA; the control, the one call with another position's tables, differs."""
+    attn = SelfAttention(64, 4, num_kv_heads=2, causal=True).eval()
+    assert attn.rope_together
+    x, tables = torch.randn(2, 6, 64), rope_tables(torch.arange(6), rotary, 10000.0)
+    together = attn(x, rope=tables)
+    attn.rope_together = False
+    each = attn(x, rope=tables)
+    assert torch.equal(together, each)
+    attn.rope_together = True
+    assert not torch.equal(attn(x, rope=rope_tables(torch.arange(1, 7), rotary, 10000.0)), each)
+
+
 @pytest.mark.parametrize("patch", [(4, 4), (2, 3)])
 def test_patch_embed_conv_linear_and_manual(patch: tuple[int, int]) -> None:
     img, c, d = (8, 12), 3, 10
