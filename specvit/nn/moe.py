@@ -101,7 +101,7 @@ def expert_products(x: Tensor, weight: Tensor, counts: list[int]) -> Tensor:
     """Rows sorted by expert through their experts' matrices: ``x`` (S, K) holds ``counts[e]`` rows of
     expert e in turn, ``weight`` (E, N, K) stacks the experts' ``nn.Linear``-shaped weights; (S, N).
 
-    On CPU one grouped product (``F.grouped_mm``) runs them all, forward and backward: 6% faster than a
+    On CPU one grouped product (``F.grouped_mm``) runs them all, forward and backward: 4-6% faster than a
     product per expert at the Mixtral size of ``python -m benchmarks`` (2-core Xeon), where it takes the
     rows: float32, bfloat16 or float16, a multiple of 16 bytes long. Elsewhere, a product per expert.
 
