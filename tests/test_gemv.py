@@ -20,12 +20,13 @@ needs_kernel = pytest.mark.skipif(not gemv.available(), reason="specvit's native
 @pytest.mark.parametrize("k", [1, 7, 8, 33, 64, 577])  # below, at and past the 8- and 32-wide loops
 @pytest.mark.parametrize("rows", [1, 2, 5, MAX_ROWS])
 @pytest.mark.parametrize("bias", [False, True])
-def test_float32_and_bfloat16_weights_equal_f_linear(k: int, rows: int, bias: bool) -> None:
+@pytest.mark.parametrize("n", [37, 38])  # one row takes weight rows two at a time: the last alone, or not
+def test_float32_and_bfloat16_weights_equal_f_linear(k: int, rows: int, bias: bool, n: int) -> None:
     torch.manual_seed(k * 10 + rows)
-    weight, x = torch.randn(37, k), torch.randn(rows, 1, k)
-    b = torch.randn(37) if bias else None
+    weight, x = torch.randn(n, k), torch.randn(rows, 1, k)
+    b = torch.randn(n) if bias else None
     got = gemv.gemv(x, weight, bias=b)
-    assert got.shape == (rows, 1, 37) and got.dtype == torch.float32
+    assert got.shape == (rows, 1, n) and got.dtype == torch.float32
     assert (got - F.linear(x, weight, b)).abs().max().item() <= 1e-4
     half = weight.bfloat16()
     want = F.linear(x, half.float(), b)  # the bfloat16 weights' exact values, summed in float32
@@ -37,10 +38,11 @@ def test_float32_and_bfloat16_weights_equal_f_linear(k: int, rows: int, bias: bo
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
-def test_int8_weights_times_their_scales_equal_the_dequantized_product(rows: int) -> None:
+@pytest.mark.parametrize("n", [49, 50])
+def test_int8_weights_times_their_scales_equal_the_dequantized_product(rows: int, n: int) -> None:
     torch.manual_seed(rows)
-    q, scale = quantize_rows(torch.randn(50, 45))
-    x, b = torch.randn(rows, 45), torch.randn(50)
+    q, scale = quantize_rows(torch.randn(n, 45))
+    x, b = torch.randn(rows, 45), torch.randn(n)
     want = F.linear(x, q.float() * scale[:, None], b)
     got = Gemv(q, scale, b)(x)
     assert (got - want).abs().max().item() <= 1e-4

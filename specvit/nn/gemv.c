@@ -103,14 +103,67 @@ static inline float one_i8(const int8_t *p) { return (float)*p; }
         for (int64_t m = 0; m < M; m++) acc[m] = hsum(a[m]);                                           \
     }
 
-#define GEMV(NAME, T, DOTS_OF, ONE)                                                                    \
+/* The sums of two adjacent weight rows with one input row, over the first K - K % W inputs: each W inputs
+ * loaded once for both rows, and one row end (the horizontal sums, the store) per two rows. On a 2-core
+ * AVX-512 Xeon, streaming SmolLM-135M's weights, three runs: 2-5% faster for float32, 3-9% for bfloat16
+ * and 1-12% for int8 than one row at a time with four sums in flight. */
+#define PAIR(NAME, T, LOAD)                                                                            \
+    static inline __attribute__((always_inline)) void NAME(const float *x, const T *r0, int64_t K,     \
+                                                            float *acc) {                              \
+        const T *r1 = r0 + K;                                                                          \
+        vec a0 = vzero(), a1 = a0, b0 = a0, b1 = a0;                                                   \
+        int64_t k = 0;                                                                                 \
+        for (; k + 2 * W <= K; k += 2 * W) {                                                           \
+            for (int64_t b = 0; b < 2 * W * (int64_t)sizeof(T); b += 64) { /* each line of 2 W */      \
+                _mm_prefetch((const char *)(r0 + k) + AHEAD + b, _MM_HINT_T0);                         \
+                _mm_prefetch((const char *)(r1 + k) + AHEAD + b, _MM_HINT_T0);                         \
+            }                                                                                          \
+            vec x0 = load_f32(x + k), x1 = load_f32(x + k + W);                                        \
+            a0 = vfma(LOAD(r0 + k), x0, a0);                                                           \
+            a1 = vfma(LOAD(r0 + k + W), x1, a1);                                                       \
+            b0 = vfma(LOAD(r1 + k), x0, b0);                                                           \
+            b1 = vfma(LOAD(r1 + k + W), x1, b1);                                                       \
+        }                                                                                              \
+        for (; k + W <= K; k += W) {                                                                   \
+            vec x0 = load_f32(x + k);                                                                  \
+            a0 = vfma(LOAD(r0 + k), x0, a0);                                                           \
+            b0 = vfma(LOAD(r1 + k), x0, b0);                                                           \
+        }                                                                                              \
+        acc[0] = hsum(vadd(a0, a1));                                                                   \
+        acc[1] = hsum(vadd(b0, b1));                                                                   \
+    }
+
+/* y[m, n] from the sum acc of weight row n with input row m over the first K - K % W inputs: the rest of
+ * the inputs, the scale and the bias. */
+#define FINISH(NAME, T, ONE)                                                                           \
+    static inline void NAME(float s, const T *row, const float *xm, int64_t K, const float *scale,     \
+                            const float *bias, int64_t n, float *out) {                                \
+        for (int64_t j = K - K % W; j < K; j++) s += ONE(row + j) * xm[j];                             \
+        if (scale) s *= scale[n];                                                                      \
+        if (bias) s += bias[n];                                                                        \
+        *out = s;                                                                                      \
+    }
+
+#define GEMV(NAME, T, DOTS_OF, PAIR_OF, FINISH_OF)                                                     \
     void NAME(const float *x, const T *w, const float *scale, const float *bias, float *y, int64_t M, \
               int64_t N, int64_t K) {                                                                 \
+        if (M == 1) { /* weight rows two at a time, the last alone when N is odd */                   \
+            _Pragma("omp parallel for schedule(static)") for (int64_t p = 0; p < (N + 1) / 2; p++) {  \
+                int64_t n = 2 * p, rows = N - n < 2 ? 1 : 2;                                          \
+                float acc[2];                                                                         \
+                if (rows == 2)                                                                        \
+                    PAIR_OF(x, w + n * K, K, acc);                                                    \
+                else                                                                                  \
+                    DOTS_OF(x, w + n * K, K, 1, acc);                                                 \
+                for (int64_t i = 0; i < rows; i++)                                                    \
+                    FINISH_OF(acc[i], w + (n + i) * K, x, K, scale, bias, n + i, y + n + i);          \
+            }                                                                                         \
+            return;                                                                                   \
+        }                                                                                             \
         _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                \
             const T *row = w + n * K;                                                                 \
             float acc[MAX_ROWS];                                                                      \
             switch (M) { /* a constant M for each inlined copy */                                     \
-            case 1: DOTS_OF(x, row, K, 1, acc); break;                                                \
             case 2: DOTS_OF(x, row, K, 2, acc); break;                                                \
             case 3: DOTS_OF(x, row, K, 3, acc); break;                                                \
             case 4: DOTS_OF(x, row, K, 4, acc); break;                                                \
@@ -120,19 +173,20 @@ static inline float one_i8(const int8_t *p) { return (float)*p; }
             case 8: DOTS_OF(x, row, K, 8, acc); break;                                                \
             default: break; /* M is 1 to MAX_ROWS (gemv.py checks) */                                 \
             }                                                                                         \
-            for (int64_t m = 0; m < M; m++) {                                                         \
-                float s = acc[m];                                                                     \
-                for (int64_t j = K - K % W; j < K; j++) s += ONE(row + j) * x[m * K + j];             \
-                if (scale) s *= scale[n];                                                             \
-                if (bias) s += bias[n];                                                               \
-                y[m * N + n] = s;                                                                     \
-            }                                                                                         \
+            for (int64_t m = 0; m < M; m++)                                                           \
+                FINISH_OF(acc[m], row, x + m * K, K, scale, bias, n, y + m * N + n);                  \
         }                                                                                             \
     }
 
 DOTS(dots_f32, float, load_f32)
 DOTS(dots_bf16, uint16_t, load_bf16)
 DOTS(dots_i8, int8_t, load_i8)
-GEMV(specvit_gemv_f32, float, dots_f32, one_f32)
-GEMV(specvit_gemv_bf16, uint16_t, dots_bf16, one_bf16)
-GEMV(specvit_gemv_i8, int8_t, dots_i8, one_i8)
+PAIR(pair_f32, float, load_f32)
+PAIR(pair_bf16, uint16_t, load_bf16)
+PAIR(pair_i8, int8_t, load_i8)
+FINISH(finish_f32, float, one_f32)
+FINISH(finish_bf16, uint16_t, one_bf16)
+FINISH(finish_i8, int8_t, one_i8)
+GEMV(specvit_gemv_f32, float, dots_f32, pair_f32, finish_f32)
+GEMV(specvit_gemv_bf16, uint16_t, dots_bf16, pair_bf16, finish_bf16)
+GEMV(specvit_gemv_i8, int8_t, dots_i8, pair_i8, finish_i8)
