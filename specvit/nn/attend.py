@@ -361,7 +361,7 @@ def split_parts(t: Tensor, parts: tuple[tuple[int, int], ...]) -> list[Tensor]:
 
 
 def split_rotated(
-    t: Tensor, heads: tuple[int, int, int], head_dim: int, rope: tuple[Tensor, Tensor]
+    t: Tensor, heads: tuple[int, int], head_dim: int, rope: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`split_parts` of a packed projection of queries, keys and values all ``head_dim`` wide, the
     queries and keys rotated by RoPE in one call: (..., H, L, hd), (..., Hkv, L, hd), (..., Hkv, L, hd).
@@ -371,12 +371,12 @@ def split_rotated(
 
     Args:
         t: (..., L, (H + 2 Hkv) * hd) the projection.
-        heads: (H, Hkv, Hkv).
+        heads: (H, Hkv).
         head_dim: hd.
         rope: ``(cos, sin)`` tables of the L positions.
     """
-    h, hkv, hv = heads
-    qk, v = split_heads(t, head_dim).split((h + hkv, hv), dim=-3)  # (..., H + Hkv, L, hd), (..., Hkv, L, hd)
+    h, hkv = heads
+    qk, v = split_parts(t, ((h + hkv, head_dim), (hkv, head_dim)))  # (..., H + Hkv, L, hd), (..., Hkv, L, hd)
     q, k = apply_rope(qk, *rope).split((h, hkv), dim=-3)
     return q, k, v
 

@@ -309,7 +309,7 @@ class Attention(nn.Module):
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
         if rope is not None:
-            return split_rotated(qkv, (h, hkv, hkv), hd, rope)
+            return split_rotated(qkv, (h, hkv), hd, rope)
         q, k, v = split_parts(qkv, ((h, hd), (hkv, hd), (hkv, vd)))  # (B, [G,] H or Hkv, L, hd); values vd
         return (q if self.queries is None else q[..., : self.queries, :]), k, v
 
