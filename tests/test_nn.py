@@ -300,9 +300,6 @@ def test_rope_is_relative() -> None:
     assert_close(score(0, 0), (q * k).sum())
 
 
-# ----------------------------------------------------------------------------------------------- embed
-
-
 @pytest.mark.parametrize("rotary", [16, 8])  # all of a head's 16 channels, or the first 8
 def test_queries_and_keys_rotated_in_one_call_equal_one_call_each(rotary: int) -> None:
     """The core rotates its queries and keys in one RoPE call where it can (``rope_together``): exactly the
@@ -316,6 +313,9 @@ def test_queries_and_keys_rotated_in_one_call_equal_one_call_each(rotary: int) -
     assert torch.equal(together, each)
     attn.rope_together = True
     assert not torch.equal(attn(x, rope=rope_tables(torch.arange(1, 7), rotary, 10000.0)), each)
+
+
+# ----------------------------------------------------------------------------------------------- embed
 
 
 @pytest.mark.parametrize("patch", [(4, 4), (2, 3)])
