@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from specvit import argcheck
+from specvit.nn.decoding import native_steps
 from specvit.nn.packed import packed_linears
 from specvit.resources import available_memory
 
@@ -110,7 +111,8 @@ def decode_loop(
         stepped: the modules ``step`` runs; from ``PACK_FROM`` new tokens on, their float32 and bfloat16
             linears are swapped for decoding ones on CPU (:mod:`specvit.nn.packed`): a few rows per call run
             the kernel measured fastest, and weights are pre-packed for oneDNN when the steps' rows take the
-            packed product and the memory available holds the copies.
+            packed product and the memory available holds the copies; their RMSNorms and RoPE run natively
+            (:mod:`specvit.nn.decoding`).
 
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).
@@ -128,12 +130,14 @@ def decode_loop(
     _check_prompt(tokens)
     cache = new_cache() if use_cache else None
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    packing: AbstractContextManager[None] = nullcontext()
-    if max_new_tokens >= PACK_FROM:
-        packing = packed_linears(*stepped, max_bytes=available_memory(), step_rows=tokens.shape[0])
     seq = tokens
     fed = 0  # tokens already in the cache
-    with packing:
+    with ExitStack() as decoding:
+        if max_new_tokens >= PACK_FROM:
+            decoding.enter_context(
+                packed_linears(*stepped, max_bytes=available_memory(), step_rows=tokens.shape[0])
+            )
+            decoding.enter_context(native_steps(*stepped))
         for _ in range(max_new_tokens):
             if cache is not None:
                 logits = step(seq[:, fed:], cache, fed)

@@ -268,6 +268,7 @@ class Attention(nn.Module):
         tables of no heads: RoPE-Mixed's hold one per query head)."""
         hd, h, hkv, vd = self.head_dim, self.num_heads, self.num_kv_heads, self.v_head_dim
         self.rope_together = False
+        self.native_rope: Any = None  # a native split_rotated, set while specvit generates (nn/decoding.py)
         bq, bk, bv = three_biases(qkv_bias)
         if self.projection == "conv":  # a map's 1x1 convs: SAGAN's f, g, h (g queries, f keys)
             self.query = nn.Conv2d(dim, h * hd, 1, bias=bq, device=device, dtype=dtype)
@@ -309,7 +310,7 @@ class Attention(nn.Module):
         rows = (h + hkv) * hd  # the q and k rows read x + pos
         qkv = project_positioned(self, x, pos, self.qkv, self.parts, rows)  # (B, N, (H + 2Hkv) * hd)
         if rope is not None:
-            return split_rotated(qkv, (h, hkv), hd, rope)
+            return (self.native_rope or split_rotated)(qkv, (h, hkv), hd, rope)
         q, k, v = split_parts(qkv, ((h, hd), (hkv, hd), (hkv, vd)))  # (B, [G,] H or Hkv, L, hd); values vd
         return (q if self.queries is None else q[..., : self.queries, :]), k, v
 

@@ -9,9 +9,13 @@
  * -mavx512f too where torch's CPU capability is AVX512 (sixteen lanes: half the instructions per weight).
  * Dims: M input rows (at most MAX_ROWS), N weight rows (outputs), K inputs. x (M, K) float32, w (N, K),
  * scale (N,) float32 or NULL, bias (N,) float32 or NULL, y (M, N) float32; all contiguous.
+ *
+ * At the end, the two elementwise steps a decode layer runs around its products (RMSNorm, RoPE), one call
+ * each where torch runs several ops.
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_ROWS 8
 
@@ -190,3 +194,51 @@ FINISH(finish_i8, int8_t, one_i8)
 GEMV(specvit_gemv_f32, float, dots_f32, pair_f32, finish_f32)
 GEMV(specvit_gemv_bf16, uint16_t, dots_bf16, pair_bf16, finish_bf16)
 GEMV(specvit_gemv_i8, int8_t, dots_i8, pair_i8, finish_i8)
+
+/* The two elementwise steps of a decode layer around its products, each one call where torch runs 5-8 ops
+ * of a few microseconds each on a few rows. Both compute what torch computes, in its order (the build's
+ * -ffp-contract=off keeps a product and a sum two roundings, as torch's separate ops are). */
+
+/* RMSNorm of M rows of D: y = x * (1 / sqrt(mean(x^2) + eps)) * (offset + w); w may be NULL (no weight). */
+void specvit_rms_norm_f32(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps,
+                          float offset) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * D;
+        float *ym = y + m * D;
+        vec a0 = vzero(), a1 = a0;
+        int64_t k = 0;
+        for (; k + 2 * W <= D; k += 2 * W) {
+            vec v0 = load_f32(xm + k), v1 = load_f32(xm + k + W);
+            a0 = vfma(v0, v0, a0);
+            a1 = vfma(v1, v1, a1);
+        }
+        float s = hsum(vadd(a0, a1));
+        for (; k < D; k++) s += xm[k] * xm[k];
+        float r = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(s / (float)D + eps))); /* as torch's rsqrt */
+        if (w)
+            for (k = 0; k < D; k++) ym[k] = (xm[k] * r) * (offset + w[k]);
+        else
+            for (k = 0; k < D; k++) ym[k] = xm[k] * r;
+    }
+}
+
+/* Rotate-half RoPE of a packed projection: out = t, with the first r channels of each of its first `heads`
+ * heads (hd wide) rotated: channel i < r/2 pairs with i + r/2, ``x * cos + rotate_half(x) * sin``. t and out
+ * are R rows of `width`; row i is position i % L of the (L, r) tables. */
+void specvit_rope_half_f32(const float *t, const float *cos, const float *sin, float *out, int64_t R,
+                           int64_t L, int64_t width, int64_t heads, int64_t hd, int64_t r) {
+    int64_t half = r / 2;
+    for (int64_t row = 0; row < R; row++) {
+        const float *c = cos + (row % L) * r, *s = sin + (row % L) * r, *src = t + row * width;
+        float *dst = out + row * width;
+        memcpy(dst, src, (size_t)width * sizeof(float)); /* the channels not rotated, the values */
+        for (int64_t h = 0; h < heads; h++) {
+            const float *x = src + h * hd;
+            float *y = dst + h * hd;
+            for (int64_t i = 0; i < half; i++) {
+                y[i] = x[i] * c[i] + (-x[i + half]) * s[i];
+                y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+            }
+        }
+    }
+}

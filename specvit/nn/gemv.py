@@ -37,14 +37,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_ROWS", "Gemv", "available", "gemv"]
+__all__ = ["MAX_ROWS", "Gemv", "available", "gemv", "rms_norm", "rope_half"]
 
 MAX_ROWS = 8
 """The most input rows one call takes (``gemv.c``'s MAX_ROWS): each weight row is multiplied with all of them
 while it is in the L1 cache."""
 
 SOURCE = Path(__file__).with_name("gemv.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+"""``-ffp-contract=off``: a product and a sum stay two roundings, as in torch's ops (:func:`rms_norm`,
+:func:`rope_half` equal them; the products' fused multiply-adds are written out)."""
 AVX512_FLAGS = ("-mavx512f",)
 """Added where torch's CPU capability is AVX512: ``gemv.c`` then runs sixteen lanes wide."""
 _KERNELS = {
@@ -113,9 +115,11 @@ def _library() -> ctypes.CDLL | None:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     for name in _KERNELS.values():
-        fn = getattr(lib, name)
-        fn.argtypes = [pointer] * 5 + [size] * 3
-        fn.restype = None
+        getattr(lib, name).argtypes = [pointer] * 5 + [size] * 3
+    lib.specvit_rms_norm_f32.argtypes = [pointer] * 3 + [size] * 2 + [ctypes.c_float] * 2
+    lib.specvit_rope_half_f32.argtypes = [pointer] * 4 + [size] * 6
+    for name in (*_KERNELS.values(), "specvit_rms_norm_f32", "specvit_rope_half_f32"):
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -193,3 +197,50 @@ def gemv(x: Tensor, weight: Tensor, scale: Tensor | None = None, bias: Tensor | 
         (..., N) float32.
     """
     return Gemv(weight, scale, bias)(x)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, eps: float, offset: float = 0.0) -> Tensor:
+    """RMSNorm over the last dim, ``x / sqrt(mean(x^2) + eps) * (offset + weight)``, in one call: what
+    ``F.rms_norm(x, (D,), offset + weight, eps)`` computes (the sum of squares in another order).
+
+    Args:
+        x: (..., D) float32, contiguous, on the CPU.
+        weight: (D,) float32, contiguous, or None.
+        eps: added to the mean square.
+        offset: added to the weight (Gemma's ``1 + w``).
+
+    Returns:
+        (..., D) float32.
+    """
+    lib = _library()
+    assert lib is not None, "check available() first"
+    y = torch.empty_like(x)  # (..., D)
+    d = x.shape[-1]
+    w = None if weight is None else weight.data_ptr()
+    lib.specvit_rms_norm_f32(x.data_ptr(), w, y.data_ptr(), x.numel() // d, d, eps, offset)
+    return y
+
+
+def rope_half(t: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int) -> Tensor:
+    """A copy of the packed projection t with the first ``heads`` heads rotated by rotate-half RoPE, in one
+    call: equal to :func:`~specvit.nn.position.apply_rope` on those heads.
+
+    Args:
+        t: (..., L, width) float32, contiguous, on the CPU: heads of ``head_dim`` from channel 0 on.
+        cos: (L, r) float32 contiguous table, r even and at most ``head_dim``: the first r channels rotate.
+        sin: the same for the sines.
+        heads: the heads rotated (queries and keys).
+        head_dim: hd.
+
+    Returns:
+        (..., L, width) float32.
+    """
+    lib = _library()
+    assert lib is not None, "check available() first"
+    out = torch.empty_like(t)  # (..., L, width)
+    (length, r), width = cos.shape, t.shape[-1]
+    rows = t.numel() // width
+    lib.specvit_rope_half_f32(
+        t.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), rows, length, width, heads, head_dim, r
+    )
+    return out
