@@ -16,8 +16,9 @@ import specvit
 from specvit.generate import PACK_FROM
 from specvit.nn import attend, gemv
 from specvit.nn.attention import Attention
-from specvit.nn.decoding import RowsRMSNorm, is_rms_norm, native_steps, split_rotated
+from specvit.nn.decoding import RowsRMSNorm, RowsSwiGLU, is_rms_norm, is_swiglu, native_steps, split_rotated
 from specvit.nn.gemv import MAX_ROWS
+from specvit.nn.mlp import GluMlp
 from specvit.nn.norm import Norm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,29 @@ def test_rms_norm_equals_torch(dim: int, rows: int, weighted: bool, offset: floa
     if weighted:  # control: Gemma's 1 + w read as w (or w as 1 + w) misses
         wrong = gemv.rms_norm(x, weight, 1e-5, 1.0 - offset)
         assert not torch.allclose(wrong, want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 17, 1536])  # below, at and past the 8- and 16-wide loops
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+def test_swiglu_equals_torch(width: int, rows: int) -> None:
+    torch.manual_seed(width + rows)
+    h = torch.randn(rows, 1, 2 * width) * 4
+    if width >= 3:
+        h[0, 0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # gates past exp's clamp, and 0
+    gate, value = h.chunk(2, dim=-1)
+    got = gemv.swiglu(h)
+    assert got.shape == (rows, 1, width)
+    torch.testing.assert_close(got, F.silu(gate) * value, rtol=1e-6, atol=1e-30)
+    assert not torch.allclose(got, F.silu(value) * gate, rtol=1e-6)  # control: the halves read the other way
+
+
+def test_swiglu_is_within_3_ulp_of_the_exact_silu() -> None:
+    g = torch.cat([torch.linspace(-80, 80, 100_001), torch.randn(100_000) * 5])
+    got = gemv.swiglu(torch.stack([g, torch.ones_like(g)], dim=-1))[:, 0]  # silu(g) * 1
+    exact = g.double() / (1 + torch.exp(-g.double()))
+    ulp = (torch.nextafter(exact.float().abs(), torch.tensor(float("inf"))) - exact.float().abs()).double()
+    assert ((got.double() - exact).abs() / ulp).max().item() <= 3.0
+    assert ((F.silu(g).double() - exact).abs() / ulp).max().item() <= 3.0  # torch's, for comparison
 
 
 @pytest.mark.parametrize("rotated", [64, 16])  # every channel of a head, or the first quarter (Pythia's)
@@ -65,14 +89,18 @@ def test_what_the_kernels_do_not_serve_runs_torchs_ops(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(gemv, "rope_half", refuse)
     monkeypatch.setattr(gemv, "rms_norm", refuse)
+    monkeypatch.setattr(gemv, "swiglu", refuse)
     h, hkv, hd = 2, 1, 8
     rope = (torch.randn(1, hd), torch.randn(1, hd))
     norm = RowsRMSNorm(nn.RMSNorm(hd * 4, eps=1e-5))
+    plain_mlp = GluMlp(hd * 4, 24, "swiglu", bias=False)
+    mlp = RowsSwiGLU(plain_mlp)
     served = torch.randn(1, 1, (h + 2 * hkv) * hd)
     with pytest.raises(AssertionError, match="native kernel ran"), torch.no_grad():  # control: served
         split_rotated(served, (h, hkv), hd, rope)
-    with pytest.raises(AssertionError, match="native kernel ran"), torch.no_grad():
-        norm(served)
+    for module in (norm, mlp):
+        with pytest.raises(AssertionError, match="native kernel ran"), torch.no_grad():
+            module(served)
     unserved = [
         served.double(),  # another dtype
         torch.randn(MAX_ROWS + 1, 1, (h + 2 * hkv) * hd),  # more rows than a few
@@ -85,9 +113,11 @@ def test_what_the_kernels_do_not_serve_runs_torchs_ops(monkeypatch: pytest.Monke
             assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
             if t.dtype == torch.float32:
                 assert torch.equal(norm(t), norm._plain[0](t))
+            if t.shape[0] > MAX_ROWS:  # the MLP's product is contiguous: only the rows decide
+                assert torch.equal(mlp(t), plain_mlp(t))
     assert torch.is_grad_enabled()  # grad mode: torch's differentiable ops
     split_rotated(served, (h, hkv), hd, rope)
-    norm(served)
+    norm(served), mlp(served)
 
 
 def _llama(**over: object) -> specvit.SpecModel:
@@ -104,20 +134,28 @@ def _llama(**over: object) -> specvit.SpecModel:
 
 def test_native_steps_swap_in_and_put_back_whole() -> None:
     model = _llama()
-    norms = {name: m for name, m in model.named_modules() if is_rms_norm(m)}
+
+    def swappable() -> dict[str, nn.Module]:
+        return {name: m for name, m in model.named_modules() if is_rms_norm(m) or is_swiglu(m)}
+
+    before = swappable()
     cores = [m for m in model.modules() if isinstance(m, Attention)]
     keys = list(model.state_dict())
-    assert len(norms) == 5 and len(cores) == 2  # two per block and the final norm
+    assert len(before) == 7 and len(cores) == 2  # per block two norms and the MLP; the final norm
     with native_steps(model):
-        assert {name for name, m in model.named_modules() if isinstance(m, RowsRMSNorm)} == set(norms)
+        natives = {
+            name: type(m) for name, m in model.named_modules() if isinstance(m, RowsRMSNorm | RowsSwiGLU)
+        }
+        assert natives == {name: RowsSwiGLU if is_swiglu(m) else RowsRMSNorm for name, m in before.items()}
         assert all(core.native_rope is split_rotated for core in cores)
-        assert list(model.state_dict()) == keys  # the norms' weights under their own names
-    assert {name: m for name, m in model.named_modules() if is_rms_norm(m)} == norms
+        assert list(model.state_dict()) == keys  # the weights under their own names
+    assert swappable() == before
     assert all(core.native_rope is None for core in cores)
     with pytest.raises(RuntimeError, match="inside"), native_steps(model):
         raise RuntimeError("inside")
-    assert {name: m for name, m in model.named_modules() if is_rms_norm(m)} == norms
+    assert swappable() == before
     assert all(core.native_rope is None for core in cores)
+    assert not is_swiglu(GluMlp(8, 4, "geglu")) and not is_swiglu(GluMlp(8, 4, "swiglu", dropout=0.1))
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,12 @@
 """A decode step's small steps on CPU in one native call each, while ``generate`` steps.
 
 A decode step's layers are short of arithmetic: beside the products (:mod:`specvit.nn.gemv`), each op costs
-a few microseconds however few its rows. torch runs an RMSNorm as seven ops (about 11 µs for a row of 576)
-and the rotate-half RoPE of queries and keys as six; ``gemv.c`` does each in one call that computes the same
-values (RoPE exactly, the norm with its sum of squares in another order). Inside :func:`native_steps`, every
-RMSNorm of the models runs it, and every attention core that rotates queries and keys in one call
-(``rope_together``) does so natively; calls it does not serve (grad mode on, more than ``MAX_ROWS`` rows,
+a few microseconds however few its rows. torch runs an RMSNorm as seven ops (about 11 µs for a row of 576),
+the rotate-half RoPE of queries and keys as six and SwiGLU's gating as three (with three module calls);
+``gemv.c`` does each in one call that computes the same values (RoPE exactly, the norm with its sum of
+squares in another order, SwiGLU with an exp of its own). Inside :func:`native_steps`, every RMSNorm and
+SwiGLU MLP of the models runs them, and every attention core that rotates queries and keys in one call
+(``rope_together``) does so natively; calls they do not serve (grad mode on, more than ``MAX_ROWS`` rows,
 another dtype or layout) run torch's ops as before.
 
 Dim legend: L positions, H query heads, Hkv key/value heads, hd head dim, r channels rotated.
@@ -18,15 +19,17 @@ from contextlib import contextmanager
 from typing import TypeGuard
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specvit.nn import gemv
 from specvit.nn.attend import split_parts
 from specvit.nn.attend import split_rotated as torch_split_rotated
 from specvit.nn.attention import Attention
+from specvit.nn.mlp import GluMlp
 from specvit.nn.norm import Norm
 
-__all__ = ["RowsRMSNorm", "is_rms_norm", "native_steps", "split_rotated"]
+__all__ = ["RowsRMSNorm", "RowsSwiGLU", "is_rms_norm", "is_swiglu", "native_steps", "split_rotated"]
 
 
 def _served(t: Tensor, width: int) -> bool:
@@ -74,6 +77,38 @@ class RowsRMSNorm(nn.Module):
         return self._plain[0](x)
 
 
+def is_swiglu(module: nn.Module) -> TypeGuard[GluMlp]:
+    """Whether ``module`` is a SwiGLU :class:`GluMlp` with no inner norm and no dropout."""
+    return (
+        isinstance(module, GluMlp)
+        and isinstance(module.act, nn.SiLU)
+        and module.norm is None
+        and isinstance(module.drop1, nn.Identity)
+        and isinstance(module.drop2, nn.Identity)
+    )
+
+
+class RowsSwiGLU(nn.Module):
+    """A SwiGLU MLP (:func:`is_swiglu`) whose gating of a few float32 rows runs natively
+    (:func:`specvit.nn.gemv.swiglu`), and that calls no module of its dropouts and activation; it holds the
+    MLP's ``fc1`` and ``fc2`` under their names.
+
+    Args:
+        mlp: the MLP it stands for.
+    """
+
+    def __init__(self, mlp: GluMlp) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = mlp.fc1, mlp.fc2
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)  # (B, N, 2F)
+        if _served(h, h.shape[-1]):
+            return self.fc2(gemv.swiglu(h))  # (B, N, D)
+        gate, value = h.chunk(2, dim=-1)  # (B, N, F) each
+        return self.fc2(F.silu(gate) * value)  # (B, N, D)
+
+
 def split_rotated(
     t: Tensor, heads: tuple[int, int], head_dim: int, rope: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -102,10 +137,18 @@ def split_rotated(
     return torch_split_rotated(t, heads, head_dim, rope)
 
 
+def _stand_in(module: nn.Module) -> nn.Module | None:
+    """The module that runs ``module``'s few rows natively, or None."""
+    if is_rms_norm(module):
+        return RowsRMSNorm(module)
+    return RowsSwiGLU(module) if is_swiglu(module) else None
+
+
 @contextmanager
 def native_steps(*models: nn.Module) -> Iterator[None]:
-    """Inside the block, the RMSNorms of ``models`` are :class:`RowsRMSNorm` and their attention cores rotate
-    queries and keys with :func:`split_rotated`; put back as they were when it ends (also on an exception).
+    """Inside the block, the RMSNorms of ``models`` are :class:`RowsRMSNorm`, their SwiGLU MLPs
+    :class:`RowsSwiGLU`, and their attention cores rotate queries and keys with :func:`split_rotated`; put back
+    as they were when it ends (also on an exception).
     Nothing changes where the kernels are not available (:func:`specvit.nn.gemv.available`).
 
     Args:
@@ -114,22 +157,22 @@ def native_steps(*models: nn.Module) -> Iterator[None]:
     if not gemv.available():
         yield
         return
-    norms = [
-        (parent, name, child)
+    swapped = [
+        (parent, name, child, native)
         for model in models
         for parent in model.modules()
         for name, child in parent.named_children()
-        if is_rms_norm(child)
+        if (native := _stand_in(child)) is not None
     ]
     cores = [m for model in models for m in model.modules() if isinstance(m, Attention) and m.rope_together]
     try:
-        for parent, name, child in norms:
-            setattr(parent, name, RowsRMSNorm(child))
+        for parent, name, _, native in swapped:
+            setattr(parent, name, native)
         for core in cores:
             core.native_rope = split_rotated
         yield
     finally:
-        for parent, name, child in norms:
+        for parent, name, child, _ in swapped:
             setattr(parent, name, child)
         for core in cores:
             core.native_rope = None
