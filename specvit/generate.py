@@ -111,8 +111,8 @@ def decode_loop(
         stepped: the modules ``step`` runs; from ``PACK_FROM`` new tokens on, their float32 and bfloat16
             linears are swapped for decoding ones on CPU (:mod:`specvit.nn.packed`): a few rows per call run
             the kernel measured fastest, and weights are pre-packed for oneDNN when the steps' rows take the
-            packed product and the memory available holds the copies; their RMSNorms and RoPE run natively
-            (:mod:`specvit.nn.decoding`).
+            packed product and the memory available holds the copies; their RMSNorms, SwiGLU gating and RoPE
+            run natively (:mod:`specvit.nn.decoding`).
 
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).

@@ -98,3 +98,13 @@ def test_it_is_built_once_into_the_cache_folder(monkeypatch: pytest.MonkeyPatch,
     ]  # the build folder removed, nothing half-written
     stamp = built.stat().st_mtime_ns
     assert gemv._build() == built and built.stat().st_mtime_ns == stamp  # found, not rebuilt
+
+
+@needs_kernel
+def test_the_result_is_cast_only_when_another_dtype_is_asked() -> None:
+    weight, x = torch.randn(6, 16), torch.randn(2, 16)
+    layer = Gemv(weight)
+    out = layer(x)
+    assert out.dtype == torch.float32 and torch.equal(layer(x, torch.float32), out)
+    half = layer(x, torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, out.to(torch.bfloat16))

@@ -201,9 +201,9 @@ def test_few_row_calls_take_the_native_kernel_where_it_was_measured_fastest(
     native = swapped._native
     assert native is not None
 
-    def counted(x: torch.Tensor) -> torch.Tensor:
+    def counted(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         calls[0] += 1
-        return native(x)
+        return native(x, dtype)
 
     monkeypatch.setattr(swapped, "_native", counted)
     for path, used in (("native", 1), ("linear" if dtype == torch.bfloat16 else "packed", 0)):

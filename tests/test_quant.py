@@ -68,7 +68,9 @@ def test_int8_linear_is_the_dequantised_product(monkeypatch: pytest.MonkeyPatch,
     calls = [0]
     if layer._native is not None:
         kernel = layer._native
-        monkeypatch.setattr(layer, "_native", lambda x: (calls.__setitem__(0, calls[0] + 1), kernel(x))[1])
+        monkeypatch.setattr(
+            layer, "_native", lambda x, dtype: (calls.__setitem__(0, calls[0] + 1), kernel(x, dtype))[1]
+        )
     x = torch.randn(2, 3, 48)  # 6 rows: the few-row kernel's when measured faster
     q, scale = quantize_rows(linear.weight)
     want = F.linear(x.double(), (q.double() * scale.double()[:, None]), linear.bias.double())

@@ -18,6 +18,10 @@ AVX512) and a compiler with OpenMP; anywhere else, or with ``SPECVIT_NATIVE=0``,
 and the callers keep torch's kernels. Which kernel serves a call is measured once per process by the callers
 (:func:`specvit.nn.packed.few_rows_path`).
 
+The same library holds the elementwise steps of a decode layer around its products (:func:`rms_norm`,
+:func:`swiglu`, :func:`rope_half`), one call each where torch runs several ops of a few microseconds each
+(:mod:`specvit.nn.decoding` runs them while ``generate`` steps).
+
 Dim legend: M input rows (at most ``MAX_ROWS``), N outputs (the weight's rows), K inputs.
 """
 
@@ -114,13 +118,13 @@ def _library() -> ctypes.CDLL | None:
     except OSError:
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    for name in _KERNELS.values():
-        getattr(lib, name).argtypes = [pointer] * 5 + [size] * 3
-    lib.specvit_rms_norm_f32.argtypes = [pointer] * 3 + [size] * 2 + [ctypes.c_float] * 2
-    lib.specvit_rope_half_f32.argtypes = [pointer] * 4 + [size] * 6
-    lib.specvit_swiglu_f32.argtypes = [pointer] * 2 + [size] * 2
-    for name in (*_KERNELS.values(), "specvit_rms_norm_f32", "specvit_rope_half_f32", "specvit_swiglu_f32"):
-        getattr(lib, name).restype = None
+    arguments: dict[str, list[type]] = {name: [pointer] * 5 + [size] * 3 for name in _KERNELS.values()}
+    arguments["specvit_rms_norm_f32"] = [pointer] * 3 + [size] * 2 + [ctypes.c_float] * 2
+    arguments["specvit_rope_half_f32"] = [pointer] * 4 + [size] * 6
+    arguments["specvit_swiglu_f32"] = [pointer] * 2 + [size] * 2
+    for name, types in arguments.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = types, None
     return lib
 
 
@@ -169,8 +173,10 @@ class Gemv:
         self.weight, (self.scale, self.bias) = weight.detach(), extras
         self.kernel = _KERNELS[weight.dtype]
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """(..., K) inputs, at most ``MAX_ROWS`` rows, on the CPU (cast to float32) -> (..., N) float32."""
+    def __call__(self, x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """(..., K) inputs, at most ``MAX_ROWS`` rows, on the CPU (cast to float32) -> (..., N) ``dtype``
+        (summed in float32; a float32 result is not cast: even a cast that returns its tensor costs a
+        microsecond, and a decode step makes ~100 calls)."""
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         m = x.numel() // self.k  # the rows of x viewed as (M, K): no reshape, a decode step makes ~100 calls
@@ -182,7 +188,7 @@ class Gemv:
         kernel = getattr(_library(), self.kernel)
         weight, scale, bias = self.weight.data_ptr(), _address(self.scale), _address(self.bias)
         kernel(x.data_ptr(), weight, scale, bias, out.data_ptr(), m, self.n, self.k)
-        return out
+        return out if dtype == torch.float32 else out.to(dtype)
 
 
 def gemv(x: Tensor, weight: Tensor, scale: Tensor | None = None, bias: Tensor | None = None) -> Tensor:

@@ -164,7 +164,7 @@ class PackedLinear(nn.Module):
         if rows <= MAX_ROWS:
             path = few_rows_path(rows, weight.dtype, torch.get_num_threads())
             if path == "native" and self._native is not None:
-                return self._native(x).to(x.dtype)  # (..., out)
+                return self._native(x, x.dtype)  # (..., out)
             if path == "split" and rows <= SPLIT_ROWS and self.blocks > 1:
                 return split_linear(x, weight, bias, self.blocks)  # (..., out)
             if path == "linear":

@@ -78,7 +78,7 @@ class Int8Linear(nn.Module):
             and rows <= MAX_ROWS
             and packed.few_rows_path(rows, torch.int8, torch.get_num_threads()) == "native"
         ):
-            return self._native(x).to(self.scale.dtype)  # (..., N)
+            return self._native(x, self.scale.dtype)  # (..., N)
         if self.in_features % 16:  # torch's AVX-512 kernel reads 16 columns at a time: wrong or a crash else
             dequantised = self.weight_int8.to(self.scale.dtype) * self.scale[:, None]  # (N, K)
             out = F.linear(flat.to(self.scale.dtype), dequantised)  # (M, N)
@@ -118,7 +118,7 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self._native is not None and x.numel() <= MAX_ROWS * self.in_features:
-            return self._native(x).to(x.dtype)  # (..., N)
+            return self._native(x, x.dtype)  # (..., N)
         return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
     def extra_repr(self) -> str:
