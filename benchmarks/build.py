@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import Row, fmt_time, target, timeit
+from benchmarks.common import Row, fmt_time, target, timeit, timeit_pair
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
 ROOT = SPECS.parent
@@ -19,8 +19,9 @@ def build_rows(repeat: int, smoke: bool = False) -> list[Row]:
     from specvit.diagram import render
 
     vit_b, vit_h = SPECS / "vit_base_patch16_224.yaml", SPECS / "vit_huge_patch14_224.yaml"
-    t_ours = timeit(lambda: specvit.build_model(vit_b), max(1, repeat // 2))
-    t_hf = timeit(lambda: ViTModel(ViTConfig(), add_pooling_layer=False), max(1, repeat // 2))
+    t_ours, t_hf = timeit_pair(  # alternately: this VM's drift hits both
+        lambda: specvit.build_model(vit_b), lambda: ViTModel(ViTConfig(), add_pooling_layer=False), repeat
+    )
     rows = [Row("Build", "ViT-B/16 on CPU", t_ours, t_hf, "HF ViTModel(config)")]
     huge = ViTConfig(
         hidden_size=1280, num_hidden_layers=32, num_attention_heads=16, intermediate_size=5120, patch_size=14
@@ -30,10 +31,8 @@ def build_rows(repeat: int, smoke: bool = False) -> list[Row]:
         with torch.device("meta"):
             ViTModel(huge, add_pooling_layer=False)
 
-    t_ours = timeit(lambda: specvit.build_model(vit_h, device="meta"), repeat)
-    rows.append(
-        Row("Build", "ViT-H/14 on the meta device", t_ours, timeit(hf_meta, repeat), "HF ViTModel(config)")
-    )
+    t_ours, t_hf = timeit_pair(lambda: specvit.build_model(vit_h, device="meta"), hf_meta, repeat)
+    rows.append(Row("Build", "ViT-H/14 on the meta device", t_ours, t_hf, "HF ViTModel(config)"))
     deep = {"encoder.depth": 96}
     t_lower = timeit(lambda: specvit.build_graph(specvit.load_spec(vit_b, overrides=deep)), repeat)
     rows.append(Row("Build", "validate + lower a 96-layer spec", t_lower, None, "-"))
