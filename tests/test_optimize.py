@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import specvit
+from specvit import tuning
 from specvit.inference import optimize
 from specvit.nn.packed import PackedLinear
 from specvit.tuning import Candidate, default_candidates, prepack
@@ -77,6 +78,26 @@ def test_the_fastest_candidate_with_right_outputs_is_chosen() -> None:
     assert table[2].split() == ["eager", "3000.00", "ms", "1.00x", "0.0e+00", "3.00", "s", "slower"]
     assert table[3].split()[:4] == ["medium", "2000.00", "ms", "1.50x"] and table[3].endswith("chosen")
     assert "rejected: outputs differ" in table[4] and "rejected: RuntimeError" in table[5]
+
+
+@pytest.mark.parametrize(("cost", "chosen"), [(0.98, "eager"), (0.96, "candidate")])
+def test_a_candidate_replaces_eager_only_beyond_the_margin(cost: float, chosen: str) -> None:
+    clock = Clock()
+    cands = _fake(clock, eager=(1.0, 0.0), candidate=(cost, 0.0))
+    report = optimize(
+        Costs(clock, 1.0), (torch.ones(3),), candidates=cands, timer=clock, repeat=2
+    ).optimize_report
+    assert tuning.MARGIN == 0.03 and report.chosen == chosen
+    verdict = report.table().splitlines()[3]
+    assert verdict.endswith("chosen" if chosen == "candidate" else "faster by less than the 3% margin")
+
+
+def test_without_a_margin_the_fastest_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tuning, "MARGIN", 0.0)  # control: the 2% faster candidate of the test above
+    clock = Clock()
+    cands = _fake(clock, eager=(1.0, 0.0), candidate=(0.98, 0.0))
+    fast = optimize(Costs(clock, 1.0), (torch.ones(3),), candidates=cands, timer=clock, repeat=2)
+    assert fast.optimize_report.chosen == "candidate"
 
 
 def test_eager_is_kept_when_nothing_beats_it() -> None:
