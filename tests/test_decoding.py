@@ -1,5 +1,5 @@
-"""A decode step's RMSNorm and RoPE in one native call each (specvit/nn/decoding.py, gemv.c): the values of
-torch's ops, only where they serve, swapped in and put back whole, and the same generations."""
+"""A decode step's RMSNorm, SwiGLU gating and RoPE in one native call each (specvit/nn/decoding.py, gemv.c):
+the values of torch's ops, only where they serve, swapped in and put back whole, and the same generations."""
 
 from __future__ import annotations
 
