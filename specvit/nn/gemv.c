@@ -42,7 +42,9 @@ static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline vec vset(float a) { return _mm512_set1_ps(a); }
-static inline vec vround(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vround(vec a) {
+    return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 static inline vec vpow2(vec y, vec n) { return _mm512_scalef_ps(y, n); }
 static inline void store_f32(float *p, vec v) { _mm512_storeu_ps(p, v); }
 #else /* AVX2 and FMA: eight lanes */
@@ -73,7 +75,9 @@ static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
 static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 static inline vec vset(float a) { return _mm256_set1_ps(a); }
-static inline vec vround(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vec vround(vec a) {
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 static inline vec vpow2(vec y, vec n) { /* n in [-126, 128] (exp's clamp): 2^n built from its exponent bits */
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
@@ -219,8 +223,9 @@ GEMV(specvit_gemv_bf16, uint16_t, dots_bf16, pair_bf16, finish_bf16)
 GEMV(specvit_gemv_i8, int8_t, dots_i8, pair_i8, finish_i8)
 
 /* The elementwise steps of a decode layer around its products, each one call where torch runs 3-8 ops of
- * a few microseconds each on a few rows. Both compute what torch computes, in its order (the build's
- * -ffp-contract=off keeps a product and a sum two roundings, as torch's separate ops are). */
+ * a few microseconds each on a few rows. Each computes what torch computes, in its order (the build's
+ * -ffp-contract=off keeps a product and a sum two roundings, as torch's separate ops are): RoPE to the bit;
+ * the norm sums its squares in another order, and SwiGLU takes an exp of its own. */
 
 /* RMSNorm of M rows of D: y = x * (1 / sqrt(mean(x^2) + eps)) * (offset + w); w may be NULL (no weight). */
 void specvit_rms_norm_f32(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps,
@@ -263,8 +268,10 @@ static inline vec vexp(vec x) {
 
 /* SwiGLU of M rows of a packed (gate, value) projection h (M, 2F): out (M, F) = silu(gate) * value, silu(g) =
  * g / (1 + e^-g) as torch computes it: within 2.75 ulp of the exact silu over g in [-80, 80] (torch's own
- * 2.27), at most 1e-6 from torch's there. */
-static inline vec silu_times(vec g, vec v) { return vmul(vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), g)))), v); }
+ * 2.27), within 1e-6 of torch's, relatively. */
+static inline vec silu_times(vec g, vec v) {
+    return vmul(vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), g)))), v);
+}
 
 void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) {
     for (int64_t m = 0; m < M; m++) {
