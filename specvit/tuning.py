@@ -113,18 +113,18 @@ class OptimizeReport:
             speed = f"{self.eager_seconds / t.seconds:.2f}x" if t.seconds else "-"
             diff = f"{t.max_abs_diff:.1e}" if t.max_abs_diff is not None else "-"
             warm = f"{t.warmup_seconds:.2f} s" if t.warmup_seconds is not None else "-"
-            verdict = (
-                "chosen" if t.name == self.chosen else (f"rejected: {t.rejected}" if t.rejected else "slower")
-            )
-            if (
-                verdict == "slower"
-                and self.chosen == "eager"
-                and t.seconds
-                and t.seconds < self.eager_seconds
-            ):
-                verdict = f"faster by less than the {MARGIN:.0%} margin"
-            lines.append(f"{t.name:<28} {time_s:>10} {speed:>8} {diff:>13} {warm:>9}  {verdict}")
+            lines.append(f"{t.name:<28} {time_s:>10} {speed:>8} {diff:>13} {warm:>9}  {self._verdict(t)}")
         return "\n".join(lines)
+
+    def _verdict(self, t: Trial) -> str:
+        """Chosen, rejected (why), faster than eager by less than the margin (eager kept), or slower."""
+        if t.name == self.chosen:
+            return "chosen"
+        if t.rejected:
+            return f"rejected: {t.rejected}"
+        if self.chosen == "eager" and t.seconds and t.seconds < self.eager_seconds:
+            return f"faster by less than the {MARGIN:.0%} margin"
+        return "slower"
 
     def __str__(self) -> str:
         return self.table()
