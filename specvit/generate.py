@@ -14,11 +14,15 @@ from torch import Tensor, nn
 from specvit import argcheck
 from specvit.nn.decoding import native_steps
 from specvit.nn.packed import packed_linears
+from specvit.nn.program import StepProgram
 from specvit.resources import available_memory
 
 PACK_FROM = 16
 """Generations of at least this many tokens pack the stepped modules' linears: packing the weights costs about
 as much time as a dozen one-token steps save (measured on ``transformer_base``)."""
+
+PROGRAM_POSITIONS = 256
+"""The new positions a native step program holds at first (:mod:`specvit.nn.program`); it doubles when full."""
 
 __all__ = ["decode_loop"]
 
@@ -80,6 +84,29 @@ def _check_prompt(tokens: object) -> None:
         )
 
 
+class _Feed:
+    """The next position's logits (B, V) of a growing sequence (B, T): its new tokens fed to ``step`` with the
+    cache, or the whole sequence without one; with a step program, every step after the prompt's runs it
+    (grown when full)."""
+
+    def __init__(self, step: Step, cache: Any, program: StepProgram | None) -> None:
+        self.step, self.cache, self.program = step, cache, program
+        self.fed = 0  # tokens already in the cache
+
+    def __call__(self, seq: Tensor) -> Tensor:
+        if self.cache is None:
+            return self.step(seq, None, 0)
+        fed, self.fed = self.fed, seq.shape[1]
+        if self.program is None or not fed:
+            logits = self.step(seq[:, fed:], self.cache, fed)
+            if self.program is not None:
+                self.program.load(self.cache)  # the prompt's keys and values
+            return logits
+        if fed >= self.program.capacity:
+            self.program = self.program.grown()
+        return self.program(seq[:, fed:], fed)
+
+
 def decode_loop(
     step: Step,
     new_cache: Callable[[], Any],
@@ -93,6 +120,7 @@ def decode_loop(
     use_cache: bool,
     generator: torch.Generator | None,
     stepped: Sequence[nn.Module] = (),
+    lower: Callable[[int, int], StepProgram | None] | None = None,
 ) -> Tensor:
     """Append up to ``max_new_tokens`` tokens to ``tokens`` (B, T0).
 
@@ -113,6 +141,9 @@ def decode_loop(
             the kernel measured fastest, and weights are pre-packed for oneDNN when the steps' rows take the
             packed product and the memory available holds the copies; their RMSNorms, SwiGLU gating and RoPE
             run natively (:mod:`specvit.nn.decoding`).
+        lower: ``lower(rows, capacity)`` makes the steps' native program (:mod:`specvit.nn.program`), or None
+            where the model has none; from ``PACK_FROM`` new tokens on with a cache, the prompt's step runs
+            ``step`` and every later step the program instead (the stepped modules are then left as they are).
 
     Raises:
         TypeError: an argument of the wrong type (NumPy integers are integers).
@@ -131,19 +162,18 @@ def decode_loop(
     cache = new_cache() if use_cache else None
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     seq = tokens
-    fed = 0  # tokens already in the cache
+    program = None
+    if cache is not None and lower is not None and max_new_tokens >= PACK_FROM:
+        program = lower(tokens.shape[0], tokens.shape[1] + min(max_new_tokens, PROGRAM_POSITIONS))
+    feed = _Feed(step, cache, program)
     with ExitStack() as decoding:
-        if max_new_tokens >= PACK_FROM:
+        if max_new_tokens >= PACK_FROM and program is None:
             decoding.enter_context(
                 packed_linears(*stepped, max_bytes=available_memory(), step_rows=tokens.shape[0])
             )
             decoding.enter_context(native_steps(*stepped))
         for _ in range(max_new_tokens):
-            if cache is not None:
-                logits = step(seq[:, fed:], cache, fed)
-                fed = seq.shape[1]
-            else:
-                logits = step(seq, None, 0)
+            logits = feed(seq)  # (B, V)
             nxt = _pick(logits, temperature, top_k, generator)  # (B,)
             if eos_id is not None:
                 assert pad_id is not None

@@ -11,6 +11,7 @@ Dim legend: B batch, S tokens, V vocab.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -267,6 +268,7 @@ class DecoderModel(SpecModel):
             (B, T0 + n) with n <= max_new_tokens.
         """
         from specvit.generate import _check_prompt, _integer, decode_loop
+        from specvit.nn.program import compile_step
 
         _check_prompt(tokens)
         self._check_ids(tokens, "tokens", "the prompt")
@@ -295,6 +297,7 @@ class DecoderModel(SpecModel):
             use_cache=use_cache,
             generator=generator,
             stepped=(self,),
+            lower=None if cache_window is not None else functools.partial(compile_step, self),
         )
 
 

@@ -10,10 +10,11 @@
  * Dims: M input rows (at most MAX_ROWS), N weight rows (outputs), K inputs. x (M, K) float32, w (N, K),
  * scale (N,) float32 or NULL, bias (N,) float32 or NULL, y (M, N) float32; all contiguous.
  *
- * At the end, the elementwise steps a decode layer runs around its products (RMSNorm, SwiGLU, RoPE), one
- * call each where torch runs several ops.
+ * Then the elementwise steps a decode layer runs around its products (RMSNorm, SwiGLU, RoPE), one call
+ * each where torch runs several ops; at the end, a whole decode step as one program of these steps.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -289,6 +290,15 @@ void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) {
     }
 }
 
+/* The first 2 * half channels of one head x rotated into y (the rest of y left as it is): channel i < half
+ * pairs with i + half, ``x * cos + rotate_half(x) * sin``; x and y do not overlap. */
+static inline void rotate_half(const float *x, const float *c, const float *s, float *y, int64_t half) {
+    for (int64_t i = 0; i < half; i++) {
+        y[i] = x[i] * c[i] + (-x[i + half]) * s[i];
+        y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+    }
+}
+
 /* Rotate-half RoPE of a packed projection: out = t, with the first r channels of each of its first `heads`
  * heads (hd wide) rotated: channel i < r/2 pairs with i + r/2, ``x * cos + rotate_half(x) * sin``. t and out
  * are R rows of `width`; row i is position i % L of the (L, r) tables. */
@@ -299,13 +309,143 @@ void specvit_rope_half_f32(const float *t, const float *cos, const float *sin, f
         const float *c = cos + (row % L) * r, *s = sin + (row % L) * r, *src = t + row * width;
         float *dst = out + row * width;
         memcpy(dst, src, (size_t)width * sizeof(float)); /* the channels not rotated, the values */
-        for (int64_t h = 0; h < heads; h++) {
-            const float *x = src + h * hd;
-            float *y = dst + h * hd;
-            for (int64_t i = 0; i < half; i++) {
-                y[i] = x[i] * c[i] + (-x[i + half]) * s[i];
-                y[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+        for (int64_t h = 0; h < heads; h++) rotate_half(src + h * hd, c, s, dst + h * hd, half);
+    }
+}
+
+/* A decode step run as one program: the ops below over buffers the caller holds, in order (specvit/nn/
+ * program.py lowers a model's graph into them). One call per step instead of a Python call, a module call
+ * and a few torch ops per graph node: between two products, the interpreter's work runs with the caches
+ * the streamed weights just evicted (a bfloat16 step spends 4.4 ms beside its products with them stubbed
+ * out, 5.9-7.7 with them). Each op's fields: */
+enum {
+    OP_EMBED,  /* p: table (V, D), ids (M,) int64, out (M, D); n: M, D; f: the factor (1: none) */
+    OP_NORM,   /* p: x, weight or NULL, y; n: M, D; f: eps, offset (specvit_rms_norm_f32) */
+    OP_GEMV,   /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16, 2 i8) */
+    OP_ADD,    /* p: a, b, out; n: the count */
+    OP_SWIGLU, /* p: h, out; n: M, F (specvit_swiglu_f32) */
+    OP_ATTEND, /* the new token's attention, below */
+};
+
+typedef struct {
+    int64_t code;
+    int64_t n[8];
+    float f[2];
+    void *p[8];
+} Op;
+
+/* w . x over n floats */
+static inline float dot(const float *w, const float *x, int64_t n) {
+    vec a = vzero();
+    int64_t k = 0;
+    for (; k + W <= n; k += W) a = vfma(load_f32(w + k), load_f32(x + k), a);
+    float s = hsum(a);
+    for (; k < n; k++) s += w[k] * x[k];
+    return s;
+}
+
+/* One query q (hd) over T keys K (T, hd) and values V (T, hd): out = softmax(q.K^T * scale) V, the weights'
+ * exps in `scores` (T). */
+static void attend_one(const float *q, const float *K, const float *V, int64_t T, int64_t hd, float scale,
+                       float *scores, float *out) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t j = 0; j < T; j++) {
+        scores[j] = dot(q, K + j * hd, hd) * scale;
+        top = scores[j] > top ? scores[j] : top;
+    }
+    int64_t j = 0;
+    vec sums = vzero();
+    for (; j + W <= T; j += W) {
+        vec e = vexp(vsub(load_f32(scores + j), vset(top)));
+        store_f32(scores + j, e);
+        sums = vadd(sums, e);
+    }
+    if (j < T) { /* the last T % W through a buffer of W (the padding's exps unused) */
+        float b[W] = {0};
+        for (int64_t i = 0; j + i < T; i++) b[i] = scores[j + i] - top;
+        vec e = vexp(load_f32(b));
+        store_f32(b, e);
+        for (int64_t i = 0; j + i < T; i++) scores[j + i] = b[i], total += b[i];
+    }
+    total += hsum(sums);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (j = 0; j < T; j++) {
+        vec p = vset(scores[j]);
+        const float *v = V + j * hd;
+        int64_t k = 0;
+        for (; k + W <= hd; k += W) store_f32(out + k, vfma(p, load_f32(v + k), load_f32(out + k)));
+        for (; k < hd; k++) out[k] += scores[j] * v[k];
+    }
+    for (int64_t k = 0; k < hd; k++) out[k] /= total;
+}
+
+/* The attention of one new token per row at position pos, over the keys and values of positions 0..pos:
+ * p: qkv (M, (H + 2 Hkv) hd) projections (q heads, k heads, v heads), cos and sin (capacity, r) tables or NULL
+ * (no RoPE), the keys and values (M, Hkv, capacity, hd) cached (position pos written here), out (M, H hd),
+ * scratch (M, H, capacity + hd); n: M, H, Hkv, hd, r, capacity; f: the scores' scale. Query head h reads key
+ * head h / (H / Hkv). */
+static void attend_step(const Op *op, int64_t pos) {
+    const float *qkv = op->p[0], *cos = op->p[1], *sin = op->p[2];
+    float *keys = op->p[3], *values = op->p[4], *out = op->p[5], *scratch = op->p[6];
+    int64_t M = op->n[0], H = op->n[1], Hkv = op->n[2], hd = op->n[3], r = op->n[4], cap = op->n[5];
+    int64_t width = (H + 2 * Hkv) * hd;
+    const float *c = cos ? cos + pos * r : NULL, *s = sin ? sin + pos * r : NULL;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < Hkv; g++) { /* the new key (rotated) and value into the cache */
+            const float *k = qkv + m * width + (H + g) * hd, *v = k + Hkv * hd;
+            float *kc = keys + ((m * Hkv + g) * cap + pos) * hd, *vc = values + ((m * Hkv + g) * cap + pos) * hd;
+            memcpy(kc, k, (size_t)hd * sizeof(float));
+            if (c) rotate_half(k, c, s, kc, r / 2);
+            memcpy(vc, v, (size_t)hd * sizeof(float));
+        }
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t g = h / (H / Hkv);
+            float *scores = scratch + (m * H + h) * (cap + hd), *q = scores + cap;
+            memcpy(q, qkv + m * width + h * hd, (size_t)hd * sizeof(float));
+            if (c) rotate_half(qkv + m * width + h * hd, c, s, q, r / 2);
+            const float *kc = keys + (m * Hkv + g) * cap * hd, *vc = values + (m * Hkv + g) * cap * hd;
+            attend_one(q, kc, vc, pos + 1, hd, op->f[0], scores, out + (m * H + h) * hd);
+        }
+}
+
+void specvit_program(const Op *ops, int64_t count, int64_t pos) {
+    for (const Op *op = ops; op < ops + count; op++) {
+        const int64_t *n = op->n;
+        switch (op->code) {
+        case OP_EMBED:
+            for (int64_t m = 0; m < n[0]; m++) {
+                const float *row = (const float *)op->p[0] + ((const int64_t *)op->p[1])[m] * n[1];
+                float *o = (float *)op->p[2] + m * n[1];
+                for (int64_t k = 0; k < n[1]; k++) o[k] = row[k] * op->f[0];
             }
+            break;
+        case OP_NORM:
+            specvit_rms_norm_f32(op->p[0], op->p[1], op->p[2], n[0], n[1], op->f[0], op->f[1]);
+            break;
+        case OP_GEMV:
+            if (n[3] == 0)
+                specvit_gemv_f32(op->p[0], op->p[1], op->p[2], op->p[3], op->p[4], n[0], n[1], n[2]);
+            else if (n[3] == 1)
+                specvit_gemv_bf16(op->p[0], op->p[1], op->p[2], op->p[3], op->p[4], n[0], n[1], n[2]);
+            else
+                specvit_gemv_i8(op->p[0], op->p[1], op->p[2], op->p[3], op->p[4], n[0], n[1], n[2]);
+            break;
+        case OP_ADD: {
+            const float *a = op->p[0], *b = op->p[1];
+            float *o = op->p[2];
+            for (int64_t k = 0; k < n[0]; k++) o[k] = a[k] + b[k];
+            break;
+        }
+        case OP_SWIGLU:
+            specvit_swiglu_f32(op->p[0], op->p[1], n[0], n[1]);
+            break;
+        case OP_ATTEND:
+            attend_step(op, pos);
+            break;
+        default:
+            break;
         }
     }
 }

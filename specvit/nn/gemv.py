@@ -20,7 +20,8 @@ and the callers keep torch's kernels. Which kernel serves a call is measured onc
 
 The same library holds the elementwise steps of a decode layer around its products (:func:`rms_norm`,
 :func:`swiglu`, :func:`rope_half`), one call each where torch runs several ops of a few microseconds each
-(:mod:`specvit.nn.decoding` runs them while ``generate`` steps).
+(:mod:`specvit.nn.decoding` runs them while ``generate`` steps), and runs a whole decode step as one program
+of these steps (:class:`Op`, :func:`run_program`; :mod:`specvit.nn.program` writes the programs).
 
 Dim legend: M input rows (at most ``MAX_ROWS``), N outputs (the weight's rows), K inputs.
 """
@@ -41,7 +42,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_ROWS", "Gemv", "available", "gemv", "rms_norm", "rope_half", "swiglu"]
+__all__ = [
+    "MAX_ROWS",
+    "Gemv",
+    "Op",
+    "available",
+    "gemv",
+    "op",
+    "rms_norm",
+    "rope_half",
+    "run_program",
+    "swiglu",
+]
 
 MAX_ROWS = 8
 """The most input rows one call takes (``gemv.c``'s MAX_ROWS): each weight row is multiplied with all of them
@@ -122,6 +134,7 @@ def _library() -> ctypes.CDLL | None:
     arguments["specvit_rms_norm_f32"] = [pointer] * 3 + [size] * 2 + [ctypes.c_float] * 2
     arguments["specvit_rope_half_f32"] = [pointer] * 4 + [size] * 6
     arguments["specvit_swiglu_f32"] = [pointer] * 2 + [size] * 2
+    arguments["specvit_program"] = [pointer, size, size]
     for name, types in arguments.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = types, None
@@ -269,3 +282,39 @@ def rope_half(t: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int) ->
         t.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), rows, length, width, heads, head_dim, r
     )
     return out
+
+
+OPS = ("embed", "norm", "gemv", "add", "swiglu", "attend")
+"""The ops of a program, by their code in ``gemv.c`` (its ``OP_`` enum, which says what each reads)."""
+WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+"""A product's weight type, by its code in ``gemv.c``."""
+
+
+class Op(ctypes.Structure):
+    """One op of a native program: ``gemv.c``'s ``Op``, its code, sizes, floats and buffers."""
+
+    _fields_ = [
+        ("code", ctypes.c_int64),
+        ("n", ctypes.c_int64 * 8),
+        ("f", ctypes.c_float * 2),
+        ("p", ctypes.c_void_p * 8),
+    ]
+
+
+def op(name: str, buffers: list[Tensor | None], sizes: list[int], floats: tuple[float, ...] = ()) -> Op:
+    """The op ``name`` of :data:`OPS` over ``buffers`` (contiguous CPU tensors, None for a NULL pointer; the
+    caller keeps them alive while a program holds their addresses), with its sizes and floats."""
+    return Op(OPS.index(name), (ctypes.c_int64 * 8)(*sizes), (ctypes.c_float * 2)(*floats),
+              (ctypes.c_void_p * 8)(*(_address(b) for b in buffers)))  # fmt: skip
+
+
+def run_program(ops: ctypes.Array[Op], position: int) -> None:
+    """Run ``ops`` in order, the step's token at ``position`` (its keys and values written there).
+
+    Args:
+        ops: the program (:func:`op`).
+        position: the absolute position of the step's tokens.
+    """
+    lib = _library()
+    assert lib is not None, "check available() first"
+    lib.specvit_program(ops, len(ops), position)
