@@ -65,8 +65,9 @@ CASES = [
         {"decoder.block.qkv_bias": True, "decoder.block.proj_bias": True},
     ),  # Qwen2's biases
     ("llama_smollm_135m", {"decoder.block.attention_scale": 0.3, "head.tied": False}),
-    # GPT-NeoX's parallel block and RoPE over a quarter of each head, with RMSNorm and SwiGLU
-    ("pythia_160m", {"decoder.block.norm.kind": "rmsnorm", "decoder.block.mlp.activation": "swiglu"}),
+    # GPT-NeoX's parallel block, LayerNorm, RoPE over a quarter of each head, the erf GELU, biases
+    ("pythia_160m", {}),
+    ("gpt2_small", {}),  # learned positions, LayerNorm, the tanh GELU, a tied head
 ]
 
 
@@ -76,6 +77,20 @@ def test_the_program_computes_the_models_step(spec: str, over: dict[str, object]
     model = _model(spec, **over)
     torch.manual_seed(rows)
     assert _steps(model, lower_step(model, rows, 24), rows, prompt=5, steps=19) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "activation", ["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "geglu", "geglu_tanh"]
+)
+def test_every_activation_computes_the_models_step(activation: str) -> None:
+    model = _model(**{"decoder.block.mlp.activation": activation})
+    assert _steps(model, lower_step(model, 2, 24), 2, prompt=5, steps=8) < 1e-5
+
+
+def test_control_another_gelu_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(**{"decoder.block.mlp.activation": "gelu"})
+    monkeypatch.setattr(lowering, "ACTIVATIONS", {**lowering.ACTIVATIONS, nn.GELU: 2})  # quick GELU instead
+    assert _steps(model, lower_step(model, 2, 24), 2, prompt=5, steps=3) > 1e-3
 
 
 def test_the_program_grows_with_its_keys_and_values() -> None:
@@ -109,7 +124,13 @@ def test_controls_a_skipped_cache_or_a_dropped_residual_miss() -> None:
 @pytest.mark.parametrize(
     ("spec", "over", "rows", "why"),
     [
-        ("pythia_160m", {}, 1, "decoder.blocks.0.norm1: the native step has no 'layernorm' op"),
+        ("bloom_560m", {"decoder.input.vocab": 97}, 1, "decoder.alibi: the native step has no 'alibi' op"),
+        (
+            "llama_smollm_135m",
+            {"decoder.block.mlp.activation": "xielu"},
+            1,
+            "decoder.blocks.0.mlp: the native step has no XIELU activation",
+        ),
         (
             "llama_smollm_135m",
             {"decoder.block.sliding_window": 8},
@@ -121,12 +142,6 @@ def test_controls_a_skipped_cache_or_a_dropped_residual_miss() -> None:
             {"decoder.block.qk_norm": True},
             1,
             "decoder.blocks.0.attn: RoPE not in one call",
-        ),
-        (
-            "llama_smollm_135m",
-            {"decoder.block.mlp.activation": "gelu"},
-            1,
-            "decoder.blocks.0.mlp: only a SwiGLU",
         ),
         ("llama_smollm_135m", {}, gemv.MAX_ROWS + 1, "9 rows: the native step takes 1 to 8"),
     ],

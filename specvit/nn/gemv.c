@@ -267,28 +267,100 @@ static inline vec vexp(vec x) {
     return vpow2(p, n);
 }
 
-/* SwiGLU of M rows of a packed (gate, value) projection h (M, 2F): out (M, F) = silu(gate) * value, silu(g) =
- * g / (1 + e^-g) as torch computes it: within 2.75 ulp of the exact silu over g in [-80, 80] (torch's own
- * 2.27), within 1e-6 of torch's, relatively. */
-static inline vec silu_times(vec g, vec v) {
-    return vmul(vdiv(g, vadd(vset(1.0f), vexp(vsub(vzero(), g)))), v);
-}
-
-void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) {
+/* LayerNorm of M rows of D as torch computes it, y = (x * r + (-r * mean)) * (offset + w) + b with r =
+ * 1 / sqrt(var + eps), the variance biased; w and b may be NULL. The moments sum in another order. */
+static void layer_norm_rows(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t D,
+                            float eps, float offset) {
     for (int64_t m = 0; m < M; m++) {
-        const float *gate = h + m * 2 * F, *value = gate + F;
-        float *o = out + m * F;
+        const float *xm = x + m * D;
+        float *ym = y + m * D;
+        vec a = vzero();
         int64_t k = 0;
-        for (; k + W <= F; k += W) store_f32(o + k, silu_times(load_f32(gate + k), load_f32(value + k)));
-        if (k < F) { /* the last F % W through a buffer of W */
-            float g[W] = {0}, v[W] = {0}, y[W];
-            memcpy(g, gate + k, (size_t)(F - k) * sizeof(float));
-            memcpy(v, value + k, (size_t)(F - k) * sizeof(float));
-            store_f32(y, silu_times(load_f32(g), load_f32(v)));
-            memcpy(o + k, y, (size_t)(F - k) * sizeof(float));
+        for (; k + W <= D; k += W) a = vadd(a, load_f32(xm + k));
+        float s = hsum(a);
+        for (; k < D; k++) s += xm[k];
+        float mean = s / (float)D;
+        vec q = vzero();
+        for (k = 0; k + W <= D; k += W) {
+            vec d = vsub(load_f32(xm + k), vset(mean));
+            q = vfma(d, d, q);
+        }
+        float var = hsum(q);
+        for (; k < D; k++) var += (xm[k] - mean) * (xm[k] - mean);
+        float r = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(var / (float)D + eps))), shift = -r * mean;
+        for (k = 0; k < D; k++) {
+            float v = xm[k] * r + shift;
+            if (w) v *= offset + w[k];
+            ym[k] = b ? v + b[k] : v;
         }
     }
 }
+
+/* erf(z), Abramowitz and Stegun 7.1.26: within 1.5e-7 of the exact value (absolutely), the exp Cephes'. */
+static inline vec verf(vec z) {
+    vec a = vmax(z, vsub(vzero(), z)); /* |z| */
+    vec t = vdiv(vset(1.0f), vadd(vset(1.0f), vmul(vset(0.3275911f), a)));
+    vec p = vset(1.061405429f);
+    p = vfma(p, t, vset(-1.453152027f));
+    p = vfma(p, t, vset(1.421413741f));
+    p = vfma(p, t, vset(-0.284496736f));
+    p = vfma(p, t, vset(0.254829592f));
+    vec y = vsub(vset(1.0f), vmul(vmul(p, t), vexp(vsub(vzero(), vmul(a, a)))));
+    return vmul(y, vmin(vmax(vmul(z, vset(1e30f)), vset(-1.0f)), vset(1.0f))); /* times z's sign (0 at 0) */
+}
+
+/* The activations, by the code program.py writes (ACTIVATIONS there), each as torch writes it: GELU
+ * 0.5 x (1 + erf(x / sqrt 2)), its tanh form 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) with tanh(y)
+ * = 1 - 2 / (e^2y + 1), quick GELU x sigmoid(1.702 x), ReLU, squared ReLU, SiLU x / (1 + e^-x) (within 2.75
+ * ulp of the exact silu over [-80, 80], torch's own within 2.27; the GELUs within 1e-6 of torch's). */
+enum { ACT_GELU, ACT_GELU_TANH, ACT_QUICK_GELU, ACT_RELU, ACT_RELU2, ACT_SILU };
+
+static inline vec activate(vec x, int64_t kind) {
+    vec one = vset(1.0f), half = vset(0.5f);
+    switch (kind) {
+    case ACT_GELU:
+        return vmul(vmul(half, x), vadd(one, verf(vmul(x, vset(0.70710678118654752f)))));
+    case ACT_GELU_TANH: {
+        vec y = vmul(vset(0.79788456080286536f), vadd(x, vmul(vset(0.044715f), vmul(vmul(x, x), x))));
+        vec tanh = vsub(one, vdiv(vset(2.0f), vadd(vexp(vadd(y, y)), one)));
+        return vmul(vmul(half, x), vadd(one, tanh));
+    }
+    case ACT_QUICK_GELU:
+        return vmul(x, vdiv(one, vadd(one, vexp(vmul(vset(-1.702f), x)))));
+    case ACT_RELU:
+        return vmax(x, vzero());
+    case ACT_RELU2:
+        return vmul(vmax(x, vzero()), vmax(x, vzero()));
+    default: /* ACT_SILU */
+        return vdiv(x, vadd(one, vexp(vsub(vzero(), x))));
+    }
+}
+
+/* out[i] = act(x[i]) * (v ? v[i] : 1) over n floats (the last n % W through a buffer of W); out may be x. */
+static void activate_times(const float *x, const float *v, float *out, int64_t n, int64_t kind) {
+    int64_t k = 0;
+    for (; k + W <= n; k += W) {
+        vec a = activate(load_f32(x + k), kind);
+        store_f32(out + k, v ? vmul(a, load_f32(v + k)) : a);
+    }
+    if (k < n) {
+        float g[W] = {0}, u[W] = {0}, y[W];
+        memcpy(g, x + k, (size_t)(n - k) * sizeof(float));
+        if (v) memcpy(u, v + k, (size_t)(n - k) * sizeof(float));
+        vec a = activate(load_f32(g), kind);
+        store_f32(y, v ? vmul(a, load_f32(u)) : a);
+        memcpy(out + k, y, (size_t)(n - k) * sizeof(float));
+    }
+}
+
+/* A gated MLP's hidden rows: M rows of a packed (gate, value) projection h (M, 2F) -> out (M, F) =
+ * act(gate) * value. */
+static void glu_rows(const float *h, float *out, int64_t M, int64_t F, int64_t kind) {
+    for (int64_t m = 0; m < M; m++) activate_times(h + m * 2 * F, h + m * 2 * F + F, out + m * F, F, kind);
+}
+
+/* SwiGLU: silu(gate) * value, within 1e-6 of torch's, relatively. */
+void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) { glu_rows(h, out, M, F, ACT_SILU); }
 
 /* The first 2 * half channels of one head x rotated into y (the rest of y left as it is): channel i < half
  * pairs with i + half, ``x * cos + rotate_half(x) * sin``; x and y do not overlap. */
@@ -319,12 +391,14 @@ void specvit_rope_half_f32(const float *t, const float *cos, const float *sin, f
  * the streamed weights just evicted (a bfloat16 step spends 4.4 ms beside its products with them stubbed
  * out, 5.9-7.7 with them). Each op's fields: */
 enum {
-    OP_EMBED,  /* p: table (V, D), ids (M,) int64, out (M, D); n: M, D; f: the factor (1: none) */
-    OP_NORM,   /* p: x, weight or NULL, y; n: M, D; f: eps, offset (specvit_rms_norm_f32) */
-    OP_GEMV,   /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16, 2 i8) */
-    OP_ADD,    /* p: a, b, out; n: the count */
-    OP_SWIGLU, /* p: h, out; n: M, F (specvit_swiglu_f32) */
-    OP_ATTEND, /* the new token's attention, below */
+    OP_EMBED,    /* p: table (V, D), ids (M,) int64, out (M, D); n: M, D; f: the factor (1: none) */
+    OP_NORM,     /* p: x, weight or NULL, bias or NULL, y; n: M, D, kind (0 RMSNorm, 1 LayerNorm); f: eps, offset */
+    OP_GEMV,     /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16, 2 i8) */
+    OP_ADD,      /* p: a, b, out; n: the count */
+    OP_GLU,      /* p: h, out; n: M, F, the activation (glu_rows) */
+    OP_ATTEND,   /* the new token's attention, below */
+    OP_ACT,      /* p: x, out; n: the count, the activation */
+    OP_POSITION, /* p: x, table (rows, D), out; n: M, D, the row of position 0: out = x + table[row + pos] */
 };
 
 typedef struct {
@@ -422,7 +496,10 @@ void specvit_program(const Op *ops, int64_t count, int64_t pos) {
             }
             break;
         case OP_NORM:
-            specvit_rms_norm_f32(op->p[0], op->p[1], op->p[2], n[0], n[1], op->f[0], op->f[1]);
+            if (n[2] == 0)
+                specvit_rms_norm_f32(op->p[0], op->p[1], op->p[3], n[0], n[1], op->f[0], op->f[1]);
+            else
+                layer_norm_rows(op->p[0], op->p[1], op->p[2], op->p[3], n[0], n[1], op->f[0], op->f[1]);
             break;
         case OP_GEMV:
             if (n[3] == 0)
@@ -438,9 +515,21 @@ void specvit_program(const Op *ops, int64_t count, int64_t pos) {
             for (int64_t k = 0; k < n[0]; k++) o[k] = a[k] + b[k];
             break;
         }
-        case OP_SWIGLU:
-            specvit_swiglu_f32(op->p[0], op->p[1], n[0], n[1]);
+        case OP_GLU:
+            glu_rows(op->p[0], op->p[1], n[0], n[1], n[2]);
             break;
+        case OP_ACT:
+            activate_times(op->p[0], NULL, op->p[1], n[0], n[1]);
+            break;
+        case OP_POSITION: {
+            const float *row = (const float *)op->p[1] + (n[2] + pos) * n[1];
+            for (int64_t m = 0; m < n[0]; m++) {
+                const float *x = (const float *)op->p[0] + m * n[1];
+                float *o = (float *)op->p[2] + m * n[1];
+                for (int64_t k = 0; k < n[1]; k++) o[k] = x[k] + row[k];
+            }
+            break;
+        }
         case OP_ATTEND:
             attend_step(op, pos);
             break;

@@ -284,7 +284,7 @@ def rope_half(t: Tensor, cos: Tensor, sin: Tensor, heads: int, head_dim: int) ->
     return out
 
 
-OPS = ("embed", "norm", "gemv", "add", "swiglu", "attend")
+OPS = ("embed", "norm", "gemv", "add", "glu", "attend", "act", "position")
 """The ops of a program, by their code in ``gemv.c`` (its ``OP_`` enum, which says what each reads)."""
 WEIGHT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 """A product's weight type, by its code in ``gemv.c``."""

@@ -4,13 +4,15 @@ A decode step of a small model spends as much time beside its products as in the
 Python call, a module call and a few torch ops of a few microseconds each, and between two products that
 work runs with the caches the streamed weights just evicted. :func:`lower_step` walks the model's graph in
 order and writes each node as ops of ``gemv.c`` (:data:`LOWER`, one entry per op kind) over buffers it
-allocates once: the products (float32, bfloat16 or int8 weights, :mod:`specvit.nn.gemv`), RMSNorm, SwiGLU, the
-residual adds, the token embedding, and each attention layer's step (RoPE, the new key and value into the
-cache, one query over the cached keys). A step is then one call. A graph with a node the program has no op for
-(LayerNorm, ALiBi, a sliding window, QK-norm, ...) is not lowered, and its steps run as before.
+allocates once: the token embedding and learned positions, RMSNorm and LayerNorm, the products (float32,
+bfloat16 or int8 weights, :mod:`specvit.nn.gemv`), plain and gated MLPs (GELU, its tanh form, quick GELU,
+ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step (rotate-half RoPE, the new key
+and value into the cache, one query over the cached keys). A step is then one call. A graph with a node the
+program has no op for (ALiBi, a sliding window, QK-norm, cross-attention, ...) is not lowered, and its steps
+run as before.
 
-The values match the model's own step (the attention sums in another order, SiLU takes an exp of its own:
-within float32 rounding; ``tests/test_program.py`` compares them).
+The values match the model's own step within float32 rounding: the attention and the norms sum in another
+order, the activations take an exp of their own (``tests/test_program.py`` compares them).
 
 Dim legend: M rows (one new token per sequence), D width, H query heads, Hkv key/value heads, hd head dim,
 C capacity (the positions a generation holds), F the MLP's hidden width.
@@ -30,10 +32,11 @@ from torch import Tensor, nn
 from specvit.nn import gemv
 from specvit.nn.attention import Attention
 from specvit.nn.cache import KVCache
-from specvit.nn.decoding import RowsRMSNorm, is_rms_norm, is_swiglu
 from specvit.nn.layers import TiedLinear
 from specvit.nn.linear import Linear
-from specvit.nn.position import Rope
+from specvit.nn.mlp import GluMlp, Mlp, QuickGELU, ReLUSquared
+from specvit.nn.norm import Norm
+from specvit.nn.position import LearnedPosition, Rope
 from specvit.nn.quant import Bf16Linear, Int8Linear
 
 __all__ = ["LOWER", "NotLowered", "StepProgram", "compile_step", "lower_step"]
@@ -166,14 +169,42 @@ def _rope(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, 
     program.values[node] = (cos.float().contiguous(), sin.float().contiguous())
 
 
-def _rms_norm(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
-    if not is_rms_norm(module):
-        raise NotLowered(f"{node}: only an RMSNorm over the width")
-    norm = RowsRMSNorm(module)
-    _float32(norm.weight, node)
-    out = program.buffer(norm.dim)
-    weight = None if norm.weight is None else norm.weight.detach()
-    program.emit("norm", [args["x"], weight, out], [program.rows, norm.dim], (norm.eps, norm.offset))
+def _norm_of(module: nn.Module) -> tuple[int, int, Tensor | None, Tensor | None, float, float] | None:
+    """``(kind, D, weight, bias, eps, offset)`` of a norm over a token's width, kind 0 for RMSNorm and 1 for
+    LayerNorm (torch's modules or a :class:`~specvit.nn.norm.Norm`), or None."""
+    if isinstance(module, Norm) and module.heads is None:
+        kind, offset = int(module.kind == "layernorm"), float(module.unit_offset)
+        return kind, module.dim, module.weight, module.bias, module.eps, offset
+    if isinstance(module, nn.RMSNorm | nn.LayerNorm) and len(module.normalized_shape) == 1:
+        eps = torch.finfo(torch.float32).eps if module.eps is None else module.eps
+        kind, bias = int(isinstance(module, nn.LayerNorm)), getattr(module, "bias", None)
+        return kind, module.normalized_shape[0], module.weight, bias, eps, 0.0
+    return None
+
+
+def _norm(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
+    settings = _norm_of(module)
+    if settings is None:
+        raise NotLowered(f"{node}: only a norm over the width")
+    kind, width, *tensors, eps, offset = settings
+    weight, bias = (None if t is None else t.detach() for t in tensors)
+    _float32(weight, node)
+    _float32(bias, node)
+    out = program.buffer(width)
+    program.emit("norm", [args["x"], weight, bias, out], [program.rows, width, kind], (eps, offset))
+    program.values[node] = out
+
+
+def _learned_position(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
+    if not isinstance(module, LearnedPosition):
+        raise NotLowered(f"{node}: only a learned table of positions")
+    table = module.weight.detach()[0]  # (rows, D)
+    _float32(table, node)
+    program.capacity = min(program.capacity, module.num_positions - module.start)  # no row past the table
+    out = program.buffer(table.shape[1])
+    program.emit(
+        "position", [args["x"], table.contiguous(), out], [program.rows, table.shape[1], module.start]
+    )
     program.values[node] = out
 
 
@@ -184,13 +215,31 @@ def _add(program: StepProgram, node: str, module: None, p: Any, args: dict[str, 
     program.values[node] = out
 
 
+ACTIVATIONS: dict[type[nn.Module], int] = {nn.GELU: 0, QuickGELU: 2, nn.ReLU: 3, ReLUSquared: 4, nn.SiLU: 5}
+"""An activation module's code in ``gemv.c`` (its ``ACT_`` enum); the tanh GELU is 1."""
+
+
+def _activation(act: nn.Module, node: str) -> int:
+    code = ACTIVATIONS.get(type(act))
+    if code is None:
+        raise NotLowered(f"{node}: the native step has no {type(act).__name__} activation")
+    return 1 if isinstance(act, nn.GELU) and act.approximate == "tanh" else code
+
+
 def _mlp(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
-    if not is_swiglu(module):
-        raise NotLowered(f"{node}: only a SwiGLU MLP without dropout or inner norm")
-    h = program.product(module.fc1, args["x"], node)  # (M, 2F)
-    gated = program.buffer(h.shape[1] // 2)  # (M, F)
-    program.emit("swiglu", [h, gated], [program.rows, gated.shape[1]])
-    program.values[node] = program.product(module.fc2, gated, node)
+    if not isinstance(module, Mlp | GluMlp) or module.norm is not None or getattr(module, "grid", None):
+        raise NotLowered(f"{node}: only an MLP without an inner norm or conv")
+    if module.training and any(getattr(d, "p", 0.0) > 0 for d in (module.drop1, module.drop2)):
+        raise NotLowered(f"{node}: dropout in training")
+    act = _activation(module.act, node)
+    h = program.product(module.fc1, args["x"], node)  # (M, F), or (M, 2F) gated
+    if isinstance(module, GluMlp):
+        hidden = program.buffer(h.shape[1] // 2)  # (M, F)
+        program.emit("glu", [h, hidden], [program.rows, hidden.shape[1], act])
+    else:
+        hidden = h
+        program.emit("act", [h, h], [h.numel(), act])  # in place
+    program.values[node] = program.product(module.fc2, hidden, node)
 
 
 def _linear(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
@@ -257,7 +306,9 @@ LOWER: dict[str, Lower] = {
     "input": _input,
     "token_embed": _token_embed,
     "rope": _rope,
-    "rmsnorm": _rms_norm,
+    "rmsnorm": _norm,
+    "layernorm": _norm,
+    "pos_learned": _learned_position,
     "self_attention": _attention,
     "add": _add,
     "mlp": _mlp,
