@@ -297,7 +297,7 @@ class DecoderModel(SpecModel):
             use_cache=use_cache,
             generator=generator,
             stepped=(self,),
-            lower=None if cache_window is not None else functools.partial(compile_step, self),
+            lower=functools.partial(compile_step, self, window=cache_window),
         )
 
 

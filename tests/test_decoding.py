@@ -203,7 +203,9 @@ def test_generation_steps_natively_with_the_same_tokens(monkeypatch: pytest.Monk
 
     prompt = torch.randint(0, 97, (2, 5))
     generation = importlib.import_module("specvit.generate")
-    monkeypatch.setattr(lowering, "compile_step", lambda *_: None)  # a model the step program does not lower
+    monkeypatch.setattr(
+        lowering, "compile_step", lambda *_, **__: None
+    )  # a model the step program does not lower
     with monkeypatch.context() as torch_ops:  # the steps as they ran before native_steps
         torch_ops.setattr(generation, "native_steps", lambda *_: nullcontext())
         want = model.generate(prompt, PACK_FROM)

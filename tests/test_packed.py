@@ -80,7 +80,7 @@ def _linear_calls(model: nn.Module) -> list[int]:
 @pytest.fixture
 def torch_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """``generate``'s steps run the model's modules, as for a model the step program does not lower."""
-    monkeypatch.setattr(lowering, "compile_step", lambda *_: None)
+    monkeypatch.setattr(lowering, "compile_step", lambda *_, **__: None)
 
 
 @pytest.mark.usefixtures("torch_steps")

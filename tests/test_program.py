@@ -68,6 +68,8 @@ CASES = [
     # GPT-NeoX's parallel block, LayerNorm, RoPE over a quarter of each head, the erf GELU, biases
     ("pythia_160m", {}),
     ("gpt2_small", {}),  # learned positions, LayerNorm, the tanh GELU, a tied head
+    ("bloom_560m", {"decoder.input.vocab": 97}),  # ALiBi (6 heads: slopes past a power of two)
+    ("llama_smollm_135m", {"decoder.block.sliding_window": 8}),  # Mistral's window: a ring of 8 slots
 ]
 
 
@@ -91,6 +93,22 @@ def test_control_another_gelu_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(**{"decoder.block.mlp.activation": "gelu"})
     monkeypatch.setattr(lowering, "ACTIVATIONS", {**lowering.ACTIVATIONS, nn.GELU: 2})  # quick GELU instead
     assert _steps(model, lower_step(model, 2, 24), 2, prompt=5, steps=3) > 1e-3
+
+
+@pytest.mark.parametrize(("window", "cache_window"), [(4, None), (None, 4), (6, 3)])
+def test_a_prompt_longer_than_the_window_lands_in_the_ring(
+    window: int | None, cache_window: int | None
+) -> None:
+    model = _model(**({"decoder.block.sliding_window": window} if window else {}))
+    cache = KVCache(cache_window)
+    program = lower_step(model, 2, 24, cache_window)
+    prompt, token = torch.randint(0, 97, (2, 13)), torch.randint(0, 97, (2, 1))
+    with torch.no_grad():
+        model(prompt, cache=cache)  # the cache holds positions 10-12 (or 11-12)
+        program.load(cache)
+        for position in range(13, 20):
+            want = model(token, cache=cache, offset=position)[:, -1]
+            torch.testing.assert_close(program(token, position), want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_program_grows_with_its_keys_and_values() -> None:
@@ -124,18 +142,17 @@ def test_controls_a_skipped_cache_or_a_dropped_residual_miss() -> None:
 @pytest.mark.parametrize(
     ("spec", "over", "rows", "why"),
     [
-        ("bloom_560m", {"decoder.input.vocab": 97}, 1, "decoder.alibi: the native step has no 'alibi' op"),
+        (
+            "llama_smollm_135m",
+            {"decoder.block.attention_softcap": 30.0},
+            1,
+            "decoder.blocks.0.attn: scores other",
+        ),
         (
             "llama_smollm_135m",
             {"decoder.block.mlp.activation": "xielu"},
             1,
             "decoder.blocks.0.mlp: the native step has no XIELU activation",
-        ),
-        (
-            "llama_smollm_135m",
-            {"decoder.block.sliding_window": 8},
-            1,
-            "decoder.blocks.0.attn: a sliding window",
         ),
         (
             "llama_smollm_135m",
@@ -163,7 +180,7 @@ def test_generation_runs_the_program_with_the_same_tokens(
     prompt, calls = torch.randint(0, 97, (3, 5)), [0]
     kwargs = {"temperature": 0.8, "top_k": 20} if sample else {}
     with monkeypatch.context() as before:  # the steps as they run without a program
-        before.setattr(lowering, "compile_step", lambda *_: None)
+        before.setattr(lowering, "compile_step", lambda *_, **__: None)
         want = model.generate(prompt, 40, generator=torch.Generator().manual_seed(0), **kwargs)
     real = gemv.run_program
 
@@ -176,8 +193,20 @@ def test_generation_runs_the_program_with_the_same_tokens(
     assert torch.equal(got, want) and calls[0] == 39  # every step after the prompt's
     calls[0] = 0
     model.generate(prompt, PACK_FROM - 1)  # short generations keep the model's steps
-    model.generate(prompt, PACK_FROM, cache_window=64)  # so does a bounded cache
     assert calls[0] == 0
+
+
+def test_a_bounded_cache_generates_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    prompt, calls = torch.randint(0, 97, (2, 9)), [0]
+    with monkeypatch.context() as before:
+        before.setattr(lowering, "compile_step", lambda *_, **__: None)
+        want = model.generate(prompt, 40, cache_window=6)
+    real = gemv.run_program
+    monkeypatch.setattr(gemv, "run_program", lambda *a: (calls.__setitem__(0, calls[0] + 1), real(*a)))
+    got = model.generate(prompt, 40, cache_window=6)
+    assert torch.equal(got, want) and calls[0] == 39
+    assert not torch.equal(model.generate(prompt, 40), got)  # control: the window changes the tokens
 
 
 def test_finished_rows_and_long_generations_match_the_models_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,7 +216,7 @@ def test_finished_rows_and_long_generations_match_the_models_steps(monkeypatch: 
     monkeypatch.setattr(generation, "PROGRAM_POSITIONS", 16)  # grows three times over 300 tokens
     got = model.generate(prompt, 300, eos_id=46, pad_id=0)
     with monkeypatch.context() as before:
-        before.setattr(lowering, "compile_step", lambda *_: None)
+        before.setattr(lowering, "compile_step", lambda *_, **__: None)
         want = model.generate(prompt, 300, eos_id=46, pad_id=0)
     assert torch.equal(got, want) and got.shape == (4, 303)
     assert (got == 46).any(dim=1).tolist() == [False, False, True, True]  # two rows end, two run to 300

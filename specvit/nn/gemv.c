@@ -418,18 +418,19 @@ static inline float dot(const float *w, const float *x, int64_t n) {
     return s;
 }
 
-/* One query q (hd) over T keys K (T, hd) and values V (T, hd): out = softmax(q.K^T * scale) V, the weights'
- * exps in `scores` (T). */
-static void attend_one(const float *q, const float *K, const float *V, int64_t T, int64_t hd, float scale,
-                       float *scores, float *out) {
+/* One query q (hd) over the keys and values of positions lo..hi, held in rings K and V (S, hd) of S slots
+ * (position p in slot p % S): out = softmax(q.K^T * scale + slope * p) V, with ALiBi's bias slope * p (slope
+ * 0: none). The weights' exps go in `scores` (hi - lo + 1). */
+static void attend_one(const float *q, const float *K, const float *V, int64_t lo, int64_t hi, int64_t S,
+                       int64_t hd, float scale, float slope, float *scores, float *out) {
+    int64_t T = hi - lo + 1, j, slot;
     float top = -INFINITY, total = 0.0f;
-    for (int64_t j = 0; j < T; j++) {
-        scores[j] = dot(q, K + j * hd, hd) * scale;
+    for (j = 0, slot = lo % S; j < T; j++, slot = slot + 1 == S ? 0 : slot + 1) {
+        scores[j] = dot(q, K + slot * hd, hd) * scale + slope * (float)(lo + j);
         top = scores[j] > top ? scores[j] : top;
     }
-    int64_t j = 0;
     vec sums = vzero();
-    for (; j + W <= T; j += W) {
+    for (j = 0; j + W <= T; j += W) {
         vec e = vexp(vsub(load_f32(scores + j), vset(top)));
         store_f32(scores + j, e);
         sums = vadd(sums, e);
@@ -443,9 +444,9 @@ static void attend_one(const float *q, const float *K, const float *V, int64_t T
     }
     total += hsum(sums);
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (j = 0; j < T; j++) {
+    for (j = 0, slot = lo % S; j < T; j++, slot = slot + 1 == S ? 0 : slot + 1) {
         vec p = vset(scores[j]);
-        const float *v = V + j * hd;
+        const float *v = V + slot * hd;
         int64_t k = 0;
         for (; k + W <= hd; k += W) store_f32(out + k, vfma(p, load_f32(v + k), load_f32(out + k)));
         for (; k < hd; k++) out[k] += scores[j] * v[k];
@@ -453,21 +454,22 @@ static void attend_one(const float *q, const float *K, const float *V, int64_t T
     for (int64_t k = 0; k < hd; k++) out[k] /= total;
 }
 
-/* The attention of one new token per row at position pos, over the keys and values of positions 0..pos:
- * p: qkv (M, (H + 2 Hkv) hd) projections (q heads, k heads, v heads), cos and sin (capacity, r) tables or NULL
- * (no RoPE), the keys and values (M, Hkv, capacity, hd) cached (position pos written here), out (M, H hd),
- * scratch (M, H, capacity + hd); n: M, H, Hkv, hd, r, capacity; f: the scores' scale. Query head h reads key
- * head h / (H / Hkv). */
+/* The attention of one new token per row at position pos over the keys and values of positions pos - window
+ * + 1..pos (0..pos without a window): p: qkv (M, (H + 2 Hkv) hd) projections (q heads, k heads, v heads), cos
+ * and sin (capacity, r) tables or NULL (no RoPE), the keys and values (M, Hkv, S, hd) cached in rings of S
+ * slots (position pos written in slot pos % S), out (M, H hd), scratch (M, H, S + hd), ALiBi's slopes (H) or
+ * NULL; n: M, H, Hkv, hd, r, capacity, window (0: none), S; f: the scores' scale. Query head h reads key head
+ * h / (H / Hkv). */
 static void attend_step(const Op *op, int64_t pos) {
-    const float *qkv = op->p[0], *cos = op->p[1], *sin = op->p[2];
+    const float *qkv = op->p[0], *cos = op->p[1], *sin = op->p[2], *slopes = op->p[7];
     float *keys = op->p[3], *values = op->p[4], *out = op->p[5], *scratch = op->p[6];
-    int64_t M = op->n[0], H = op->n[1], Hkv = op->n[2], hd = op->n[3], r = op->n[4], cap = op->n[5];
-    int64_t width = (H + 2 * Hkv) * hd;
+    int64_t M = op->n[0], H = op->n[1], Hkv = op->n[2], hd = op->n[3], r = op->n[4], S = op->n[7];
+    int64_t width = (H + 2 * Hkv) * hd, lo = op->n[6] && pos + 1 > op->n[6] ? pos + 1 - op->n[6] : 0;
     const float *c = cos ? cos + pos * r : NULL, *s = sin ? sin + pos * r : NULL;
     for (int64_t m = 0; m < M; m++)
         for (int64_t g = 0; g < Hkv; g++) { /* the new key (rotated) and value into the cache */
             const float *k = qkv + m * width + (H + g) * hd, *v = k + Hkv * hd;
-            float *kc = keys + ((m * Hkv + g) * cap + pos) * hd, *vc = values + ((m * Hkv + g) * cap + pos) * hd;
+            float *kc = keys + ((m * Hkv + g) * S + pos % S) * hd, *vc = values + ((m * Hkv + g) * S + pos % S) * hd;
             memcpy(kc, k, (size_t)hd * sizeof(float));
             if (c) rotate_half(k, c, s, kc, r / 2);
             memcpy(vc, v, (size_t)hd * sizeof(float));
@@ -476,11 +478,12 @@ static void attend_step(const Op *op, int64_t pos) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t h = 0; h < H; h++) {
             int64_t g = h / (H / Hkv);
-            float *scores = scratch + (m * H + h) * (cap + hd), *q = scores + cap;
+            float *scores = scratch + (m * H + h) * (S + hd), *q = scores + S;
             memcpy(q, qkv + m * width + h * hd, (size_t)hd * sizeof(float));
             if (c) rotate_half(qkv + m * width + h * hd, c, s, q, r / 2);
-            const float *kc = keys + (m * Hkv + g) * cap * hd, *vc = values + (m * Hkv + g) * cap * hd;
-            attend_one(q, kc, vc, pos + 1, hd, op->f[0], scores, out + (m * H + h) * hd);
+            const float *kc = keys + (m * Hkv + g) * S * hd, *vc = values + (m * Hkv + g) * S * hd;
+            float slope = slopes ? slopes[h] : 0.0f;
+            attend_one(q, kc, vc, lo, pos, S, hd, op->f[0], slope, scores, out + (m * H + h) * hd);
         }
 }
 

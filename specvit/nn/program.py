@@ -6,10 +6,10 @@ work runs with the caches the streamed weights just evicted. :func:`lower_step` 
 order and writes each node as ops of ``gemv.c`` (:data:`LOWER`, one entry per op kind) over buffers it
 allocates once: the token embedding and learned positions, RMSNorm and LayerNorm, the products (float32,
 bfloat16 or int8 weights, :mod:`specvit.nn.gemv`), plain and gated MLPs (GELU, its tanh form, quick GELU,
-ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step (rotate-half RoPE, the new key
-and value into the cache, one query over the cached keys). A step is then one call. A graph with a node the
-program has no op for (ALiBi, a sliding window, QK-norm, cross-attention, ...) is not lowered, and its steps
-run as before.
+ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step: rotate-half RoPE or ALiBi, the
+new key and value into the layer's cache (a ring of the window's slots for a sliding window or ``generate``'s
+``cache_window``), one query over the cached keys. A step is then one call. A graph with a node the program
+has no op for (QK-norm, soft-capping, cross-attention, ...) is not lowered, and its steps run as before.
 
 The values match the model's own step within float32 rounding: the attention and the norms sum in another
 order, the activations take an exp of their own (``tests/test_program.py`` compares them).
@@ -23,13 +23,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import torch
 from torch import Tensor, nn
 
 from specvit.nn import gemv
+from specvit.nn.alibi import Alibi, alibi_slopes
 from specvit.nn.attention import Attention
 from specvit.nn.cache import KVCache
 from specvit.nn.layers import TiedLinear
@@ -39,7 +40,7 @@ from specvit.nn.norm import Norm
 from specvit.nn.position import LearnedPosition, Rope
 from specvit.nn.quant import Bf16Linear, Int8Linear
 
-__all__ = ["LOWER", "NotLowered", "StepProgram", "compile_step", "lower_step"]
+__all__ = ["LOWER", "NotLowered", "Slopes", "StepProgram", "compile_step", "lower_step"]
 
 
 class NotLowered(Exception):
@@ -55,15 +56,18 @@ class StepProgram:
         rows: M, at most :data:`~specvit.nn.gemv.MAX_ROWS`.
         capacity: C, the most positions the program holds (prompt and generated tokens).
         remake: the same model's program of another capacity (:meth:`grown`).
+        window: the most positions a causal layer sees (``generate``'s ``cache_window``), or None.
     """
 
-    def __init__(self, rows: int, capacity: int, remake: Callable[[int], StepProgram]) -> None:
-        self.rows, self.capacity, self.remake = rows, capacity, remake
+    def __init__(
+        self, rows: int, capacity: int, remake: Callable[[int], StepProgram], window: int | None = None
+    ) -> None:
+        self.rows, self.capacity, self.remake, self.window = rows, capacity, remake, window
         self.ids = torch.zeros(rows, dtype=torch.long)  # (M,) the step's tokens
         self.values: dict[
             str, Any
         ] = {}  # each node's value: a buffer (M, width), RoPE tables, an input's name
-        self.caches: dict[int, tuple[Tensor, Tensor]] = {}  # layer_idx: keys, values (M, Hkv, C, hd)
+        self.caches: dict[int, tuple[Tensor, Tensor]] = {}  # layer_idx: keys, values (M, Hkv, S, hd), S slots
         self.logits: Tensor | None = None  # (M, V)
         self._ops: list[gemv.Op] = []
         self._held: list[Tensor] = []  # every tensor whose address an op holds
@@ -98,17 +102,19 @@ class StepProgram:
     def load(self, cache: KVCache) -> None:
         """Copy the keys and values ``cache`` holds (the prompt's) into the program's."""
         for layer, (keys, values) in self.caches.items():
-            held = cache.keys[layer].shape[2]
-            keys[:, :, :held] = cache.keys[layer]  # (M, Hkv, T0, hd)
-            values[:, :, :held] = cache.values[layer]
+            seen, held = cache.length(layer), cache.keys[layer]  # (M, Hkv, T, hd): the last T positions
+            slots = torch.arange(seen - held.shape[2], seen) % keys.shape[2]
+            keys[:, :, slots] = held
+            values[:, :, slots] = cache.values[layer]
 
     def grown(self) -> StepProgram:
-        """The program holding twice the positions, with the keys and values held so far."""
+        """The program holding twice the positions, with the keys and values held so far (a layer's ring of
+        S slots holds position p in slot p % S: S is C until it reaches the layer's window)."""
         bigger = self.remake(2 * self.capacity)
         for layer, (keys, values) in self.caches.items():
             more_keys, more_values = bigger.caches[layer]
-            more_keys[:, :, : self.capacity] = keys  # (M, Hkv, C, hd)
-            more_values[:, :, : self.capacity] = values
+            more_keys[:, :, : keys.shape[2]] = keys  # (M, Hkv, S, hd)
+            more_values[:, :, : keys.shape[2]] = values
         return bigger
 
     def __call__(self, tokens: Tensor, position: int) -> Tensor:
@@ -260,7 +266,6 @@ def _refusal(core: Attention) -> str | None:
         "RoPE not in one call (QK-norm, values of another width, CaiT's queries)": not core.rope_together,
         "a bias on some of q, k, v only": any(hasattr(core, f"{n}_bias") for n in "qkv"),
         "a non-causal layer": not core.causal,
-        "a sliding window": core.window is not None,
         "scores other than q.k times a scale": core.cosine or core.talking_heads or core.gated
         or core.disentangled or core.relative is not None or core.softcap is not None,
         "windows over a grid, global tokens or an output gate": core.grid_window is not None
@@ -274,9 +279,13 @@ def _refusal(core: Attention) -> str | None:
 
 def _attention(program: StepProgram, node: str, core: Any, p: Any, args: dict[str, Any]) -> None:
     why = _refusal(core) if isinstance(core, Attention) else "not specvit's attention core"
-    extra = set(args) - {"x", "mask", "rope", "cache"}
+    extra = (
+        set(args)
+        - {"x", "mask", "rope", "cache"}
+        - ({"bias"} if isinstance(args.get("bias"), Slopes) else set())
+    )
     if why is None and (extra or "cache" not in args):
-        why = f"inputs {sorted(extra)} (ALiBi, positions)" if extra else "no KV cache"
+        why = f"inputs {sorted(extra)} (a bias, positions)" if extra else "no KV cache"
     if why is None and core.layer_idx in program.caches:
         why = f"a second layer with layer_idx {core.layer_idx} (shared weights)"
     if why is not None:
@@ -284,15 +293,31 @@ def _attention(program: StepProgram, node: str, core: Any, p: Any, args: dict[st
     m, h, hkv, hd, c = program.rows, core.num_heads, core.num_kv_heads, core.head_dim, program.capacity
     cos, sin = args.get("rope", (None, None))
     r = 0 if cos is None else cos.shape[1]
+    window = min((w for w in (core.window, program.window) if w is not None), default=None)
+    slots = c if window is None else min(c, window)  # S: position p in slot p % S, written at step p
     qkv = program.product(core.qkv, args["x"], node)  # (M, (H + 2 Hkv) hd)
-    keys, values = torch.empty(m, hkv, c, hd), torch.empty(m, hkv, c, hd)  # position p written at step p
-    heads, scratch = program.buffer(h * hd), torch.empty(m, h, c + hd)  # (M, H hd), (M, H, C + hd)
+    keys, values = torch.empty(m, hkv, slots, hd), torch.empty(m, hkv, slots, hd)
+    heads, scratch = program.buffer(h * hd), torch.empty(m, h, slots + hd)  # (M, H hd), (M, H, S + hd)
     scale = 1.0 / math.sqrt(hd) if core.scale is None else core.scale
-    program.emit("attend", [qkv, cos, sin, keys, values, heads, scratch], [m, h, hkv, hd, r, c], (scale,))
+    slopes = args["bias"].slopes if "bias" in args else None
+    buffers = [qkv, cos, sin, keys, values, heads, scratch, slopes]
+    program.emit("attend", buffers, [m, h, hkv, hd, r, c, window or 0, slots], (scale,))
     program.caches[core.layer_idx] = (keys, values)
     program.values[node] = (
         heads if isinstance(core.proj, nn.Identity) else program.product(core.proj, heads, node)
     )
+
+
+class Slopes(NamedTuple):
+    """The value of an ALiBi node: its heads' slopes (H,), the bias of key position p ``slope * p``."""
+
+    slopes: Tensor
+
+
+def _alibi(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
+    if not isinstance(module, Alibi) or not module.causal:
+        raise NotLowered(f"{node}: only causal ALiBi")
+    program.values[node] = Slopes(alibi_slopes(module.heads).float().contiguous())
 
 
 def _inactive(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
@@ -306,6 +331,7 @@ LOWER: dict[str, Lower] = {
     "input": _input,
     "token_embed": _token_embed,
     "rope": _rope,
+    "alibi": _alibi,
     "rmsnorm": _norm,
     "layernorm": _norm,
     "pos_learned": _learned_position,
@@ -319,13 +345,14 @@ LOWER: dict[str, Lower] = {
 """How each op kind of the graph is written as native ops; a kind not here is not lowered."""
 
 
-def lower_step(model: nn.Module, rows: int, capacity: int) -> StepProgram:
+def lower_step(model: nn.Module, rows: int, capacity: int, window: int | None = None) -> StepProgram:
     """The decode step of ``model`` (a decoder-only :class:`~specvit.model.SpecModel`) as a native program.
 
     Args:
         model: the model; the program reads its weights' memory (updates in place are seen).
         rows: M, the sequences decoded together (at most :data:`~specvit.nn.gemv.MAX_ROWS`).
         capacity: C, the most positions held (the prompt's and the new tokens').
+        window: every causal layer sees at most this many positions (``generate``'s ``cache_window``), or None.
 
     Raises:
         NotLowered: a part the program has no op for, or the kernels are not available here.
@@ -339,7 +366,7 @@ def lower_step(model: nn.Module, rows: int, capacity: int) -> StepProgram:
         raise NotLowered(f"a {type(model).__name__} has no graph")
     if any(not t.is_cpu for t in model.parameters()):
         raise NotLowered("the model is not on the CPU")
-    program = StepProgram(rows, capacity, functools.partial(lower_step, model, rows))
+    program = StepProgram(rows, capacity, functools.partial(lower_step, model, rows, window=window), window)
     for node in nx.topological_sort(graph.nx):
         attrs = graph[node]
         lower = LOWER.get(attrs["op"])
@@ -353,9 +380,9 @@ def lower_step(model: nn.Module, rows: int, capacity: int) -> StepProgram:
     return program.finish()
 
 
-def compile_step(model: nn.Module, rows: int, capacity: int) -> StepProgram | None:
+def compile_step(model: nn.Module, rows: int, capacity: int, window: int | None = None) -> StepProgram | None:
     """:func:`lower_step`, or None where the model is not lowered (its steps then run as before)."""
     try:
-        return lower_step(model, rows, capacity)
+        return lower_step(model, rows, capacity, window)
     except NotLowered:
         return None
