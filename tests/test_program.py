@@ -70,6 +70,19 @@ CASES = [
     ("gpt2_small", {}),  # learned positions, LayerNorm, the tanh GELU, a tied head
     ("bloom_560m", {"decoder.input.vocab": 97}),  # ALiBi (6 heads: slopes past a power of two)
     ("llama_smollm_135m", {"decoder.block.sliding_window": 8}),  # Mistral's window: a ring of 8 slots
+    ("llama_smollm_135m", {"decoder.block.qk_norm": True}),  # Qwen3's QK-norm, per head
+    ("llama_smollm_135m", {"decoder.block.qk_norm": "all"}),  # OLMo 2's, over all heads at once
+    # Gemma 3's parts: QK-norm, a window, the tanh GeGLU, 1 + w norms, a scaled embedding
+    (
+        "llama_smollm_135m",
+        {
+            "decoder.block.qk_norm": True,
+            "decoder.block.sliding_window": 6,
+            "decoder.block.mlp.activation": "geglu_tanh",
+            "decoder.block.norm.unit_offset": True,
+            "decoder.input.scale": True,
+        },
+    ),
 ]
 
 
@@ -156,9 +169,9 @@ def test_controls_a_skipped_cache_or_a_dropped_residual_miss() -> None:
         ),
         (
             "llama_smollm_135m",
-            {"decoder.block.qk_norm": True},
+            {"decoder.block.qk_norm": True, "decoder.block.qk_norm_after_rope": True},
             1,
-            "decoder.blocks.0.attn: RoPE not in one call",
+            "decoder.blocks.0.attn: QK-norm after RoPE",
         ),
         ("llama_smollm_135m", {}, gemv.MAX_ROWS + 1, "9 rows: the native step takes 1 to 8"),
     ],

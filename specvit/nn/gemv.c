@@ -392,7 +392,9 @@ void specvit_rope_half_f32(const float *t, const float *cos, const float *sin, f
  * out, 5.9-7.7 with them). Each op's fields: */
 enum {
     OP_EMBED,    /* p: table (V, D), ids (M,) int64, out (M, D); n: M, D; f: the factor (1: none) */
-    OP_NORM,     /* p: x, weight or NULL, bias or NULL, y; n: M, D, kind (0 RMSNorm, 1 LayerNorm); f: eps, offset */
+    OP_NORM,     /* p: x, weight or NULL, bias or NULL, y (y may be x); n: M, D, kind (0 RMSNorm, 1 LayerNorm),
+                  * the floats from a row to the next, the groups of D normalised apart in a row (QK-norm's
+                  * heads); f: eps, offset */
     OP_GEMV,     /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16, 2 i8) */
     OP_ADD,      /* p: a, b, out; n: the count */
     OP_GLU,      /* p: h, out; n: M, F, the activation (glu_rows) */
@@ -499,10 +501,15 @@ void specvit_program(const Op *ops, int64_t count, int64_t pos) {
             }
             break;
         case OP_NORM:
-            if (n[2] == 0)
-                specvit_rms_norm_f32(op->p[0], op->p[1], op->p[3], n[0], n[1], op->f[0], op->f[1]);
-            else
-                layer_norm_rows(op->p[0], op->p[1], op->p[2], op->p[3], n[0], n[1], op->f[0], op->f[1]);
+            for (int64_t m = 0; m < n[0]; m++)
+                for (int64_t g = 0; g < n[4]; g++) {
+                    const float *x = (const float *)op->p[0] + m * n[3] + g * n[1];
+                    float *y = (float *)op->p[3] + m * n[3] + g * n[1];
+                    if (n[2] == 0)
+                        specvit_rms_norm_f32(x, op->p[1], y, 1, n[1], op->f[0], op->f[1]);
+                    else
+                        layer_norm_rows(x, op->p[1], op->p[2], y, 1, n[1], op->f[0], op->f[1]);
+                }
             break;
         case OP_GEMV:
             if (n[3] == 0)

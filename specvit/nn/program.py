@@ -6,10 +6,11 @@ work runs with the caches the streamed weights just evicted. :func:`lower_step` 
 order and writes each node as ops of ``gemv.c`` (:data:`LOWER`, one entry per op kind) over buffers it
 allocates once: the token embedding and learned positions, RMSNorm and LayerNorm, the products (float32,
 bfloat16 or int8 weights, :mod:`specvit.nn.gemv`), plain and gated MLPs (GELU, its tanh form, quick GELU,
-ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step: rotate-half RoPE or ALiBi, the
-new key and value into the layer's cache (a ring of the window's slots for a sliding window or ``generate``'s
-``cache_window``), one query over the cached keys. A step is then one call. A graph with a node the program
-has no op for (QK-norm, soft-capping, cross-attention, ...) is not lowered, and its steps run as before.
+ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step: QK-norm, rotate-half RoPE or
+ALiBi, the new key and value into the layer's cache (a ring of the window's slots for a sliding window or
+``generate``'s ``cache_window``), one query over the cached keys. A step is then one call. A graph with a node
+the program has no op for (soft-capping, QK-norm after RoPE, cross-attention, ...) is not lowered, and its
+steps run as before.
 
 The values match the model's own step within float32 rounding: the attention and the norms sum in another
 order, the activations take an exp of their own (``tests/test_program.py`` compares them).
@@ -176,9 +177,9 @@ def _rope(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, 
 
 
 def _norm_of(module: nn.Module) -> tuple[int, int, Tensor | None, Tensor | None, float, float] | None:
-    """``(kind, D, weight, bias, eps, offset)`` of a norm over a token's width, kind 0 for RMSNorm and 1 for
+    """``(kind, D, weight, bias, eps, offset)`` of a norm over D channels, kind 0 for RMSNorm and 1 for
     LayerNorm (torch's modules or a :class:`~specvit.nn.norm.Norm`), or None."""
-    if isinstance(module, Norm) and module.heads is None:
+    if isinstance(module, Norm):  # with heads: a QK-norm over all of a token's heads at once
         kind, offset = int(module.kind == "layernorm"), float(module.unit_offset)
         return kind, module.dim, module.weight, module.bias, module.eps, offset
     if isinstance(module, nn.RMSNorm | nn.LayerNorm) and len(module.normalized_shape) == 1:
@@ -189,16 +190,23 @@ def _norm_of(module: nn.Module) -> tuple[int, int, Tensor | None, Tensor | None,
 
 
 def _norm(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
+    out = program.buffer(args["x"].shape[1])
+    _normed(program, node, module, args["x"], out)
+    program.values[node] = out
+
+
+def _normed(program: StepProgram, node: str, module: nn.Module, x: Tensor, out: Tensor) -> None:
+    """The op of ``module``'s norm of the rows x (M, G D) into out (the same layout, or x itself), the G groups
+    of D channels of a row normalised apart (a QK-norm's heads)."""
     settings = _norm_of(module)
-    if settings is None:
-        raise NotLowered(f"{node}: only a norm over the width")
+    if settings is None or x.shape[1] % settings[1]:
+        raise NotLowered(f"{node}: only a norm over the width, or over heads")
     kind, width, *tensors, eps, offset = settings
     weight, bias = (None if t is None else t.detach() for t in tensors)
     _float32(weight, node)
     _float32(bias, node)
-    out = program.buffer(width)
-    program.emit("norm", [args["x"], weight, bias, out], [program.rows, width, kind], (eps, offset))
-    program.values[node] = out
+    sizes = [program.rows, width, kind, x.stride(0), x.shape[1] // width]
+    program.emit("norm", [x, weight, bias, out], sizes, (eps, offset))
 
 
 def _learned_position(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
@@ -263,7 +271,8 @@ def _refusal(core: Attention) -> str | None:
     parts = {
         "cross-attention": core.cross,
         "projections other than one packed qkv": core.projection != "packed",
-        "RoPE not in one call (QK-norm, values of another width, CaiT's queries)": not core.rope_together,
+        "values of another width or CaiT's queries": core.queries is not None or core.v_head_dim != core.head_dim,
+        "QK-norm after RoPE": core.qk_norm_after_rope and not isinstance(core.q_norm, nn.Identity),
         "a bias on some of q, k, v only": any(hasattr(core, f"{n}_bias") for n in "qkv"),
         "a non-causal layer": not core.causal,
         "scores other than q.k times a scale": core.cosine or core.talking_heads or core.gated
@@ -296,6 +305,9 @@ def _attention(program: StepProgram, node: str, core: Any, p: Any, args: dict[st
     window = min((w for w in (core.window, program.window) if w is not None), default=None)
     slots = c if window is None else min(c, window)  # S: position p in slot p % S, written at step p
     qkv = program.product(core.qkv, args["x"], node)  # (M, (H + 2 Hkv) hd)
+    if not isinstance(core.q_norm, nn.Identity):  # QK-norm of q's and k's heads, in place, before RoPE
+        _normed(program, node, core.q_norm, qkv[:, : h * hd], qkv[:, : h * hd])
+        _normed(program, node, core.k_norm, qkv[:, h * hd : (h + hkv) * hd], qkv[:, h * hd : (h + hkv) * hd])
     keys, values = torch.empty(m, hkv, slots, hd), torch.empty(m, hkv, slots, hd)
     heads, scratch = program.buffer(h * hd), torch.empty(m, h, slots + hd)  # (M, H hd), (M, H, S + hd)
     scale = 1.0 / math.sqrt(hd) if core.scale is None else core.scale
