@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,23 @@ def test_a_prompt_longer_than_the_window_lands_in_the_ring(
         for position in range(13, 20):
             want = model(token, cache=cache, offset=position)[:, -1]
             torch.testing.assert_close(program(token, position), want, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_outside_the_program_are_refused() -> None:
+    program = lower_step(_model(), 2, 24)
+    for tokens, position, error in [
+        (torch.tensor([[1], [97]]), 5, "token ids must lie in 0..96, got [1, 97]"),
+        (torch.tensor([[1], [-1]]), 5, "token ids must lie in 0..96"),
+        (
+            torch.tensor([[1], [2]]),
+            24,
+            "holds 2 rows and 24 positions, got tokens of shape [2, 1] at position 24",
+        ),
+        (torch.tensor([[1]]), 5, "holds 2 rows"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            program(tokens, position)
+    assert program(torch.tensor([[1], [96]]), 0).shape == (2, 97)  # control: the same call in bounds runs
 
 
 def test_the_program_grows_with_its_keys_and_values() -> None:

@@ -65,9 +65,8 @@ class StepProgram:
     ) -> None:
         self.rows, self.capacity, self.remake, self.window = rows, capacity, remake, window
         self.ids = torch.zeros(rows, dtype=torch.long)  # (M,) the step's tokens
-        self.values: dict[
-            str, Any
-        ] = {}  # each node's value: a buffer (M, width), RoPE tables, an input's name
+        self.vocab = 0  # the token embedding's rows
+        self.values: dict[str, Any] = {}  # each node's value: a buffer (M, width), tables, slopes, a name
         self.caches: dict[int, tuple[Tensor, Tensor]] = {}  # layer_idx: keys, values (M, Hkv, S, hd), S slots
         self.logits: Tensor | None = None  # (M, V)
         self._ops: list[gemv.Op] = []
@@ -125,6 +124,8 @@ class StepProgram:
                 f"the step program holds {self.rows} rows and {self.capacity} positions, got tokens of shape "
                 f"{list(tokens.shape)} at position {position}"
             )
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab:  # the native lookup reads row id
+            raise ValueError(f"token ids must lie in 0..{self.vocab - 1}, got {tokens.flatten().tolist()}")
         self.ids.copy_(tokens.reshape(-1))
         gemv.run_program(self._program, position)
         assert self.logits is not None
@@ -162,7 +163,7 @@ def _token_embed(program: StepProgram, node: str, module: Any, p: Any, args: dic
     if args["x"] is not program.ids or not isinstance(module, nn.Embedding) or module.max_norm is not None:
         raise NotLowered(f"{node}: only a token embedding (without max_norm) of the step's tokens")
     _float32(module.weight, node)
-    width = module.embedding_dim
+    width, program.vocab = module.embedding_dim, module.num_embeddings
     out = program.buffer(width)
     factor = math.sqrt(width) if getattr(module, "scale", False) else 1.0
     program.emit("embed", [module.weight.detach(), program.ids, out], [program.rows, width], (factor,))
@@ -387,8 +388,8 @@ def lower_step(model: nn.Module, rows: int, capacity: int, window: int | None = 
         args = {d["port"]: program.values[u] for u, _, d in graph.nx.in_edges(node, data=True)}
         module = model.get_submodule(node) if attrs["module"] else None
         lower(program, node, module, attrs["p"], args)
-    if program.logits is None:
-        raise NotLowered("the graph has no output")
+    if program.logits is None or not program.vocab:
+        raise NotLowered("the graph has no token embedding of the step's tokens, or no output")
     return program.finish()
 
 
