@@ -47,6 +47,10 @@ static inline vec vround(vec a) {
     return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 static inline vec vpow2(vec y, vec n) { return _mm512_scalef_ps(y, n); }
+static inline vec vabs(vec a) { return _mm512_abs_ps(a); }
+static inline vec vsmall(vec a, float bound, vec if_small, vec if_not) { /* |a| <= bound ? if_small : if_not */
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(vabs(a), _mm512_set1_ps(bound), _CMP_LE_OQ), if_not, if_small);
+}
 static inline void store_f32(float *p, vec v) { _mm512_storeu_ps(p, v); }
 #else /* AVX2 and FMA: eight lanes */
 #define W 8
@@ -82,6 +86,10 @@ static inline vec vround(vec a) {
 static inline vec vpow2(vec y, vec n) { /* n in [-126, 128] (exp's clamp): 2^n built from its exponent bits */
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+static inline vec vabs(vec a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+static inline vec vsmall(vec a, float bound, vec if_small, vec if_not) { /* |a| <= bound ? if_small : if_not */
+    return _mm256_blendv_ps(if_not, if_small, _mm256_cmp_ps(vabs(a), _mm256_set1_ps(bound), _CMP_LE_OQ));
 }
 static inline void store_f32(float *p, vec v) { _mm256_storeu_ps(p, v); }
 #endif
@@ -309,21 +317,34 @@ static inline vec verf(vec z) {
     return vmul(y, vmin(vmax(vmul(z, vset(1e30f)), vset(-1.0f)), vset(1.0f))); /* times z's sign (0 at 0) */
 }
 
-/* The activations, by the code program.py writes (ACTIVATIONS there), each as torch writes it: GELU
- * 0.5 x (1 + erf(x / sqrt 2)), its tanh form 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) with tanh(y)
- * = 1 - 2 / (e^2y + 1), quick GELU x sigmoid(1.702 x), ReLU, squared ReLU, SiLU x / (1 + e^-x) (within 2.75
- * ulp of the exact silu over [-80, 80], torch's own within 2.27; the GELUs within 1e-6 of torch's). */
-enum { ACT_GELU, ACT_GELU_TANH, ACT_QUICK_GELU, ACT_RELU, ACT_RELU2, ACT_SILU };
+/* tanh(y) as Cephes' tanhf computes it: an odd polynomial where |y| <= 0.625, else 1 - 2 / (e^2|y| + 1) with
+ * y's sign (the sign taken by a copy of y's sign bit through vsmall's other branch: t * sign). */
+static inline vec vtanh(vec y) {
+    vec z = vmul(y, y), p = vset(-5.70498872745e-3f);
+    p = vfma(p, z, vset(2.06390887954e-2f));
+    p = vfma(p, z, vset(-5.37397155531e-2f));
+    p = vfma(p, z, vset(1.33314422036e-1f));
+    p = vfma(p, z, vset(-3.33332819422e-1f));
+    vec small = vadd(vmul(vmul(p, z), y), y);
+    vec a = vabs(y), big = vsub(vset(1.0f), vdiv(vset(2.0f), vadd(vexp(vadd(a, a)), vset(1.0f))));
+    vec sign = vmin(vmax(vmul(y, vset(1e30f)), vset(-1.0f)), vset(1.0f));
+    return vsmall(y, 0.625f, small, vmul(big, sign));
+}
 
-static inline vec activate(vec x, int64_t kind) {
+/* The activations, by the code program.py writes (ACTIVATIONS there), each as torch writes it: GELU
+ * 0.5 x (1 + erf(x / sqrt 2)), its tanh form 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), quick GELU
+ * x sigmoid(1.702 x), ReLU, squared ReLU, SiLU x / (1 + e^-x) (within 2.75 ulp of the exact silu over
+ * [-80, 80], torch's own within 2.27; the GELUs within 1e-6 of torch's), and Gemma 2's soft-capping. */
+enum { ACT_GELU, ACT_GELU_TANH, ACT_QUICK_GELU, ACT_RELU, ACT_RELU2, ACT_SILU, ACT_SOFTCAP };
+
+static inline vec activate(vec x, int64_t kind, float cap) {
     vec one = vset(1.0f), half = vset(0.5f);
     switch (kind) {
     case ACT_GELU:
         return vmul(vmul(half, x), vadd(one, verf(vmul(x, vset(0.70710678118654752f)))));
     case ACT_GELU_TANH: {
         vec y = vmul(vset(0.79788456080286536f), vadd(x, vmul(vset(0.044715f), vmul(vmul(x, x), x))));
-        vec tanh = vsub(one, vdiv(vset(2.0f), vadd(vexp(vadd(y, y)), one)));
-        return vmul(vmul(half, x), vadd(one, tanh));
+        return vmul(vmul(half, x), vadd(one, vtanh(y)));
     }
     case ACT_QUICK_GELU:
         return vmul(x, vdiv(one, vadd(one, vexp(vmul(vset(-1.702f), x)))));
@@ -331,23 +352,25 @@ static inline vec activate(vec x, int64_t kind) {
         return vmax(x, vzero());
     case ACT_RELU2:
         return vmul(vmax(x, vzero()), vmax(x, vzero()));
+    case ACT_SOFTCAP: /* Gemma 2's cap * tanh(x / cap), as torch's tanh(x / cap) * cap */
+        return vmul(vtanh(vdiv(x, vset(cap))), vset(cap));
     default: /* ACT_SILU */
         return vdiv(x, vadd(one, vexp(vsub(vzero(), x))));
     }
 }
 
-/* out[i] = act(x[i]) * (v ? v[i] : 1) over n floats (the last n % W through a buffer of W); out may be x. */
-static void activate_times(const float *x, const float *v, float *out, int64_t n, int64_t kind) {
+/* out[i] = act(x[i]) * (v ? v[i] : 1) over n floats (cap: the soft-capping's) (the last n % W through a buffer of W); out may be x. */
+static void activate_times(const float *x, const float *v, float *out, int64_t n, int64_t kind, float cap) {
     int64_t k = 0;
     for (; k + W <= n; k += W) {
-        vec a = activate(load_f32(x + k), kind);
+        vec a = activate(load_f32(x + k), kind, cap);
         store_f32(out + k, v ? vmul(a, load_f32(v + k)) : a);
     }
     if (k < n) {
         float g[W] = {0}, u[W] = {0}, y[W];
         memcpy(g, x + k, (size_t)(n - k) * sizeof(float));
         if (v) memcpy(u, v + k, (size_t)(n - k) * sizeof(float));
-        vec a = activate(load_f32(g), kind);
+        vec a = activate(load_f32(g), kind, cap);
         store_f32(y, v ? vmul(a, load_f32(u)) : a);
         memcpy(out + k, y, (size_t)(n - k) * sizeof(float));
     }
@@ -356,7 +379,7 @@ static void activate_times(const float *x, const float *v, float *out, int64_t n
 /* A gated MLP's hidden rows: M rows of a packed (gate, value) projection h (M, 2F) -> out (M, F) =
  * act(gate) * value. */
 static void glu_rows(const float *h, float *out, int64_t M, int64_t F, int64_t kind) {
-    for (int64_t m = 0; m < M; m++) activate_times(h + m * 2 * F, h + m * 2 * F + F, out + m * F, F, kind);
+    for (int64_t m = 0; m < M; m++) activate_times(h + m * 2 * F, h + m * 2 * F + F, out + m * F, F, kind, 0.0f);
 }
 
 /* SwiGLU: silu(gate) * value, within 1e-6 of torch's, relatively. */
@@ -399,7 +422,7 @@ enum {
     OP_ADD,      /* p: a, b, out; n: the count */
     OP_GLU,      /* p: h, out; n: M, F, the activation (glu_rows) */
     OP_ATTEND,   /* the new token's attention, below */
-    OP_ACT,      /* p: x, out; n: the count, the activation */
+    OP_ACT,      /* p: x, out; n: the count, the activation; f: the cap (ACT_SOFTCAP) */
     OP_POSITION, /* p: x, table (rows, D), out; n: M, D, the row of position 0: out = x + table[row + pos] */
 };
 
@@ -421,16 +444,17 @@ static inline float dot(const float *w, const float *x, int64_t n) {
 }
 
 /* One query q (hd) over the keys and values of positions lo..hi, held in rings K and V (S, hd) of S slots
- * (position p in slot p % S): out = softmax(q.K^T * scale + slope * p) V, with ALiBi's bias slope * p (slope
- * 0: none). The weights' exps go in `scores` (hi - lo + 1). */
+ * (position p in slot p % S): out = softmax(softcap(q.K^T * scale + slope * p)) V, with ALiBi's bias slope * p
+ * (slope 0: none) and Gemma 2's soft-capping cap * tanh(s / cap) (cap 0: none). The weights' exps go in
+ * `scores` (hi - lo + 1). */
 static void attend_one(const float *q, const float *K, const float *V, int64_t lo, int64_t hi, int64_t S,
-                       int64_t hd, float scale, float slope, float *scores, float *out) {
+                       int64_t hd, float scale, float slope, float cap, float *scores, float *out) {
     int64_t T = hi - lo + 1, j, slot;
     float top = -INFINITY, total = 0.0f;
-    for (j = 0, slot = lo % S; j < T; j++, slot = slot + 1 == S ? 0 : slot + 1) {
+    for (j = 0, slot = lo % S; j < T; j++, slot = slot + 1 == S ? 0 : slot + 1)
         scores[j] = dot(q, K + slot * hd, hd) * scale + slope * (float)(lo + j);
-        top = scores[j] > top ? scores[j] : top;
-    }
+    if (cap > 0.0f) activate_times(scores, NULL, scores, T, ACT_SOFTCAP, cap);
+    for (j = 0; j < T; j++) top = scores[j] > top ? scores[j] : top;
     vec sums = vzero();
     for (j = 0; j + W <= T; j += W) {
         vec e = vexp(vsub(load_f32(scores + j), vset(top)));
@@ -460,8 +484,8 @@ static void attend_one(const float *q, const float *K, const float *V, int64_t l
  * + 1..pos (0..pos without a window): p: qkv (M, (H + 2 Hkv) hd) projections (q heads, k heads, v heads), cos
  * and sin (capacity, r) tables or NULL (no RoPE), the keys and values (M, Hkv, S, hd) cached in rings of S
  * slots (position pos written in slot pos % S), out (M, H hd), scratch (M, H, S + hd), ALiBi's slopes (H) or
- * NULL; n: M, H, Hkv, hd, r, capacity, window (0: none), S; f: the scores' scale. Query head h reads key head
- * h / (H / Hkv). */
+ * NULL; n: M, H, Hkv, hd, r, capacity, window (0: none), S; f: the scores' scale, their cap (0: none). Query
+ * head h reads key head h / (H / Hkv). */
 static void attend_step(const Op *op, int64_t pos) {
     const float *qkv = op->p[0], *cos = op->p[1], *sin = op->p[2], *slopes = op->p[7];
     float *keys = op->p[3], *values = op->p[4], *out = op->p[5], *scratch = op->p[6];
@@ -485,7 +509,7 @@ static void attend_step(const Op *op, int64_t pos) {
             if (c) rotate_half(qkv + m * width + h * hd, c, s, q, r / 2);
             const float *kc = keys + (m * Hkv + g) * S * hd, *vc = values + (m * Hkv + g) * S * hd;
             float slope = slopes ? slopes[h] : 0.0f;
-            attend_one(q, kc, vc, lo, pos, S, hd, op->f[0], slope, scores, out + (m * H + h) * hd);
+            attend_one(q, kc, vc, lo, pos, S, hd, op->f[0], slope, op->f[1], scores, out + (m * H + h) * hd);
         }
 }
 
@@ -529,7 +553,7 @@ void specvit_program(const Op *ops, int64_t count, int64_t pos) {
             glu_rows(op->p[0], op->p[1], n[0], n[1], n[2]);
             break;
         case OP_ACT:
-            activate_times(op->p[0], NULL, op->p[1], n[0], n[1]);
+            activate_times(op->p[0], NULL, op->p[1], n[0], n[1], op->f[0]);
             break;
         case OP_POSITION: {
             const float *row = (const float *)op->p[1] + (n[2] + pos) * n[1];

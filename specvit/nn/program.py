@@ -6,11 +6,11 @@ work runs with the caches the streamed weights just evicted. :func:`lower_step` 
 order and writes each node as ops of ``gemv.c`` (:data:`LOWER`, one entry per op kind) over buffers it
 allocates once: the token embedding and learned positions, RMSNorm and LayerNorm, the products (float32,
 bfloat16 or int8 weights, :mod:`specvit.nn.gemv`), plain and gated MLPs (GELU, its tanh form, quick GELU,
-ReLU, squared ReLU, SiLU), the residual adds, and each attention layer's step: QK-norm, rotate-half RoPE or
-ALiBi, the new key and value into the layer's cache (a ring of the window's slots for a sliding window or
-``generate``'s ``cache_window``), one query over the cached keys. A step is then one call. A graph with a node
-the program has no op for (soft-capping, QK-norm after RoPE, cross-attention, ...) is not lowered, and its
-steps run as before.
+ReLU, squared ReLU, SiLU), the residual adds, soft-capped logits, and each attention layer's step: QK-norm,
+rotate-half RoPE or ALiBi, the new key and value into the layer's cache (a ring of the window's slots for a
+sliding window or ``generate``'s ``cache_window``), one query over the cached keys, its scores soft-capped or
+not. A step is then one call. A graph with a node the program has no op for (QK-norm after RoPE,
+cross-attention, ...) is not lowered, and its steps run as before.
 
 The values match the model's own step within float32 rounding: the attention and the norms sum in another
 order, the activations take an exp of their own (``tests/test_program.py`` compares them).
@@ -232,6 +232,8 @@ def _add(program: StepProgram, node: str, module: None, p: Any, args: dict[str, 
 
 ACTIVATIONS: dict[type[nn.Module], int] = {nn.GELU: 0, QuickGELU: 2, nn.ReLU: 3, ReLUSquared: 4, nn.SiLU: 5}
 """An activation module's code in ``gemv.c`` (its ``ACT_`` enum); the tanh GELU is 1."""
+SOFTCAP = 6
+"""The code of Gemma 2's soft-capping ``cap * tanh(x / cap)`` among the activations."""
 
 
 def _activation(act: nn.Module, node: str) -> int:
@@ -276,8 +278,8 @@ def _refusal(core: Attention) -> str | None:
         "QK-norm after RoPE": core.qk_norm_after_rope and not isinstance(core.q_norm, nn.Identity),
         "a bias on some of q, k, v only": any(hasattr(core, f"{n}_bias") for n in "qkv"),
         "a non-causal layer": not core.causal,
-        "scores other than q.k times a scale": core.cosine or core.talking_heads or core.gated
-        or core.disentangled or core.relative is not None or core.softcap is not None,
+        "scores other than q.k times a scale (and a cap)": core.cosine or core.talking_heads or core.gated
+        or core.disentangled or core.relative is not None,
         "windows over a grid, global tokens or an output gate": core.grid_window is not None
         or core.global_tokens is not None or core.output_gate,
         "dropout in training": core.training
@@ -314,7 +316,8 @@ def _attention(program: StepProgram, node: str, core: Any, p: Any, args: dict[st
     scale = 1.0 / math.sqrt(hd) if core.scale is None else core.scale
     slopes = args["bias"].slopes if "bias" in args else None
     buffers = [qkv, cos, sin, keys, values, heads, scratch, slopes]
-    program.emit("attend", buffers, [m, h, hkv, hd, r, c, window or 0, slots], (scale,))
+    cap = core.softcap or 0.0  # Gemma 2's soft-capped scores
+    program.emit("attend", buffers, [m, h, hkv, hd, r, c, window or 0, slots], (scale, cap))
     program.caches[core.layer_idx] = (keys, values)
     program.values[node] = (
         heads if isinstance(core.proj, nn.Identity) else program.product(core.proj, heads, node)
@@ -331,6 +334,12 @@ def _alibi(program: StepProgram, node: str, module: Any, p: Any, args: dict[str,
     if not isinstance(module, Alibi) or not module.causal:
         raise NotLowered(f"{node}: only causal ALiBi")
     program.values[node] = Slopes(alibi_slopes(module.heads).float().contiguous())
+
+
+def _softcap(program: StepProgram, node: str, module: None, p: Any, args: dict[str, Any]) -> None:
+    out = program.buffer(args["x"].shape[1])
+    program.emit("act", [args["x"], out], [args["x"].numel(), SOFTCAP], (p.cap,))
+    program.values[node] = out
 
 
 def _inactive(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
@@ -353,6 +362,7 @@ LOWER: dict[str, Lower] = {
     "mlp": _mlp,
     "linear": _linear,
     "dropout": _inactive,
+    "softcap": _softcap,
     "output": _output,
 }
 """How each op kind of the graph is written as native ops; a kind not here is not lowered."""
