@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeGuard
+from typing import NamedTuple, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,16 @@ from specvit.nn.attention import Attention
 from specvit.nn.mlp import GluMlp
 from specvit.nn.norm import Norm
 
-__all__ = ["RowsRMSNorm", "RowsSwiGLU", "is_rms_norm", "is_swiglu", "native_steps", "split_rotated"]
+__all__ = [
+    "NormSettings",
+    "RowsRMSNorm",
+    "RowsSwiGLU",
+    "is_rms_norm",
+    "is_swiglu",
+    "native_steps",
+    "norm_settings",
+    "split_rotated",
+]
 
 
 def _served(t: Tensor, width: int) -> bool:
@@ -52,6 +61,33 @@ def is_rms_norm(module: nn.Module) -> TypeGuard[nn.RMSNorm | Norm]:
     return isinstance(module, Norm) and module.kind == "rmsnorm" and module.heads is None
 
 
+class NormSettings(NamedTuple):
+    """What a norm over D channels computes: ``kind`` 0 for RMSNorm and 1 for LayerNorm, its weight (scaling by
+    ``offset + weight``), bias and eps."""
+
+    kind: int
+    dim: int
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+    offset: float
+
+
+def norm_settings(module: nn.Module) -> NormSettings | None:
+    """The settings of torch's RMSNorm or LayerNorm over one dim, or of a :class:`Norm` (with ``heads``: over all
+    of a token's heads at once); None for any other module."""
+    if isinstance(module, Norm):
+        kind = int(module.kind == "layernorm")
+        return NormSettings(
+            kind, module.dim, module.weight, module.bias, module.eps, float(module.unit_offset)
+        )
+    if isinstance(module, nn.RMSNorm | nn.LayerNorm) and len(module.normalized_shape) == 1:
+        eps = torch.finfo(torch.float32).eps if module.eps is None else module.eps
+        kind, bias = int(isinstance(module, nn.LayerNorm)), getattr(module, "bias", None)
+        return NormSettings(kind, module.normalized_shape[0], module.weight, bias, eps, 0.0)
+    return None
+
+
 class RowsRMSNorm(nn.Module):
     """An RMSNorm (torch's or a :class:`Norm`) whose calls of a few float32 rows run natively
     (:func:`specvit.nn.gemv.rms_norm`); it holds the norm's weight under the same name.
@@ -62,12 +98,10 @@ class RowsRMSNorm(nn.Module):
 
     def __init__(self, norm: nn.RMSNorm | Norm) -> None:
         super().__init__()
+        settings = norm_settings(norm)
+        assert settings is not None, "an RMSNorm (is_rms_norm)"
         self.weight = norm.weight
-        if isinstance(norm, Norm):
-            self.dim, self.eps, self.offset = norm.dim, norm.eps, float(norm.unit_offset)
-        else:
-            self.dim, self.offset = norm.normalized_shape[0], 0.0
-            self.eps = torch.finfo(torch.float32).eps if norm.eps is None else norm.eps
+        self.dim, self.eps, self.offset = settings.dim, settings.eps, settings.offset
         self._plain = (norm,)  # outside the module's children: the state_dict keeps the norm's keys
 
     def forward(self, x: Tensor) -> Tensor:

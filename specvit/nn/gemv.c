@@ -48,8 +48,9 @@ static inline vec vround(vec a) {
 }
 static inline vec vpow2(vec y, vec n) { return _mm512_scalef_ps(y, n); }
 static inline vec vabs(vec a) { return _mm512_abs_ps(a); }
-static inline vec vsmall(vec a, float bound, vec if_small, vec if_not) { /* |a| <= bound ? if_small : if_not */
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(vabs(a), _mm512_set1_ps(bound), _CMP_LE_OQ), if_not, if_small);
+static inline vec vsmall(vec a, float bound, vec yes, vec no) { /* |a| <= bound ? yes : no */
+    __mmask16 small = _mm512_cmp_ps_mask(vabs(a), _mm512_set1_ps(bound), _CMP_LE_OQ);
+    return _mm512_mask_blend_ps(small, no, yes);
 }
 static inline void store_f32(float *p, vec v) { _mm512_storeu_ps(p, v); }
 #else /* AVX2 and FMA: eight lanes */
@@ -83,13 +84,13 @@ static inline vec vset(float a) { return _mm256_set1_ps(a); }
 static inline vec vround(vec a) {
     return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
-static inline vec vpow2(vec y, vec n) { /* n in [-126, 128] (exp's clamp): 2^n built from its exponent bits */
+static inline vec vpow2(vec y, vec n) { /* n in [-126, 128] (exp's clamp): 2^n from its exponent bits */
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
 static inline vec vabs(vec a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
-static inline vec vsmall(vec a, float bound, vec if_small, vec if_not) { /* |a| <= bound ? if_small : if_not */
-    return _mm256_blendv_ps(if_not, if_small, _mm256_cmp_ps(vabs(a), _mm256_set1_ps(bound), _CMP_LE_OQ));
+static inline vec vsmall(vec a, float bound, vec yes, vec no) { /* |a| <= bound ? yes : no */
+    return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(vabs(a), _mm256_set1_ps(bound), _CMP_LE_OQ));
 }
 static inline void store_f32(float *p, vec v) { _mm256_storeu_ps(p, v); }
 #endif
@@ -304,9 +305,12 @@ static void layer_norm_rows(const float *x, const float *w, const float *b, floa
     }
 }
 
+/* -1, 0 or 1 by a's sign (a * 1e30 clamped: 0 only for |a| < 1e-30, where the callers' results are 0 too) */
+static inline vec vsign(vec a) { return vmin(vmax(vmul(a, vset(1e30f)), vset(-1.0f)), vset(1.0f)); }
+
 /* erf(z), Abramowitz and Stegun 7.1.26: within 1.5e-7 of the exact value (absolutely), the exp Cephes'. */
 static inline vec verf(vec z) {
-    vec a = vmax(z, vsub(vzero(), z)); /* |z| */
+    vec a = vabs(z);
     vec t = vdiv(vset(1.0f), vadd(vset(1.0f), vmul(vset(0.3275911f), a)));
     vec p = vset(1.061405429f);
     p = vfma(p, t, vset(-1.453152027f));
@@ -314,11 +318,11 @@ static inline vec verf(vec z) {
     p = vfma(p, t, vset(-0.284496736f));
     p = vfma(p, t, vset(0.254829592f));
     vec y = vsub(vset(1.0f), vmul(vmul(p, t), vexp(vsub(vzero(), vmul(a, a)))));
-    return vmul(y, vmin(vmax(vmul(z, vset(1e30f)), vset(-1.0f)), vset(1.0f))); /* times z's sign (0 at 0) */
+    return vmul(y, vsign(z));
 }
 
 /* tanh(y) as Cephes' tanhf computes it: an odd polynomial where |y| <= 0.625, else 1 - 2 / (e^2|y| + 1) with
- * y's sign (the sign taken by a copy of y's sign bit through vsmall's other branch: t * sign). */
+ * y's sign. */
 static inline vec vtanh(vec y) {
     vec z = vmul(y, y), p = vset(-5.70498872745e-3f);
     p = vfma(p, z, vset(2.06390887954e-2f));
@@ -327,8 +331,7 @@ static inline vec vtanh(vec y) {
     p = vfma(p, z, vset(-3.33332819422e-1f));
     vec small = vadd(vmul(vmul(p, z), y), y);
     vec a = vabs(y), big = vsub(vset(1.0f), vdiv(vset(2.0f), vadd(vexp(vadd(a, a)), vset(1.0f))));
-    vec sign = vmin(vmax(vmul(y, vset(1e30f)), vset(-1.0f)), vset(1.0f));
-    return vsmall(y, 0.625f, small, vmul(big, sign));
+    return vsmall(y, 0.625f, small, vmul(big, vsign(y)));
 }
 
 /* The activations, by the code program.py writes (ACTIVATIONS there), each as torch writes it: GELU
@@ -359,7 +362,8 @@ static inline vec activate(vec x, int64_t kind, float cap) {
     }
 }
 
-/* out[i] = act(x[i]) * (v ? v[i] : 1) over n floats (cap: the soft-capping's) (the last n % W through a buffer of W); out may be x. */
+/* out[i] = act(x[i]) * (v ? v[i] : 1) over n floats, the last n % W through a buffer of W (cap: the
+ * soft-capping's); out may be x. */
 static void activate_times(const float *x, const float *v, float *out, int64_t n, int64_t kind, float cap) {
     int64_t k = 0;
     for (; k + W <= n; k += W) {
@@ -379,11 +383,14 @@ static void activate_times(const float *x, const float *v, float *out, int64_t n
 /* A gated MLP's hidden rows: M rows of a packed (gate, value) projection h (M, 2F) -> out (M, F) =
  * act(gate) * value. */
 static void glu_rows(const float *h, float *out, int64_t M, int64_t F, int64_t kind) {
-    for (int64_t m = 0; m < M; m++) activate_times(h + m * 2 * F, h + m * 2 * F + F, out + m * F, F, kind, 0.0f);
+    for (int64_t m = 0; m < M; m++)
+        activate_times(h + m * 2 * F, h + m * 2 * F + F, out + m * F, F, kind, 0.0f);
 }
 
 /* SwiGLU: silu(gate) * value, within 1e-6 of torch's, relatively. */
-void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) { glu_rows(h, out, M, F, ACT_SILU); }
+void specvit_swiglu_f32(const float *h, float *out, int64_t M, int64_t F) {
+    glu_rows(h, out, M, F, ACT_SILU);
+}
 
 /* The first 2 * half channels of one head x rotated into y (the rest of y left as it is): channel i < half
  * pairs with i + half, ``x * cos + rotate_half(x) * sin``; x and y do not overlap. */
@@ -415,10 +422,11 @@ void specvit_rope_half_f32(const float *t, const float *cos, const float *sin, f
  * out, 5.9-7.7 with them). Each op's fields: */
 enum {
     OP_EMBED,    /* p: table (V, D), ids (M,) int64, out (M, D); n: M, D; f: the factor (1: none) */
-    OP_NORM,     /* p: x, weight or NULL, bias or NULL, y (y may be x); n: M, D, kind (0 RMSNorm, 1 LayerNorm),
-                  * the floats from a row to the next, the groups of D normalised apart in a row (QK-norm's
-                  * heads); f: eps, offset */
-    OP_GEMV,     /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16, 2 i8) */
+    OP_NORM,     /* p: x, weight or NULL, bias or NULL, y (y may be x); n: M, D, kind (0 RMSNorm,
+                  * 1 LayerNorm), the floats from a row to the next, the groups of D normalised apart in a row
+                  * (QK-norm's heads); f: eps, offset */
+    OP_GEMV,     /* p: x, w, scale or NULL, bias or NULL, y; n: M, N, K, the weight's type (0 f32, 1 bf16,
+                  * 2 i8) */
     OP_ADD,      /* p: a, b, out; n: the count */
     OP_GLU,      /* p: h, out; n: M, F, the activation (glu_rows) */
     OP_ATTEND,   /* the new token's attention, below */
@@ -444,9 +452,9 @@ static inline float dot(const float *w, const float *x, int64_t n) {
 }
 
 /* One query q (hd) over the keys and values of positions lo..hi, held in rings K and V (S, hd) of S slots
- * (position p in slot p % S): out = softmax(softcap(q.K^T * scale + slope * p)) V, with ALiBi's bias slope * p
- * (slope 0: none) and Gemma 2's soft-capping cap * tanh(s / cap) (cap 0: none). The weights' exps go in
- * `scores` (hi - lo + 1). */
+ * (position p in slot p % S): out = softmax(softcap(q.K^T * scale + slope * p)) V, with ALiBi's bias
+ * slope * p (slope 0: none) and Gemma 2's soft-capping cap * tanh(s / cap) (cap 0: none). The weights' exps
+ * go in `scores` (hi - lo + 1). */
 static void attend_one(const float *q, const float *K, const float *V, int64_t lo, int64_t hi, int64_t S,
                        int64_t hd, float scale, float slope, float cap, float *scores, float *out) {
     int64_t T = hi - lo + 1, j, slot;
@@ -495,7 +503,8 @@ static void attend_step(const Op *op, int64_t pos) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t g = 0; g < Hkv; g++) { /* the new key (rotated) and value into the cache */
             const float *k = qkv + m * width + (H + g) * hd, *v = k + Hkv * hd;
-            float *kc = keys + ((m * Hkv + g) * S + pos % S) * hd, *vc = values + ((m * Hkv + g) * S + pos % S) * hd;
+            int64_t at = ((m * Hkv + g) * S + pos % S) * hd; /* slot pos % S of row m's key head g */
+            float *kc = keys + at, *vc = values + at;
             memcpy(kc, k, (size_t)hd * sizeof(float));
             if (c) rotate_half(k, c, s, kc, r / 2);
             memcpy(vc, v, (size_t)hd * sizeof(float));
@@ -509,7 +518,8 @@ static void attend_step(const Op *op, int64_t pos) {
             if (c) rotate_half(qkv + m * width + h * hd, c, s, q, r / 2);
             const float *kc = keys + (m * Hkv + g) * S * hd, *vc = values + (m * Hkv + g) * S * hd;
             float slope = slopes ? slopes[h] : 0.0f;
-            attend_one(q, kc, vc, lo, pos, S, hd, op->f[0], slope, op->f[1], scores, out + (m * H + h) * hd);
+            float *o = out + (m * H + h) * hd;
+            attend_one(q, kc, vc, lo, pos, S, hd, op->f[0], slope, op->f[1], scores, o);
         }
 }
 

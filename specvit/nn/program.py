@@ -34,10 +34,10 @@ from specvit.nn import gemv
 from specvit.nn.alibi import Alibi, alibi_slopes
 from specvit.nn.attention import Attention
 from specvit.nn.cache import KVCache
+from specvit.nn.decoding import norm_settings
 from specvit.nn.layers import TiedLinear
 from specvit.nn.linear import Linear
 from specvit.nn.mlp import GluMlp, Mlp, QuickGELU, ReLUSquared
-from specvit.nn.norm import Norm
 from specvit.nn.position import LearnedPosition, Rope
 from specvit.nn.quant import Bf16Linear, Int8Linear
 
@@ -146,6 +146,11 @@ def _kernel(module: nn.Module, node: str) -> gemv.Gemv:
     raise NotLowered(f"{node}: a {type(module).__name__} has no native product (float32, bfloat16 or int8)")
 
 
+def _drops(module: nn.Module) -> bool:
+    """Whether a dropout module drops anything: in training, with a probability above 0."""
+    return module.training and getattr(module, "p", 0.0) > 0
+
+
 def _float32(t: Tensor | None, node: str) -> None:
     if t is not None and (t.dtype != torch.float32 or not t.is_cpu):
         raise NotLowered(f"{node}: {t.dtype} weights on {t.device} (the native step runs float32 on the CPU)")
@@ -177,19 +182,6 @@ def _rope(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, 
     program.values[node] = (cos.float().contiguous(), sin.float().contiguous())
 
 
-def _norm_of(module: nn.Module) -> tuple[int, int, Tensor | None, Tensor | None, float, float] | None:
-    """``(kind, D, weight, bias, eps, offset)`` of a norm over D channels, kind 0 for RMSNorm and 1 for
-    LayerNorm (torch's modules or a :class:`~specvit.nn.norm.Norm`), or None."""
-    if isinstance(module, Norm):  # with heads: a QK-norm over all of a token's heads at once
-        kind, offset = int(module.kind == "layernorm"), float(module.unit_offset)
-        return kind, module.dim, module.weight, module.bias, module.eps, offset
-    if isinstance(module, nn.RMSNorm | nn.LayerNorm) and len(module.normalized_shape) == 1:
-        eps = torch.finfo(torch.float32).eps if module.eps is None else module.eps
-        kind, bias = int(isinstance(module, nn.LayerNorm)), getattr(module, "bias", None)
-        return kind, module.normalized_shape[0], module.weight, bias, eps, 0.0
-    return None
-
-
 def _norm(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
     out = program.buffer(args["x"].shape[1])
     _normed(program, node, module, args["x"], out)
@@ -199,15 +191,14 @@ def _norm(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, 
 def _normed(program: StepProgram, node: str, module: nn.Module, x: Tensor, out: Tensor) -> None:
     """The op of ``module``'s norm of the rows x (M, G D) into out (the same layout, or x itself), the G groups
     of D channels of a row normalised apart (a QK-norm's heads)."""
-    settings = _norm_of(module)
-    if settings is None or x.shape[1] % settings[1]:
+    settings = norm_settings(module)
+    if settings is None or x.shape[1] % settings.dim:
         raise NotLowered(f"{node}: only a norm over the width, or over heads")
-    kind, width, *tensors, eps, offset = settings
-    weight, bias = (None if t is None else t.detach() for t in tensors)
+    weight, bias = (None if t is None else t.detach() for t in (settings.weight, settings.bias))
     _float32(weight, node)
     _float32(bias, node)
-    sizes = [program.rows, width, kind, x.stride(0), x.shape[1] // width]
-    program.emit("norm", [x, weight, bias, out], sizes, (eps, offset))
+    sizes = [program.rows, settings.dim, settings.kind, x.stride(0), x.shape[1] // settings.dim]
+    program.emit("norm", [x, weight, bias, out], sizes, (settings.eps, settings.offset))
 
 
 def _learned_position(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
@@ -246,7 +237,7 @@ def _activation(act: nn.Module, node: str) -> int:
 def _mlp(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
     if not isinstance(module, Mlp | GluMlp) or module.norm is not None or getattr(module, "grid", None):
         raise NotLowered(f"{node}: only an MLP without an inner norm or conv")
-    if module.training and any(getattr(d, "p", 0.0) > 0 for d in (module.drop1, module.drop2)):
+    if _drops(module.drop1) or _drops(module.drop2):
         raise NotLowered(f"{node}: dropout in training")
     act = _activation(module.act, node)
     h = program.product(module.fc1, args["x"], node)  # (M, F), or (M, 2F) gated
@@ -282,8 +273,7 @@ def _refusal(core: Attention) -> str | None:
         or core.disentangled or core.relative is not None,
         "windows over a grid, global tokens or an output gate": core.grid_window is not None
         or core.global_tokens is not None or core.output_gate,
-        "dropout in training": core.training
-        and (core.attn_drop > 0 or getattr(core.proj_drop, "p", 0.0) > 0),
+        "dropout in training": (core.training and core.attn_drop > 0) or _drops(core.proj_drop),
         "heads wider than 512": core.head_dim > 512,
     }  # fmt: skip
     return next((what for what, found in parts.items() if found), None)
@@ -344,7 +334,7 @@ def _softcap(program: StepProgram, node: str, module: None, p: Any, args: dict[s
 
 def _inactive(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
     """Dropout in eval mode (or of probability 0): the input itself."""
-    if module is not None and module.training and getattr(module, "p", 0.0) > 0:
+    if module is not None and _drops(module):
         raise NotLowered(f"{node}: dropout in training")
     program.values[node] = args["x"]
 
