@@ -56,7 +56,7 @@ def vit_rows(repeat: int, smoke: bool = False) -> list[Row]:
             Row("ViT-B/16 forward, eager" + tag, f"batch {batch}", t_ours, t_hf, "HF ViTModel (sdpa)", flops)
         )
         for precision in ("fp32", "bf16"):
-            fast = specvit.optimize(ours, (x,), precision=precision, repeat=max(2, repeat // 2))  # type: ignore[arg-type]
+            fast = specvit.optimize(ours, (x,), precision=precision, repeat=repeat)  # type: ignore[arg-type]
             report = fast.optimize_report
             with torch.no_grad():  # as optimize measured (a compiled module guards on the grad mode)
                 t_fast, t_eager = timeit_pair(lambda x=x, fast=fast: fast(x), lambda x=x: ours(x), repeat)
@@ -77,10 +77,13 @@ def vit_rows(repeat: int, smoke: bool = False) -> list[Row]:
                 )
             )
             if precision == "fp32":
+                itself = report.chosen == "eager"  # the model itself: a re-timing measures the machine's noise
                 target(
                     f"optimize(fp32) never slower than eager, batch {batch} (re-timed, alternating with eager)",
-                    t_fast <= t_eager,
-                    f"chose {report.chosen}, {report.speedup:.2f}x when measured, {t_eager / t_fast:.2f}x re-timed",
+                    itself or t_fast <= t_eager,
+                    f"chose {report.chosen}"
+                    + (", the model itself" if itself else f", {report.speedup:.2f}x when measured")
+                    + f", {t_eager / t_fast:.2f}x re-timed",
                 )
     try:
         import onnxruntime as ort

@@ -4,8 +4,9 @@ It measures before it chooses: the candidates (eager; eager with oneDNN pre-pack
 ``torch.compile(fullgraph=True)`` with and without Inductor freezing; with ``precision='bf16'`` also bf16
 eager and compiled) each run once on the example inputs (the warm-up, where compilation happens), their
 outputs are compared with eager's (fp32 within 1e-4 max abs; bf16 within 5% of eager's largest output
-magnitude), the ones that agree are timed in alternating rounds, and the fastest is kept (eager unless
-another is ``MARGIN``, 3%, faster: closer than that, the machine's drift decides). Eager is a candidate, so
+magnitude), the ones that agree are timed in alternating rounds (each round starting at the next candidate), each
+candidate's speedup is the median over the rounds of its ratio to eager in the same round, and the fastest is
+kept (eager unless another is ``MARGIN``, 3%, faster: closer than that, the machine's drift decides). Eager is a candidate, so
 the result is never slower than eager on the shapes it was measured at: which candidate wins
 depends on the machine (Inductor freezing gained on one of this project's CPUs and lost on another) and on
 the batch size. ``model.optimize_report`` (or ``verbose=True``) gives the table of candidates, times,
@@ -111,7 +112,7 @@ def optimize(
             weight-only int8 candidates join, int8 held to 10%: :mod:`specvit.nn.quant`); for generation the
             bf16 and int8 candidates hold only their linears' weights so, activations in float32.
         compile: include the ``torch.compile(fullgraph=True)`` candidates (each costs a warm-up: compilation).
-        repeat: timed rounds per candidate (median); 1-2 keeps tests cheap.
+        repeat: timed rounds (the median speedup over them counts); 1-2 keeps tests cheap.
         verbose: print the report's table to standard error.
         progress: show progress on standard error while measuring (default: when it is a terminal).
         candidates: replace the default candidates (the first must be eager); for tests and experiments.

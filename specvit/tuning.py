@@ -70,10 +70,12 @@ class Candidate:
 
 @dataclass
 class Trial:
-    """What one candidate measured: median seconds per call, first-call seconds, max abs diff vs eager."""
+    """What one candidate measured: median seconds per call, its speedup over eager (the median over the rounds
+    of eager's time over its own in the same round), first-call seconds, max abs diff vs eager."""
 
     name: str
     seconds: float | None = None
+    speedup: float | None = None
     warmup_seconds: float | None = None
     max_abs_diff: float | None = None
     rejected: str | None = None  # why it was not eligible (wrong outputs, an error)
@@ -89,17 +91,11 @@ class OptimizeReport:
     modules: dict[str, nn.Module] = field(default_factory=dict, repr=False)
 
     @property
-    def eager_seconds(self) -> float:
-        eager = next(t for t in self.trials if t.name == "eager")
-        assert eager.seconds is not None
-        return eager.seconds
-
-    @property
     def speedup(self) -> float:
         """Eager's time over the chosen candidate's (>= 1.0)."""
         chosen = next(t for t in self.trials if t.name == self.chosen)
-        assert chosen.seconds is not None
-        return self.eager_seconds / chosen.seconds
+        assert chosen.speedup is not None
+        return chosen.speedup
 
     def table(self) -> str:
         """A text table: candidate, median time, speedup over eager, max abs diff, warm-up, verdict."""
@@ -110,7 +106,7 @@ class OptimizeReport:
         ]
         for t in self.trials:
             time_s = f"{t.seconds * 1e3:.2f} ms" if t.seconds is not None else "-"
-            speed = f"{self.eager_seconds / t.seconds:.2f}x" if t.seconds else "-"
+            speed = f"{t.speedup:.2f}x" if t.speedup else "-"
             diff = f"{t.max_abs_diff:.1e}" if t.max_abs_diff is not None else "-"
             warm = f"{t.warmup_seconds:.2f} s" if t.warmup_seconds is not None else "-"
             lines.append(f"{t.name:<28} {time_s:>10} {speed:>8} {diff:>13} {warm:>9}  {self._verdict(t)}")
@@ -122,7 +118,7 @@ class OptimizeReport:
             return "chosen"
         if t.rejected:
             return f"rejected: {t.rejected}"
-        if self.chosen == "eager" and t.seconds and t.seconds < self.eager_seconds:
+        if self.chosen == "eager" and t.speedup and t.speedup > 1.0:
             return f"faster by less than the {MARGIN:.0%} margin"
         return "slower"
 
@@ -299,8 +295,9 @@ def choose(
         model: the eval-mode model; eager (``candidates`` named ``eager``) is its reference.
         args: forward arguments.
         candidates: the ways to try; the first must be ``eager``.
-        repeat: timed rounds after the warm-up; each round calls every eligible candidate once, so a drift of
-            the machine's speed hits all alike; the median of the rounds counts.
+        repeat: timed rounds after the warm-up; each round calls every eligible candidate once, starting at
+            the next one each round, and each candidate's speedup is the median over the rounds of eager's time
+            over its own in the same round, so a drift of the machine's speed hits both alike.
         timer: the clock (seconds).
         timed: what is timed, ``timed(module, args)``, once more in the warm-up; None: ``module(*args)``.
             The outputs compared are always ``module(*args)``'s.
@@ -319,19 +316,25 @@ def choose(
             for runner in runners.values():
                 run(runner, args)
         times: dict[str, list[float]] = {name: [] for name in runners}
-        for _ in range(max(1, repeat)):
-            for name, runner in runners.items():
+        for order in _rounds(list(runners), max(1, repeat)):
+            for name in order:
                 start = timer()
-                run(runner, args)
+                run(runners[name], args)
                 times[name].append(timer() - start)
     for t in trials:
         if t.name in times:
             t.seconds = statistics.median(times[t.name])
-    chosen = min((t for t in trials if t.seconds is not None), key=lambda t: t.seconds or 0.0)
-    eager = next(t for t in trials if t.name == "eager")
-    if eager.seconds is not None and (chosen.seconds or 0.0) > eager.seconds * (1 - MARGIN):
-        chosen = eager  # within the margin: not faster beyond the machine's drift
+            t.speedup = statistics.median(e / s for e, s in zip(times["eager"], times[t.name], strict=True))
+    chosen = max((t for t in trials if t.speedup is not None), key=lambda t: t.speedup or 0.0)
+    if (chosen.speedup or 0.0) < 1 / (1 - MARGIN):
+        chosen = next(t for t in trials if t.name == "eager")  # within the margin: the machine's drift
     return runners[chosen.name], OptimizeReport(trials, chosen.name, modules=runners)
+
+
+def _rounds(names: list[str], repeat: int) -> list[list[str]]:
+    """The order of the candidates in each timed round: each round starts one later, so no candidate always
+    runs right after the same one, nor always first or last while the machine speeds up or slows down."""
+    return [names[r % len(names) :] + names[: r % len(names)] for r in range(repeat)]
 
 
 def _warm_up(

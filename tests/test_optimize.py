@@ -92,6 +92,37 @@ def test_a_candidate_replaces_eager_only_beyond_the_margin(cost: float, chosen: 
     assert verdict.endswith("chosen" if chosen == "candidate" else "faster by less than the 3% margin")
 
 
+class Speeding(Costs):
+    """Costs ``cost`` fake seconds times ``rate`` to the power of the calls the machine made before: a machine
+    that gets faster while it measures."""
+
+    calls = 0
+
+    def __init__(self, clock: Clock, cost: float, rate: float) -> None:
+        super().__init__(clock, cost)
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.now += self.cost * self.rate**Speeding.calls
+        Speeding.calls += 1
+        return 2 * x
+
+
+@pytest.mark.parametrize(("rotate", "chosen"), [(True, "eager"), (False, "same")])
+def test_a_machine_speeding_up_does_not_choose_whichever_runs_later(
+    rotate: bool, chosen: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two equal candidates on a machine 4% faster at each call: eager stays. The control fixes the order of
+    the rounds (as ``choose`` did): the candidate called second in every round measures 4% faster."""
+    if not rotate:
+        monkeypatch.setattr(tuning, "_rounds", lambda names, repeat: [names] * repeat)
+    clock = Clock()
+    monkeypatch.setattr(Speeding, "calls", 0)
+    cands = [Candidate(n, lambda m: Speeding(clock, 1.0, 0.96)) for n in ("eager", "same")]
+    fast = optimize(Costs(clock, 1.0), (torch.ones(3),), candidates=cands, timer=clock, repeat=2)
+    assert fast.optimize_report.chosen == chosen
+
+
 def test_without_a_margin_the_fastest_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tuning, "MARGIN", 0.0)  # control: the 2% faster candidate of the test above
     clock = Clock()
