@@ -27,7 +27,7 @@ from specvit.codegen.fold import unparse
 from specvit.codegen.functions import reachable, specialise_helpers
 from specvit.codegen.lines import split_line
 from specvit.codegen.scopes import analyse, attr_path, block_container
-from specvit.codegen.sources import UNWRAP, dependencies, import_block, renames
+from specvit.codegen.sources import dependencies, import_block, plain_calls, renames
 from specvit.codegen.specialise import Facts, rewrite_function, specialise
 from specvit.codegen.templates import DecoderGenerate, EncoderDecoderGenerate, decoding, template_for
 from specvit.codegen.text import (
@@ -97,7 +97,7 @@ class _Ejector:
         module = inspect.getmodule(cls)
         assert module is not None
         source = textwrap.dedent(inspect.getsource(cls))
-        return rewrite_function(source, module, renames(module), UNWRAP, _called_from_outside())
+        return rewrite_function(source, module, renames(module), plain_calls(module), _called_from_outside())
 
     def _choose(self) -> dict[str, tuple[type, dict[str, Any]]]:
         """Each module node's class: torch's own, a plain template, or the library's (every node of a library
@@ -145,7 +145,9 @@ class _Ejector:
         module = inspect.getmodule(cls)
         if template:
             return Facts(attrs, absent, init, module, renames(module))
-        return Facts(attrs, absent, init, module, renames(module), UNWRAP, _called_from_outside())
+        return Facts(
+            attrs, absent, init, module, renames(module), plain_calls(module), _called_from_outside()
+        )
 
     def tidy(self, others: list[str]) -> set[str]:
         """Drop the attributes no source reads, then the constructor parameters nothing reads; the attributes

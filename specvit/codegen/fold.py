@@ -18,10 +18,10 @@ import operator
 import re
 import tokenize
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["UNKNOWN", "Fold", "is_flag", "unparse"]
+__all__ = ["UNKNOWN", "Fold", "PlainCall", "is_flag", "unparse"]
 
 UNKNOWN = object()
 
@@ -37,6 +37,9 @@ _OPS: dict[type, Callable[[Any, Any], Any]] = {
     ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
+
+PlainCall = Callable[[ast.Call], ast.expr]
+"""How a fast path's call is written in plain torch: the call in, the expression it becomes out."""
 
 _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -208,7 +211,8 @@ class Fold(ast.NodeTransformer):
         attrs: ``self.<name>`` -> its value in every instance.
         module: where the source's names are defined (for callees' defaults and renames).
         renames: name -> the expression text it becomes (``Linear`` -> ``nn.Linear``).
-        unwrap: functions whose call is replaced by its single argument.
+        plain_calls: functions whose call is written otherwise -> the call it becomes
+            (``sdpa_layout(x)`` -> ``x``).
         always: names substituted whatever their value (parameters that leave the signature).
     """
 
@@ -218,11 +222,11 @@ class Fold(ast.NodeTransformer):
         attrs: dict[str, Any],
         module: types.ModuleType | None = None,
         renames: dict[str, str] | None = None,
-        unwrap: frozenset[str] = frozenset(),
+        plain_calls: Mapping[str, PlainCall] | None = None,
         always: frozenset[str] = frozenset(),
     ):
         self.names, self.attrs, self.module = names, attrs, module
-        self.renames, self.unwrap, self.always = renames or {}, unwrap, always
+        self.renames, self.plain_calls, self.always = renames or {}, plain_calls or {}, always
         self.initial = dict(names)  # the values the names started as
         self.dropped: set[str] = set(always)  # parameters that leave the signature
         self.assigned: set[str] = set()  # names bound on every path to the statement folded
@@ -367,8 +371,8 @@ class Fold(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id in self.unwrap and len(node.args) == 1:
-            return node.args[0]
+        if isinstance(node.func, ast.Name) and (plain := self.plain_calls.get(node.func.id)) is not None:
+            return ast.copy_location(plain(node), node)
         if (known := self._isinstance(node)) is not None:
             return ast.copy_location(ast.Constant(known), node)
         if _is_self(node.func) and isinstance(node.func, ast.Attribute) and node.func.attr in self.bound:

@@ -16,10 +16,11 @@ import textwrap
 import types
 from collections.abc import Iterable
 
+from specvit.codegen.fold import PlainCall
 from specvit.codegen.specialise import rewrite_function
-from specvit.nn import functional, layers, linear
+from specvit.nn import functional, layers, linear, mlp
 
-__all__ = ["dependencies", "import_block", "renames"]
+__all__ = ["dependencies", "import_block", "plain_calls", "renames"]
 
 _FAST: dict[object, str] = {
     linear.Linear: "nn.Linear",
@@ -28,8 +29,12 @@ _FAST: dict[object, str] = {
 }
 """The fast paths of the compiled model and the plain torch they compute."""
 
-UNWRAP = frozenset({"sdpa_layout"})
-"""Functions that only change a tensor's memory layout (for export): their call is their argument."""
+_PLAIN_CALLS: dict[object, PlainCall] = {
+    functional.sdpa_layout: lambda call: call.args[0],  # only a memory layout (for export): its argument
+    mlp.activate: lambda call: ast.Call(call.args[0], call.args[1:], []),  # act(h), never in place
+    mlp._recomputes: lambda call: ast.Constant(False),  # no backward recomputing the activations
+}
+"""Fast-path functions whose calls an ejected file writes as plain torch, and the call each becomes."""
 
 
 def renames(module: types.ModuleType | None) -> dict[str, str]:
@@ -47,13 +52,27 @@ def renames(module: types.ModuleType | None) -> dict[str, str]:
     return out
 
 
+def plain_calls(module: types.ModuleType | None) -> dict[str, PlainCall]:
+    """The names of ``module`` that are fast-path functions, and the plain call a call of each becomes."""
+    if module is None:
+        return {}
+    out = {}
+    for name, value in vars(module).items():
+        try:
+            plain = _PLAIN_CALLS.get(value)
+        except TypeError:  # unhashable
+            continue
+        if plain is not None:
+            out[name] = plain
+    return out
+
+
 def _plain(source: str, module: types.ModuleType) -> str:
     """A library function's source with its fast paths written plainly."""
-    unwrap = UNWRAP if functional.sdpa_layout is vars(module).get("sdpa_layout") else frozenset()
-    names = renames(module)
-    if not names and not unwrap:
+    names, calls = renames(module), plain_calls(module)
+    if not names and not calls:
         return source
-    return rewrite_function(source, module, names, unwrap)
+    return rewrite_function(source, module, names, calls)
 
 
 def dependencies(

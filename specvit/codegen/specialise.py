@@ -20,10 +20,11 @@ import re
 import textwrap
 import types
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specvit.codegen.fold import UNKNOWN, Fold, is_flag, unparse
+from specvit.codegen.fold import UNKNOWN, Fold, PlainCall, is_flag, unparse
 from specvit.codegen.lines import reflow, rejoin_lines
 from specvit.codegen.tidy import docstring, signature, tidy_class
 
@@ -50,7 +51,7 @@ class Facts:
         init: constructor arguments every call passes with the same value.
         module: where the class's names are defined.
         renames: names to write otherwise (``Linear`` -> ``nn.Linear``: no fast paths in an ejected file).
-        unwrap: functions whose call is replaced by its argument.
+        plain_calls: functions whose call is written otherwise -> the call it becomes.
         keep: private methods other code calls (``owner._attend``): kept whole, with their parameters.
         functions: helper functions whose calls drop arguments: name -> (its parameters, those folded).
     """
@@ -60,7 +61,7 @@ class Facts:
     init: dict[str, Any]
     module: types.ModuleType | None = None
     renames: dict[str, str] = field(default_factory=dict)
-    unwrap: frozenset[str] = frozenset()
+    plain_calls: Mapping[str, PlainCall] = field(default_factory=dict)
     keep: frozenset[str] = frozenset()
     functions: dict[str, tuple[list[str], set[str]]] = field(default_factory=dict)
 
@@ -77,7 +78,7 @@ class Facts:
         names = dict(self.absent) if method == "forward" else dict(self.init) if method == "__init__" else {}
         attrs = self.attrs if method != "__init__" else {}
         always = frozenset(self.absent) if method == "forward" else frozenset()
-        fold = Fold({**names, **(single or {})}, attrs, self.module, self.renames, self.unwrap, always)
+        fold = Fold({**names, **(single or {})}, attrs, self.module, self.renames, self.plain_calls, always)
         fold.functions = self.functions
         return fold
 
@@ -463,25 +464,25 @@ def rewrite_function(
     source: str,
     module: types.ModuleType,
     renames: dict[str, str],
-    unwrap: frozenset[str],
+    plain_calls: Mapping[str, PlainCall],
     keep: frozenset[str] = frozenset(),
 ) -> str:
-    """A module-level function's or class's source with the names ``renames`` written otherwise and the calls
-    of ``unwrap`` replaced by their argument (an ejected file's plain torch for the fast paths).
+    """A module-level function's or class's source with the names ``renames`` and the calls of ``plain_calls``
+    written otherwise (an ejected file's plain torch for the fast paths).
 
     Args:
         source: the definition's text.
         module: where its names are defined.
         renames: name -> the expression it becomes.
-        unwrap: functions whose call is its argument.
+        plain_calls: functions whose call is written otherwise -> the call it becomes.
         keep: private methods other code calls.
     """
-    facts = Facts({}, {}, {}, module, renames, unwrap, keep)
+    facts = Facts({}, {}, {}, module, renames, plain_calls, keep)
     node = ast.parse(source).body[0]
     if isinstance(node, ast.ClassDef):
         return specialise_source(source, facts)
     r = Renderer(source, facts)
-    r.fold = Fold({}, {}, module, renames, unwrap)
+    r.fold = Fold({}, {}, module, renames, plain_calls)
     start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     if not isinstance(node, ast.FunctionDef):
         return source

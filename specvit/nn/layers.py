@@ -46,6 +46,11 @@ class Dropout(nn.Dropout):
         return F.dropout(x, self.p, self.training, self.inplace)
 
 
+def drops(module: nn.Module) -> bool:
+    """Whether a dropout module drops anything: in training, with a probability above 0."""
+    return module.training and getattr(module, "p", 0.0) > 0
+
+
 class DropPath(nn.Module):
     """Stochastic depth: zero a whole residual branch per sample (timm's ``DropPath``).
 

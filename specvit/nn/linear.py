@@ -36,6 +36,8 @@ __all__ = [
     "onednn_is_faster",
     "onednn_linear",
     "packed_linear",
+    "recomputed_linear",
+    "recomputes",
     "uses_onednn",
 ]
 
@@ -66,6 +68,18 @@ def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), bias)  # (..., out)
 
 
+def _linear_grads(
+    ctx: Any, grad: Tensor, x: Tensor, weight: Tensor, x_grad: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The gradients of ``x @ weight.T + bias`` for ``grad`` (..., out): of x (if ``x_grad``), of the weight and
+    of the bias where ``ctx.needs_input_grad`` (indexes 1 and 2) asks for them and ``ctx.has_bias``."""
+    grad_2d = grad.reshape(-1, grad.shape[-1])  # (M, out)
+    grad_x = (grad_2d @ weight).view(*grad.shape[:-1], weight.shape[1]) if x_grad else None  # (..., in)
+    grad_w = grad_2d.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None  # (out, in)
+    grad_b = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # (out,)
+    return grad_x, grad_w, grad_b
+
+
 class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -77,13 +91,65 @@ class _OneDnnLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         x, weight = ctx.saved_tensors
-        grad_2d = grad.reshape(-1, grad.shape[-1])  # (M, out)
-        grad_x = grad_2d @ weight if ctx.needs_input_grad[0] else None  # (M, in)
-        if grad_x is not None:
-            grad_x = grad_x.view(*grad.shape[:-1], weight.shape[1])  # (..., in)
-        grad_w = grad_2d.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None  # (out, in)
-        grad_b = grad_2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # (out,)
-        return grad_x, grad_w, grad_b
+        return _linear_grads(ctx, grad, x, weight, ctx.needs_input_grad[0])
+
+
+class _RecomputedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, h: Tensor, weight: Tensor, bias: Tensor | None, inner: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        ctx.save_for_backward(h, weight)
+        ctx.has_bias, ctx.inner = bias is not None, inner  # type: ignore[attr-defined]
+        return onednn_linear(inner(h), weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+        h, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            pre = h.detach().requires_grad_()
+            x = ctx.inner(pre)  # (..., in) recomputed
+        grad_x, grad_w, grad_b = _linear_grads(ctx, grad, x.detach(), weight, True)
+        (grad_h,) = torch.autograd.grad(x, pre, grad_x) if ctx.needs_input_grad[0] else (None,)
+        return grad_h, grad_w, grad_b, None
+
+
+def recomputes(h: Tensor, linear: nn.Module) -> bool:
+    """Whether :func:`recomputed_linear` may run ``linear`` on a function of ``h``: a gradient flows to ``h``,
+    the code is eager (a compiler's partitioner chooses what to recompute itself), and ``linear`` is exactly a
+    :class:`Linear` of plain weights without hooks (of its own or global) that a call would run."""
+    hooks = (
+        linear._forward_hooks
+        or linear._forward_pre_hooks
+        or nn.modules.module._global_forward_hooks
+        or nn.modules.module._global_forward_pre_hooks
+    )
+    return (
+        h.requires_grad
+        and torch.is_grad_enabled()
+        and not torch.compiler.is_compiling()
+        and type(linear) is Linear
+        and type(linear.weight) is nn.Parameter
+        and not hooks
+    )
+
+
+def recomputed_linear(h: Tensor, inner: Callable[[Tensor], Tensor], linear: nn.Linear) -> Tensor:
+    """``linear(inner(h))`` whose backward keeps ``h`` and recomputes ``inner(h)``, where :func:`recomputes`
+    holds.
+
+    Autograd would keep both: ``inner``'s input for its own gradient and its output for the weight's. For an
+    MLP's activation (``inner`` GELU, or a gated MLP's ``act(gate) * value``) that is a (..., F) tensor of
+    each layer's activations less in training, for one more pass of ``inner`` in the backward. The backward
+    is once differentiable.
+
+    Args:
+        h: (..., F') the input of ``inner``.
+        inner: a function without parameters or randomness, (..., F') -> (..., in).
+        linear: the layer applied to ``inner(h)``.
+    """
+    return _RecomputedLinear.apply(h, linear.weight, linear.bias, inner)
 
 
 MIN_ROWS = 256

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from specvit.nn.linear import Linear
-from specvit.nn.mlp import GluActivation, MlpActivation, _activation, build_mlp
+from specvit.nn.mlp import GluActivation, MlpActivation, _activation, activate, build_mlp
 from specvit.nn.regions import enter_region, leave_region, local
 
 __all__ = ["MoeMlp", "expert_products", "load_balancing_loss", "route", "routing_stats"]
@@ -216,12 +216,12 @@ class MoeMlp(nn.Module):
         h = expert_products(x, fc1, counts)  # (S, F or 2F)
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
-            h = self.act(gate) * value  # (S, F)
+            h = activate(self.act, gate) * value  # (S, F)
         else:
-            h = self.act(h)
+            h = activate(self.act, h)
         y = expert_products(h, fc2, counts)  # (S, D)
         y = y * weights.flatten()[used, None]  # (S, D) times each slot's routing weight
-        return torch.zeros_like(flat).index_add(0, token, y)  # (T, D)
+        return torch.zeros_like(flat).index_add_(0, token, y)  # (T, D)
 
     def extra_repr(self) -> str:
         shared = (

@@ -35,7 +35,7 @@ from specvit.nn.alibi import Alibi, alibi_slopes
 from specvit.nn.attention import Attention
 from specvit.nn.cache import KVCache
 from specvit.nn.decoding import norm_settings
-from specvit.nn.layers import TiedLinear
+from specvit.nn.layers import TiedLinear, drops
 from specvit.nn.linear import Linear
 from specvit.nn.mlp import GluMlp, Mlp, QuickGELU, ReLUSquared
 from specvit.nn.position import LearnedPosition, Rope
@@ -146,11 +146,6 @@ def _kernel(module: nn.Module, node: str) -> gemv.Gemv:
     raise NotLowered(f"{node}: a {type(module).__name__} has no native product (float32, bfloat16 or int8)")
 
 
-def _drops(module: nn.Module) -> bool:
-    """Whether a dropout module drops anything: in training, with a probability above 0."""
-    return module.training and getattr(module, "p", 0.0) > 0
-
-
 def _float32(t: Tensor | None, node: str) -> None:
     if t is not None and (t.dtype != torch.float32 or not t.is_cpu):
         raise NotLowered(f"{node}: {t.dtype} weights on {t.device} (the native step runs float32 on the CPU)")
@@ -237,7 +232,7 @@ def _activation(act: nn.Module, node: str) -> int:
 def _mlp(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
     if not isinstance(module, Mlp | GluMlp) or module.norm is not None or getattr(module, "grid", None):
         raise NotLowered(f"{node}: only an MLP without an inner norm or conv")
-    if _drops(module.drop1) or _drops(module.drop2):
+    if drops(module.drop1) or drops(module.drop2):
         raise NotLowered(f"{node}: dropout in training")
     act = _activation(module.act, node)
     h = program.product(module.fc1, args["x"], node)  # (M, F), or (M, 2F) gated
@@ -273,7 +268,7 @@ def _refusal(core: Attention) -> str | None:
         or core.disentangled or core.relative is not None,
         "windows over a grid, global tokens or an output gate": core.grid_window is not None
         or core.global_tokens is not None or core.output_gate,
-        "dropout in training": (core.training and core.attn_drop > 0) or _drops(core.proj_drop),
+        "dropout in training": (core.training and core.attn_drop > 0) or drops(core.proj_drop),
         "heads wider than 512": core.head_dim > 512,
     }  # fmt: skip
     return next((what for what, found in parts.items() if found), None)
@@ -334,7 +329,7 @@ def _softcap(program: StepProgram, node: str, module: None, p: Any, args: dict[s
 
 def _inactive(program: StepProgram, node: str, module: Any, p: Any, args: dict[str, Any]) -> None:
     """Dropout in eval mode (or of probability 0): the input itself."""
-    if module is not None and _drops(module):
+    if module is not None and drops(module):
         raise NotLowered(f"{node}: dropout in training")
     program.values[node] = args["x"]
 
