@@ -126,3 +126,27 @@ def test_an_moe_mlp_in_eval_equals_its_experts_run_out_of_place(monkeypatch: pyt
         monkeypatch.setattr("specvit.nn.mlp._IN_PLACE", {})
         want = moe(x, logits=logits)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_under_autocast_the_recomputed_backward_has_autograd_s_gradients_and_dtypes(
+    activation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 autocast: the backward recomputes under the forward's autocast, so its products take autocast's
+    dtypes as autograd's nodes would (a bf16 gradient against a float32 weight fails the product)."""
+    torch.manual_seed(0)
+    mlp, x = build_mlp(32, 48, activation), torch.randn(2, 5, 32)  # type: ignore[arg-type]
+    runs = []
+    for recompute in (True, False):
+        if not recompute:
+            monkeypatch.setattr("specvit.nn.mlp.recomputes", lambda h, linear: False)
+        mlp.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16):
+            out = mlp(x)
+        out.float().square().sum().backward()
+        runs.append((out, [p.grad.clone() for p in mlp.parameters()]))  # type: ignore[union-attr]
+    (out, grads), (want, want_grads) = runs
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)

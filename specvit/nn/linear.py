@@ -15,6 +15,7 @@ torch.compile and export, which pick their own kernels, and under dispatch modes
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -101,17 +102,23 @@ class _RecomputedLinear(torch.autograd.Function):
     ) -> Tensor:
         ctx.save_for_backward(h, weight)
         ctx.has_bias, ctx.inner = bias is not None, inner  # type: ignore[attr-defined]
+        device = h.device.type  # the backward runs under the forward's autocast, as autograd's nodes would
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        ctx.autocast = torch.get_autocast_dtype(device) if autocast else None  # type: ignore[attr-defined]
         return onednn_linear(inner(h), weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         h, weight = ctx.saved_tensors
-        with torch.enable_grad():
-            pre = h.detach().requires_grad_()
-            x = ctx.inner(pre)  # (..., in) recomputed
-        grad_x, grad_w, grad_b = _linear_grads(ctx, grad, x.detach(), weight, True)
-        (grad_h,) = torch.autograd.grad(x, pre, grad_x) if ctx.needs_input_grad[0] else (None,)
+        dtype = ctx.autocast
+        autocast = torch.autocast(h.device.type, dtype) if dtype is not None else contextlib.nullcontext()
+        with autocast:
+            with torch.enable_grad():
+                pre = h.detach().requires_grad_()
+                x = ctx.inner(pre)  # (..., in) recomputed
+            grad_x, grad_w, grad_b = _linear_grads(ctx, grad, x.detach(), weight, True)
+            (grad_h,) = torch.autograd.grad(x, pre, grad_x) if ctx.needs_input_grad[0] else (None,)
         return grad_h, grad_w, grad_b, None
 
 
