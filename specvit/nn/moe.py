@@ -214,13 +214,16 @@ class MoeMlp(nn.Module):
         token = torch.div(used, self.top_k, rounding_mode="floor")  # (S,) each slot's token
         x = flat[token]  # (S, D) sorted by expert
         h = expert_products(x, fc1, counts)  # (S, F or 2F)
+        tracked = h.requires_grad and torch.is_grad_enabled()  # else products are written over their inputs
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
-            h = activate(self.act, gate) * value  # (S, F)
+            h = activate(self.act, gate)
+            h = h * value if tracked else h.mul_(value)  # (S, F), untracked: a strided view of the gates
         else:
             h = activate(self.act, h)
         y = expert_products(h, fc2, counts)  # (S, D)
-        y = y * weights.flatten()[used, None]  # (S, D) times each slot's routing weight
+        routing = weights.flatten()[used, None]  # (S, 1) each slot's routing weight
+        y = y * routing if tracked else y.mul_(routing)  # (S, D)
         return torch.zeros_like(flat).index_add_(0, token, y)  # (T, D)
 
     def extra_repr(self) -> str:
