@@ -194,7 +194,7 @@ def decode_rows(repeat: int, smoke: bool = False) -> list[Row]:
             if batch == 1:
                 rows += _smaller_weights(ours, prompt, sizes, rates, runs, rows[-1], vocab)
         seq = torch.randint(0, vocab, (1, sizes.prefill), generator=ids)
-        t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, max(2, repeat // 2))
+        t_ours, t_hf, _, _ = _pair(lambda: ours(seq), lambda: ref(input_ids=seq).logits, repeat)
         rows.append(
             Row(f"Prefill of {sizes.prefill} tokens", "batch 1, all logits", t_ours, t_hf, "HF forward")
         )

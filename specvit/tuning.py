@@ -92,7 +92,7 @@ class OptimizeReport:
 
     @property
     def speedup(self) -> float:
-        """Eager's time over the chosen candidate's (>= 1.0)."""
+        """The chosen candidate's speedup over eager (:class:`Trial`'s; >= 1.0, eager's is 1.0)."""
         chosen = next(t for t in self.trials if t.name == self.chosen)
         assert chosen.speedup is not None
         return chosen.speedup
