@@ -14,13 +14,16 @@ import importlib
 import inspect
 import textwrap
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from specvit.codegen.fold import PlainCall
 from specvit.codegen.specialise import rewrite_function
 from specvit.nn import functional, layers, linear, mlp
 
 __all__ = ["dependencies", "import_block", "plain_calls", "renames"]
+
+T = TypeVar("T")
 
 _FAST: dict[object, str] = {
     linear.Linear: "nn.Linear",
@@ -37,34 +40,27 @@ _PLAIN_CALLS: dict[object, PlainCall] = {
 """Fast-path functions whose calls an ejected file writes as plain torch, and the call each becomes."""
 
 
-def renames(module: types.ModuleType | None) -> dict[str, str]:
-    """The names of ``module`` that are fast paths, and the plain torch each is written as."""
-    if module is None:
-        return {}
+def _named(module: types.ModuleType | None, table: Mapping[object, T]) -> dict[str, T]:
+    """The names of ``module`` bound to keys of ``table``, each with its entry."""
     out = {}
-    for name, value in vars(module).items():
+    for name, value in vars(module).items() if module is not None else ():
         try:
-            plain = _FAST.get(value)
+            entry = table.get(value)
         except TypeError:  # unhashable
             continue
-        if plain is not None:
-            out[name] = plain
+        if entry is not None:
+            out[name] = entry
     return out
+
+
+def renames(module: types.ModuleType | None) -> dict[str, str]:
+    """The names of ``module`` that are fast paths, and the plain torch each is written as."""
+    return _named(module, _FAST)
 
 
 def plain_calls(module: types.ModuleType | None) -> dict[str, PlainCall]:
     """The names of ``module`` that are fast-path functions, and the plain call a call of each becomes."""
-    if module is None:
-        return {}
-    out = {}
-    for name, value in vars(module).items():
-        try:
-            plain = _PLAIN_CALLS.get(value)
-        except TypeError:  # unhashable
-            continue
-        if plain is not None:
-            out[name] = plain
-    return out
+    return _named(module, _PLAIN_CALLS)
 
 
 def _plain(source: str, module: types.ModuleType) -> str:
