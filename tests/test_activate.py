@@ -102,6 +102,18 @@ def test_a_training_mlp_keeps_fc1_s_output_alone_with_the_gradients_of_autograd(
     assert kept_plain - kept == saved * batch * tokens * hidden * 4
 
 
+def test_a_global_hook_keeps_the_activation_s_call() -> None:
+    seen: list[nn.Module] = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(m))
+    try:
+        act, h = nn.GELU(), torch.randn(3, 8)
+        with torch.no_grad():
+            got = activate(act, h)
+    finally:
+        handle.remove()
+    assert seen == [act] and got.data_ptr() != h.data_ptr()
+
+
 def test_a_hook_on_fc2_keeps_its_call_in_training() -> None:
     mlp, calls = Mlp(16, 24, "gelu"), []
     mlp.fc2.register_forward_hook(lambda m, i, o: calls.append(o))

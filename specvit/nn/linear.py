@@ -33,12 +33,14 @@ __all__ = [
     "eager_cpu_float32",
     "fastest",
     "first_is_faster",
+    "hooked",
     "onednn_available",
     "onednn_is_faster",
     "onednn_linear",
     "packed_linear",
     "recomputed_linear",
     "recomputes",
+    "tracked",
     "uses_onednn",
 ]
 
@@ -122,23 +124,32 @@ class _RecomputedLinear(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None
 
 
-def recomputes(h: Tensor, linear: nn.Module) -> bool:
-    """Whether :func:`recomputed_linear` may run ``linear`` on a function of ``h``: a gradient flows to ``h``,
-    the code is eager (a compiler's partitioner chooses what to recompute itself), and ``linear`` is exactly a
-    :class:`Linear` of plain weights without hooks (of its own or global) that a call would run."""
-    hooks = (
-        linear._forward_hooks
-        or linear._forward_pre_hooks
+def tracked(t: Tensor) -> bool:
+    """Whether autograd records what is computed from ``t``: it requires a gradient and grad mode is on."""
+    return t.requires_grad and torch.is_grad_enabled()
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether a call of ``module`` runs forward hooks: its own or global ones. A fast path that skips the call
+    must not skip them."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
         or nn.modules.module._global_forward_hooks
         or nn.modules.module._global_forward_pre_hooks
     )
+
+
+def recomputes(h: Tensor, linear: nn.Module) -> bool:
+    """Whether :func:`recomputed_linear` may run ``linear`` on a function of ``h``: a gradient flows to ``h``,
+    the code is eager (a compiler's partitioner chooses what to recompute itself), and ``linear`` is exactly a
+    :class:`Linear` of plain weights without hooks that a call would run."""
     return (
-        h.requires_grad
-        and torch.is_grad_enabled()
+        tracked(h)
         and not torch.compiler.is_compiling()
         and type(linear) is Linear
         and type(linear.weight) is nn.Parameter
-        and not hooks
+        and not hooked(linear)
     )
 
 

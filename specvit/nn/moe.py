@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import flop_registry, register_flop_formula
 
-from specvit.nn.linear import Linear
+from specvit.nn.linear import Linear, tracked
 from specvit.nn.mlp import GluActivation, MlpActivation, _activation, activate, build_mlp
 from specvit.nn.regions import enter_region, leave_region, local
 
@@ -214,16 +214,16 @@ class MoeMlp(nn.Module):
         token = torch.div(used, self.top_k, rounding_mode="floor")  # (S,) each slot's token
         x = flat[token]  # (S, D) sorted by expert
         h = expert_products(x, fc1, counts)  # (S, F or 2F)
-        tracked = h.requires_grad and torch.is_grad_enabled()  # else products are written over their inputs
+        grads = tracked(h)  # else products are written over their inputs
         if self.gated:
             gate, value = h.chunk(2, dim=-1)
             h = activate(self.act, gate)
-            h = h * value if tracked else h.mul_(value)  # (S, F), untracked: a strided view of the gates
+            h = h * value if grads else h.mul_(value)  # (S, F), untracked: a strided view of the gates
         else:
             h = activate(self.act, h)
         y = expert_products(h, fc2, counts)  # (S, D)
         routing = weights.flatten()[used, None]  # (S, 1) each slot's routing weight
-        y = y * routing if tracked else y.mul_(routing)  # (S, D)
+        y = y * routing if grads else y.mul_(routing)  # (S, D)
         return torch.zeros_like(flat).index_add_(0, token, y)  # (T, D)
 
     def extra_repr(self) -> str:

@@ -294,8 +294,9 @@ def _attention(program: StepProgram, node: str, core: Any, p: Any, args: dict[st
     slots = c if window is None else min(c, window)  # S: position p in slot p % S, written at step p
     qkv = program.product(core.qkv, args["x"], node)  # (M, (H + 2 Hkv) hd)
     if not isinstance(core.q_norm, nn.Identity):  # QK-norm of q's and k's heads, in place, before RoPE
-        _normed(program, node, core.q_norm, qkv[:, : h * hd], qkv[:, : h * hd])
-        _normed(program, node, core.k_norm, qkv[:, h * hd : (h + hkv) * hd], qkv[:, h * hd : (h + hkv) * hd])
+        q, k = qkv[:, : h * hd], qkv[:, h * hd : (h + hkv) * hd]  # (M, H hd), (M, Hkv hd) views
+        _normed(program, node, core.q_norm, q, q)
+        _normed(program, node, core.k_norm, k, k)
     keys, values = torch.empty(m, hkv, slots, hd), torch.empty(m, hkv, slots, hd)
     heads, scratch = program.buffer(h * hd), torch.empty(m, h, slots + hd)  # (M, H hd), (M, H, S + hd)
     scale = 1.0 / math.sqrt(hd) if core.scale is None else core.scale
