@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specvit.compile import build_model
 from specvit.convert import Source, convert_state_dict
@@ -237,3 +238,15 @@ def printed_by_docs_block(doc: Path, call: str) -> str:
     with contextlib.chdir(doc.parents[1]):
         exec(blocks[0], namespace)
     return printed.getvalue().strip()
+
+
+class AtenOps(TorchDispatchMode):
+    """The names of the aten ops a block runs (``aten.cat``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
 import torch
+from reference import AtenOps
 from torch import nn
 
-from specvit.nn.mlp import Mlp, _activation, activate, build_mlp
+from specvit.nn.linear import autograd_recompute
+from specvit.nn.mlp import Mlp, QuickGELU, _activation, _glu, _glu_recompute, activate, build_mlp
 from specvit.nn.moe import MoeMlp
 
 NAMES = ["relu", "gelu", "gelu_tanh", "silu"]
@@ -164,3 +167,24 @@ def test_under_autocast_the_recomputed_backward_has_autograd_s_gradients_and_dty
     for got, ref in zip(grads, want_grads, strict=True):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu", "geglu_tanh", "quick_gelu"])
+def test_the_gated_backward_writes_both_halves_into_one_tensor_with_autograd_s_values(
+    activation: str,
+) -> None:
+    """The gate's and the value's gradients are written into the halves of one tensor, with the values of
+    autograd's nodes (which write each, then concatenate them: the control). An activation torch has no
+    such backward for (quick GELU) takes autograd's."""
+    torch.manual_seed(0)
+    act = QuickGELU() if activation == "quick_gelu" else _activation(activation)
+    h, grad = torch.randn(2, 5, 96), torch.randn(2, 5, 48)
+    x, grad_of = _glu_recompute(h, act)
+    want_x, want_grad_of = autograd_recompute(functools.partial(_glu, act=act))(h)
+    with AtenOps() as ours:
+        got = grad_of(grad)
+    with AtenOps() as autograd:
+        want = want_grad_of(grad)
+    assert torch.equal(x, want_x) and torch.equal(got, want)
+    assert "aten.cat" in autograd.names
+    assert ("aten.cat" in ours.names) == (activation == "quick_gelu")

@@ -20,7 +20,7 @@ from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.norm import make_norm
 from specvit.nn.partition import padded_grid
-from specvit.nn.position import apply_rope
+from specvit.nn.position import apply_rope, rotate_heads
 from specvit.nn.scores import mix_heads, tanh_cap
 
 __all__ = [
@@ -376,8 +376,7 @@ def split_rotated(
         rope: ``(cos, sin)`` tables of the L positions.
     """
     h, hkv = heads
-    qk, v = split_parts(t, ((h + hkv, head_dim), (hkv, head_dim)))  # (..., H + Hkv, L, hd), (..., Hkv, L, hd)
-    q, k = apply_rope(qk, *rope).split((h, hkv), dim=-3)
+    q, k, v = rotate_heads(split_heads(t, head_dim), *rope, (h, hkv))  # (..., H or Hkv, L, hd) each
     return q, k, v
 
 

@@ -30,6 +30,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = [
     "Linear",
+    "Recompute",
+    "autograd_recompute",
     "eager_cpu_float32",
     "fastest",
     "first_is_faster",
@@ -97,13 +99,39 @@ class _OneDnnLinear(torch.autograd.Function):
         return _linear_grads(ctx, grad, x, weight, ctx.needs_input_grad[0])
 
 
+Recompute = Callable[[Tensor], tuple[Tensor, Callable[[Tensor], Tensor]]]
+"""A function's pass for a backward: from its input, its output and the map from the output's gradient to the
+input's."""
+
+
+def autograd_recompute(inner: Callable[[Tensor], Tensor]) -> Recompute:
+    """``inner``'s :data:`Recompute` by autograd: its output recomputed with a graph, which the map walks back.
+
+    Args:
+        inner: a function of one tensor.
+    """
+
+    def recompute(h: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+        with torch.enable_grad():
+            pre = h.detach().requires_grad_()
+            x = inner(pre)
+        return x.detach(), lambda grad: torch.autograd.grad(x, pre, grad)[0]
+
+    return recompute
+
+
 class _RecomputedLinear(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: FunctionCtx, h: Tensor, weight: Tensor, bias: Tensor | None, inner: Callable[[Tensor], Tensor]
+        ctx: FunctionCtx,
+        h: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        inner: Callable[[Tensor], Tensor],
+        recompute: Recompute,
     ) -> Tensor:
         ctx.save_for_backward(h, weight)
-        ctx.has_bias, ctx.inner = bias is not None, inner  # type: ignore[attr-defined]
+        ctx.has_bias, ctx.recompute = bias is not None, recompute  # type: ignore[attr-defined]
         device = h.device.type  # the backward runs under the forward's autocast, as autograd's nodes would
         autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
         ctx.autocast = torch.get_autocast_dtype(device) if autocast else None  # type: ignore[attr-defined]
@@ -111,17 +139,15 @@ class _RecomputedLinear(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
         h, weight = ctx.saved_tensors
         dtype = ctx.autocast
         autocast = torch.autocast(h.device.type, dtype) if dtype is not None else contextlib.nullcontext()
         with autocast:
-            with torch.enable_grad():
-                pre = h.detach().requires_grad_()
-                x = ctx.inner(pre)  # (..., in) recomputed
-            grad_x, grad_w, grad_b = _linear_grads(ctx, grad, x.detach(), weight, True)
-            (grad_h,) = torch.autograd.grad(x, pre, grad_x) if ctx.needs_input_grad[0] else (None,)
-        return grad_h, grad_w, grad_b, None
+            x, grad_of = ctx.recompute(h)  # (..., in) recomputed
+            grad_x, grad_w, grad_b = _linear_grads(ctx, grad, x, weight, True)
+            grad_h = grad_of(grad_x) if ctx.needs_input_grad[0] else None
+        return grad_h, grad_w, grad_b, None, None
 
 
 def tracked(t: Tensor) -> bool:
@@ -153,7 +179,9 @@ def recomputes(h: Tensor, linear: nn.Module) -> bool:
     )
 
 
-def recomputed_linear(h: Tensor, inner: Callable[[Tensor], Tensor], linear: nn.Linear) -> Tensor:
+def recomputed_linear(
+    h: Tensor, inner: Callable[[Tensor], Tensor], linear: nn.Linear, recompute: Recompute | None = None
+) -> Tensor:
     """``linear(inner(h))`` whose backward keeps ``h`` and recomputes ``inner(h)``, where :func:`recomputes`
     holds.
 
@@ -166,8 +194,10 @@ def recomputed_linear(h: Tensor, inner: Callable[[Tensor], Tensor], linear: nn.L
         h: (..., F') the input of ``inner``.
         inner: a function without parameters or randomness, (..., F') -> (..., in).
         linear: the layer applied to ``inner(h)``.
+        recompute: ``inner``'s pass for the backward (default :func:`autograd_recompute`).
     """
-    return _RecomputedLinear.apply(h, linear.weight, linear.bias, inner)
+    recompute = autograd_recompute(inner) if recompute is None else recompute
+    return _RecomputedLinear.apply(h, linear.weight, linear.bias, inner, recompute)
 
 
 MIN_ROWS = 256

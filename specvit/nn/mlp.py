@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from specvit.nn.functional import to_map, to_tokens
 from specvit.nn.layers import Dropout, drops
-from specvit.nn.linear import Linear, hooked, recomputed_linear, recomputes, tracked
+from specvit.nn.linear import Linear, autograd_recompute, hooked, recomputed_linear, recomputes, tracked
 from specvit.nn.norm import make_norm
 
 PlainActivation = Literal["gelu", "gelu_tanh", "quick_gelu", "relu", "relu2", "silu", "xielu"]
@@ -137,6 +137,35 @@ def _glu(h: Tensor, act: Callable[[Tensor], Tensor]) -> Tensor:
     """``act(gate) * value`` of the packed (..., 2F) [gate; value]; (..., F)."""
     gate, value = h.chunk(2, dim=-1)  # (..., F) each
     return act(gate) * value
+
+
+_BACKWARD_INTO: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, Tensor], object]] = {
+    nn.SiLU: lambda act, grad, x, out: torch.ops.aten.silu_backward.grad_input(grad, x, grad_input=out),
+    nn.GELU: lambda act, grad, x, out: torch.ops.aten.gelu_backward.grad_input(
+        grad, x, approximate=cast(nn.GELU, act).approximate, grad_input=out
+    ),
+}
+"""Activations whose gradient torch writes into a given tensor: (act, grad of act(x), x, out)."""
+
+
+def _glu_recompute(h: Tensor, act: nn.Module) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """:func:`_glu` of h again for the backward, and the map from its gradient to h's, which writes the gate's
+    and the value's gradients into the halves of one (..., 2F) tensor, as autograd's ops compute them (autograd
+    would write each, then concatenate them); see :func:`~specvit.nn.linear.recomputed_linear`."""
+    backward_into = _BACKWARD_INTO.get(type(act))
+    if backward_into is None:
+        return autograd_recompute(functools.partial(_glu, act=act))(h)
+    gate, value = h.chunk(2, dim=-1)  # (..., F) each
+    activated = act(gate)
+
+    def grad_of(grad: Tensor) -> Tensor:
+        out = torch.empty_like(h)  # (..., 2F)
+        grad_gate, grad_value = out.chunk(2, dim=-1)
+        torch.mul(grad, activated, out=grad_value)
+        backward_into(act, grad * value, gate, grad_gate)
+        return out
+
+    return activated * value, grad_of
 
 
 def _dropout(p: float) -> nn.Module:
@@ -274,7 +303,9 @@ class GluMlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc1(x)  # (B, N, 2F)
         if _recomputes(h, self.act, self.drop1, self.norm, self.fc2):  # training: keep h, not the gating's
-            return self.drop2(recomputed_linear(h, functools.partial(_glu, act=self.act), self.fc2))
+            glu = functools.partial(_glu, act=self.act)
+            recompute = functools.partial(_glu_recompute, act=self.act)
+            return self.drop2(recomputed_linear(h, glu, self.fc2, recompute))  # (B, N, D)
         gate, value = h.chunk(2, dim=-1)  # (B, N, F) each
         h = self.drop1(activate(self.act, gate) * value)  # (B, N, F)
         if self.norm is not None:
