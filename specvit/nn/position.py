@@ -421,12 +421,11 @@ def rotate_heads(
     """The first heads of x rotated by RoPE (:func:`apply_rope`'s values) in groups of ``sizes`` heads (queries,
     keys), and the other heads as they are (values).
 
-    With rotate-half (L, r) tables this is one autograd node that reads x once and writes the rotation once,
-    where ``apply_rope`` is six ops (two halves, a negation, a concatenation, two products and a sum). Its
-    backward writes x's whole gradient once: for the heads of a packed projection, in the projection's layout,
-    which the projection's backward reads without a copy (autograd would concatenate the queries' and keys'
-    gradients, then the values', then copy the result to that layout). A compiled model takes ``apply_rope``'s
-    ops, which the compiler fuses itself.
+    Where a gradient flows, with rotate-half (L, r) tables, this is one autograd node: it writes the rotation
+    once (torch's ops: halves, a negation, a concatenation, two products and a sum), and its backward writes
+    x's gradient once, for the heads of a packed projection in the projection's layout, which the projection's
+    backward reads as it is (autograd would concatenate the queries' and keys' gradients, then the values',
+    then copy the result to that layout). A compiled model takes torch's ops, which the compiler fuses.
 
     Args:
         x: (..., heads, L, hd) queries and keys (and values after them, not rotated).
@@ -445,10 +444,12 @@ def rotate_heads(
 
 
 def _one_node(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    """Whether x rotates as one autograd node (:func:`rotate_heads`): by rotate-half (L, r) tables without
-    gradients, a plain tensor of heads, in eager code (a compiler fuses the ops itself)."""
+    """Whether x rotates as one autograd node (:func:`rotate_heads`): a gradient flows to x (the node is for its
+    backward; without one, torch's ops cost less than a Function's call), by rotate-half (L, r) tables without
+    gradients, x a plain tensor of heads, in eager code (a compiler fuses the ops itself)."""
     tables = cos.dim() == 2 and cos.shape[-1] % 2 == 0 and not (cos.requires_grad or sin.requires_grad)
-    return tables and x.dim() >= 3 and type(x) is Tensor and not torch.compiler.is_compiling()
+    heads = x.dim() >= 3 and type(x) is Tensor and x.requires_grad and torch.is_grad_enabled()
+    return tables and heads and not torch.compiler.is_compiling()
 
 
 def sine_2d(
