@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from specvit.codegen.fold import PlainCall
 from specvit.codegen.specialise import rewrite_function
-from specvit.nn import functional, layers, linear, mlp, position
+from specvit.nn import functional, layers, linear, mlp, qkv
 
 __all__ = ["dependencies", "import_block", "plain_calls", "renames"]
 
@@ -36,7 +36,7 @@ _PLAIN_CALLS: dict[object, PlainCall] = {
     functional.sdpa_layout: lambda call: call.args[0],  # only a memory layout (for export): its argument
     mlp.activate: lambda call: ast.Call(call.args[0], call.args[1:], []),  # act(h), never in place
     mlp._recomputes: lambda call: ast.Constant(False),  # no backward recomputing the activations
-    position._one_node: lambda call: ast.Constant(False),  # RoPE by torch's ops, autograd's own nodes
+    qkv.one_node: lambda call: ast.Constant(False),  # heads and RoPE by torch's views and ops
 }
 """Fast-path functions whose calls an ejected file writes as plain torch, and the call each becomes."""
 

@@ -20,7 +20,8 @@ from specvit.nn.layers import Dropout
 from specvit.nn.linear import Linear, onednn_linear
 from specvit.nn.norm import make_norm
 from specvit.nn.partition import padded_grid
-from specvit.nn.position import apply_rope, rotate_heads
+from specvit.nn.position import apply_rope
+from specvit.nn.qkv import one_node, packed_heads
 from specvit.nn.scores import mix_heads, tanh_cap
 
 __all__ = [
@@ -355,7 +356,8 @@ def split_parts(t: Tensor, parts: tuple[tuple[int, int], ...]) -> list[Tensor]:
     """(..., L, sum of heads * width) packed projections -> one (..., heads, L, width) tensor per (heads,
     width) of ``parts`` (keys and values of their own widths)."""
     if len({width for _, width in parts}) == 1:  # the same views, from one view of all heads: 3 ops, not 7
-        return list(split_heads(t, parts[0][1]).split([heads for heads, _ in parts], dim=-3))
+        heads, sizes = split_heads(t, parts[0][1]), tuple(n for n, _ in parts)  # (..., all heads, L, width)
+        return list(packed_heads(heads, sizes) if one_node(heads, None) else heads.split(sizes, dim=-3))
     pieces = t.split([heads * width for heads, width in parts], dim=-1)  # (..., L, heads * width) each
     return [split_heads(piece, width) for piece, (_, width) in zip(pieces, parts, strict=True)]
 
@@ -376,7 +378,12 @@ def split_rotated(
         rope: ``(cos, sin)`` tables of the L positions.
     """
     h, hkv = heads
-    q, k, v = rotate_heads(split_heads(t, head_dim), *rope, (h, hkv))  # (..., H or Hkv, L, hd) each
+    all_heads = split_heads(t, head_dim)  # (..., H + 2Hkv, L, hd)
+    if one_node(all_heads, rope):  # one node, and its backward writes t's gradient once
+        q, k, v = packed_heads(all_heads, (h, hkv, hkv), rope, rotated=2)
+        return q, k, v
+    qk, v = all_heads.split((h + hkv, hkv), dim=-3)  # (..., H + Hkv, L, hd), (..., Hkv, L, hd)
+    q, k = apply_rope(qk, *rope).split((h, hkv), dim=-3)
     return q, k, v
 
 

@@ -11,11 +11,12 @@ P below is the number of prefix (cls / register) tokens, gh x gw the patch grid.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
+
+from specvit.nn.qkv import one_node, packed_heads
 
 
 def sincos_1d(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
@@ -349,8 +350,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     Returns:
         (B, H, N, hd) tensor with x's dtype (the tables are cast to it).
     """
-    if _one_node(x, cos, sin):
-        return rotate_heads(x, cos, sin)[0]
+    if one_node(x, (cos, sin)):
+        return packed_heads(x, (x.shape[-3],), (cos, sin), rotated=1)[0]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     width = cos.shape[-1] if cos.ndim == 2 else cos.shape[-2] * cos.shape[-1]
     if width < x.shape[-1]:  # partial rotary: the first channels only
@@ -364,92 +365,6 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return x * cos + _rotate_half(x) * sin  # (B, H, N, r)
     xs = x.unflatten(-1, cos.shape[-2:])  # (B, H, N, S, r/S)
     return (xs * cos + _rotate_half(xs) * sin).flatten(-2)  # (B, H, N, r)
-
-
-def _rotate_into(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> None:
-    """Write RoPE's rotate-half rotation of x by (L, r) tables into ``out`` (x's shape, any strides), or with
-    ``inverse`` the backward's (back by the angle); channels past r are copied. Each product is rounded before
-    its sum, as in :func:`apply_rope` (a fused multiply-add would differ from it in the last bit)."""
-    r = cos.shape[-1]
-    half = r // 2
-    x1, x2, s1, s2 = x[..., :half], x[..., half:r], sin[..., :half], sin[..., half:r]
-    torch.mul(x[..., :r], cos, out=out[..., :r])
-    turn = torch.mul(x2, s2 if inverse else s1)  # (..., r/2)
-    out[..., :half].add_(turn) if inverse else out[..., :half].sub_(turn)  # x1 cos -/+ x2 sin
-    torch.mul(x1, s1 if inverse else s2, out=turn)
-    out[..., half:r].sub_(turn) if inverse else out[..., half:r].add_(turn)  # x2 cos +/- x1 sin
-    if r < x.shape[-1]:
-        out[..., r:].copy_(x[..., r:])
-
-
-class _RotatedHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, cos: Tensor, sin: Tensor, sizes: tuple[int, ...]) -> tuple[Tensor, ...]:
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        count = sum(sizes)
-        heads = x[..., :count, :, :]  # (..., count, L, hd)
-        rotated = torch.empty(heads.shape, dtype=x.dtype, device=x.device)
-        _rotate_into(rotated, heads, cos, sin, inverse=False)
-        ctx.save_for_backward(cos, sin)
-        ctx.sizes, ctx.shape = sizes, x.shape
-        ctx.packed = x.transpose(-3, -2).is_contiguous()  # heads of a packed (..., L, heads * hd) projection
-        return *rotated.split(sizes, dim=-3), x[..., count:, :, :]
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor, None, None, None]:
-        cos, sin = ctx.saved_tensors
-        shape, sizes = ctx.shape, ctx.sizes
-        if ctx.packed:  # the gradient in the projection's own layout: the linear's backward reads it as it is
-            grad = cos.new_empty((*shape[:-3], shape[-2], shape[-3], shape[-1])).transpose(-3, -2)
-        else:
-            grad = cos.new_empty(shape)  # (..., heads, L, hd)
-        *parts, rest = grad.split((*sizes, shape[-3] - sum(sizes)), dim=-3)
-        for part, into in zip(grads, (*parts, rest), strict=True):
-            if part is None:
-                into.zero_()
-            elif into is rest:
-                into.copy_(part)
-            else:
-                _rotate_into(into, part, cos, sin, inverse=True)
-        return grad, None, None, None
-
-
-def rotate_heads(
-    x: Tensor, cos: Tensor, sin: Tensor, sizes: tuple[int, ...] | None = None
-) -> tuple[Tensor, ...]:
-    """The first heads of x rotated by RoPE (:func:`apply_rope`'s values) in groups of ``sizes`` heads (queries,
-    keys), and the other heads as they are (values).
-
-    Where a gradient flows, with rotate-half (L, r) tables, this is one autograd node: it writes the rotation
-    once (torch's ops: halves, a negation, a concatenation, two products and a sum), and its backward writes
-    x's gradient once, for the heads of a packed projection in the projection's layout, which the projection's
-    backward reads as it is (autograd would concatenate the queries' and keys' gradients, then the values',
-    then copy the result to that layout). A compiled model takes torch's ops, which the compiler fuses.
-
-    Args:
-        x: (..., heads, L, hd) queries and keys (and values after them, not rotated).
-        cos: table from :class:`Rope` (see :func:`apply_rope`).
-        sin: same shape as ``cos``.
-        sizes: heads in each rotated group (default one group of all).
-
-    Returns:
-        (..., size, L, hd) rotated heads per size, views of one new tensor; then the others, a view of x.
-    """
-    sizes = (x.shape[-3],) if sizes is None else sizes
-    if _one_node(x, cos, sin):
-        return tuple(_RotatedHeads.apply(x, cos, sin, sizes))
-    count = sum(sizes)
-    return *apply_rope(x[..., :count, :, :], cos, sin).split(sizes, dim=-3), x[..., count:, :, :]
-
-
-def _one_node(x: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    """Whether x rotates as one autograd node (:func:`rotate_heads`): a gradient flows to x (the node is for its
-    backward; without one, torch's ops cost less than a Function's call), by rotate-half (L, r) tables without
-    gradients, x a plain tensor of heads, in eager code (a compiler fuses the ops itself)."""
-    tables = cos.dim() == 2 and cos.shape[-1] % 2 == 0 and not (cos.requires_grad or sin.requires_grad)
-    heads = x.dim() >= 3 and type(x) is Tensor and x.requires_grad and torch.is_grad_enabled()
-    return tables and heads and not torch.compiler.is_compiling()
 
 
 def sine_2d(

@@ -1,5 +1,6 @@
-"""RoPE by rotate-half tables runs as one autograd node (:func:`specvit.nn.position.rotate_heads`), with the
-values and gradients of torch's ops (the composition ``x * cos + rotate_half(x) * sin``) bit for bit."""
+"""Where a gradient flows, the heads of a packed projection, RoPE-rotated by rotate-half tables or not, are one
+autograd node (:func:`specvit.nn.qkv.packed_heads`) with the values and gradients of torch's views and ops
+(``x * cos + rotate_half(x) * sin``) bit for bit, and a backward that writes the projection's gradient once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from reference import AtenOps
 from torch import Tensor
 
-from specvit.nn.attend import split_heads, split_rotated
+from specvit.nn.attend import split_heads, split_parts, split_rotated
 from specvit.nn.position import apply_rope, rope_tables
 
 H, HKV, HD, L = 4, 2, 64, 7
@@ -117,3 +118,34 @@ def test_tables_with_gradients_take_torch_s_ops_and_get_their_gradients() -> Non
     (got,) = torch.autograd.grad(apply_rope(x, cos, sin).square().sum(), cos)
     (want,) = torch.autograd.grad(plain(x, cos, sin).square().sum(), cos)
     assert torch.equal(got, want) and got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_heads_without_rope_are_views_with_autograd_s_gradient_written_once(dtype: torch.dtype) -> None:
+    """A ViT's q, k, v: the same views, the same gradient, no concatenation or copy in the backward (torch's
+    views concatenate, then copy: the control)."""
+    t = packed(dtype)
+    parts = ((H, HD), (HKV, HD), (HKV, HD))
+    got = split_parts(t, parts)
+    heads = split_heads(t.detach(), HD)
+    want = heads.split((H, HKV, HKV), dim=1)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w) and g.data_ptr() == w.data_ptr()  # views of the projection
+    grads = [torch.randn_like(w) for w in want]
+    (grad,) = torch.autograd.grad(got, t, grads)
+    assert grad.dtype == dtype and torch.equal(grad, torch.cat(grads, dim=1).transpose(1, 2).flatten(2))
+    ours = _backward_ops(lambda: tuple(split_parts(t, parts)), t)
+    theirs = _backward_ops(lambda: tuple(split_heads(t, HD).split((H, HKV, HKV), dim=1)), t)
+    assert not {"aten.cat", "aten.clone"} & ours
+    assert {"aten.cat", "aten.clone"} <= theirs
+
+
+def test_without_gradients_the_heads_are_torch_s_views() -> None:
+    """No node where no gradient flows (a Function's call costs more than its views and ops save)."""
+    t = packed().detach()
+    cos, sin = tables(HD, torch.float32)
+    with AtenOps() as ops:
+        got = split_rotated(t, (H, HKV), HD, (cos, sin))
+    for g, w in zip(got, plain_split(t, cos, sin), strict=True):
+        assert torch.equal(g, w)
+    assert "aten.cat" in ops.names  # torch's rotate_half
