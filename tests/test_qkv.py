@@ -149,3 +149,26 @@ def test_without_gradients_the_heads_are_torch_s_views() -> None:
     for g, w in zip(got, plain_split(t, cos, sin), strict=True):
         assert torch.equal(g, w)
     assert "aten.cat" in ops.names  # torch's rotate_half
+
+
+def test_torch_func_grad_takes_torch_s_ops_with_autograd_s_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.func`` transforms refuse an autograd Function without ``setup_context``: under one, the heads are
+    torch's views and ops, and the gradients those of autograd. The control: the node under the transform."""
+    import specvit
+
+    small = {"decoder.depth": 1, "decoder.width": 64, "decoder.block.heads": 4, "decoder.block.kv_heads": 2}
+    spec = specvit.load_spec("llama_smollm_135m", overrides={**small, "decoder.input.vocab": 100})
+    torch.manual_seed(0)
+    model, tokens = specvit.build_model(spec).train(), torch.randint(0, 100, (2, 8))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p: dict[str, Tensor]) -> Tensor:
+        return torch.func.functional_call(model, p, (tokens,)).square().mean()
+
+    got = torch.func.grad(loss)(params)
+    model(tokens).square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7)
+    monkeypatch.setattr("specvit.nn.qkv.transformed", lambda t: False)
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(loss)(params)

@@ -43,6 +43,7 @@ __all__ = [
     "recomputed_linear",
     "recomputes",
     "tracked",
+    "transformed",
     "uses_onednn",
 ]
 
@@ -52,12 +53,20 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
 
+def transformed(t: Tensor) -> bool:
+    """Whether ``t`` is seen through a ``torch.func`` transform (grad, vmap, jacrev, ...), which refuses the
+    fast paths' autograd Functions (they have no ``setup_context``)."""
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
 def eager_cpu_float32(x: Tensor) -> bool:
     """``x`` is a float32 CPU tensor seen by eager code: not traced by a compiler or exporter (they pick their
-    own kernels), and no dispatch mode active (``FlopCounterMode``, fake tensors ... see the aten ops)."""
+    own kernels), no dispatch mode active (``FlopCounterMode``, fake tensors ... see the aten ops), and no
+    ``torch.func`` transform (:func:`transformed`)."""
     return (
         not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
         and _get_current_dispatch_mode() is None
+        and not transformed(x)
         and x.device.type == "cpu"
         and x.dtype == torch.float32
     )
@@ -168,11 +177,13 @@ def hooked(module: nn.Module) -> bool:
 
 def recomputes(h: Tensor, linear: nn.Module) -> bool:
     """Whether :func:`recomputed_linear` may run ``linear`` on a function of ``h``: a gradient flows to ``h``,
-    the code is eager (a compiler's partitioner chooses what to recompute itself), and ``linear`` is exactly a
-    :class:`Linear` of plain weights without hooks that a call would run."""
+    the code is eager (a compiler's partitioner chooses what to recompute itself) without a ``torch.func``
+    transform, and ``linear`` is exactly a :class:`Linear` of plain weights without hooks that a call would
+    run."""
     return (
         tracked(h)
         and not torch.compiler.is_compiling()
+        and not transformed(h)
         and type(linear) is Linear
         and type(linear.weight) is nn.Parameter
         and not hooked(linear)

@@ -6,7 +6,8 @@ for the projection's own backward: two passes over a tensor of the projection's 
 RoPE torch's six ops of the rotation (halves, a negation, a concatenation, two products and a sum) and their
 gradients. :func:`packed_heads` is one node whose backward writes the projection's gradient once, in that
 layout, with torch's values bit for bit. It serves where a gradient flows (:func:`one_node`): without one,
-the views and torch's ops cost less than a Function's call, and a compiler fuses them itself.
+the views and torch's ops cost less than a Function's call, a compiler fuses them itself, and ``torch.func``
+transforms refuse a Function without ``setup_context``.
 
 Dim legend: L tokens, hd head dim, r rotated channels (r <= hd).
 """
@@ -19,12 +20,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from specvit.nn.linear import tracked, transformed
+
 __all__ = ["one_node", "packed_heads"]
 
 
 def one_node(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> bool:
-    """Whether :func:`packed_heads` serves x: a gradient flows to x, a plain tensor of heads in eager code, and
-    ``rope`` is None or rotate-half (L, r) tables without gradients.
+    """Whether :func:`packed_heads` serves x: a gradient flows to x, a plain tensor of heads in eager code
+    without a ``torch.func`` transform, and ``rope`` is None or rotate-half (L, r) tables without gradients.
 
     Args:
         x: (..., heads, L, hd) heads.
@@ -34,8 +37,8 @@ def one_node(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> bool:
         cos, sin = rope
         if cos.dim() != 2 or cos.shape[-1] % 2 or cos.requires_grad or sin.requires_grad:
             return False
-    heads = x.dim() >= 3 and type(x) is Tensor and x.requires_grad and torch.is_grad_enabled()
-    return heads and not torch.compiler.is_compiling()
+    heads = x.dim() >= 3 and type(x) is Tensor and tracked(x)
+    return heads and not torch.compiler.is_compiling() and not transformed(x)
 
 
 def _rotate_into(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> None:
