@@ -22,6 +22,14 @@ OLD = {"encoder.width": 32, "encoder.block.heads": 2, "encoder.block.mlp.hidden"
 NEW = {"encoder.width": 512, "encoder.block.heads": 8, "encoder.block.mlp.hidden": 2048, "encoder.depth": 8}
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
+
+def _default_signals() -> None:
+    """Each child's start: the signals these tests send at their default action. A child inherits an ignored
+    signal (``nohup`` ignores SIGHUP), and specvit leaves an ignored signal ignored, as it should."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 # The child saves the big NEW model over the checkpoint; WHEN says where the signal comes from: sent by the
 # parent while the save runs ("external"), or by the child itself right after its weights are staged
 # ("staging") or right before its first rename into place ("commit").
@@ -63,6 +71,7 @@ def _save_and_signal(directory: Path, when: str, signum: int) -> subprocess.Comp
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
+        preexec_fn=_default_signals,
     )
     assert child.stdout is not None and child.stdout.readline() == "saving\n"
     if when == "external":
@@ -127,7 +136,12 @@ def test_ctrl_c_in_the_cli_is_one_line_and_status_130(tmp_path: Path) -> None:
         f"raise SystemExit(cli.main(['summary', {str(MNIST)!r}]))\n"
     )
     child = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        preexec_fn=_default_signals,
     )
     assert child.stdout is not None and child.stdout.readline() == "ready\n"
     time.sleep(0.2)
@@ -150,7 +164,12 @@ def test_ctrl_c_in_code_made_by_exec_still_ends_with_status_130(tmp_path: Path) 
     env = {**ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
     for how in ("exec", "none"):
         run = subprocess.run(
-            [sys.executable, "-m", "interrupting", how], capture_output=True, text=True, env=env, timeout=60
+            [sys.executable, "-m", "interrupting", how],
+            capture_output=True,
+            text=True,
+            env=env,
+            preexec_fn=_default_signals,
+            timeout=60,
         )
         if how == "none":  # the control: uninterrupted, it validates
             assert run.returncode == 0 and run.stdout.startswith("ok  mnist_vit"), run.stderr
@@ -189,6 +208,7 @@ def test_ctrl_c_while_the_cli_starts_is_one_line_and_status_130(module: str) -> 
         capture_output=True,
         text=True,
         env=ENV,
+        preexec_fn=_default_signals,
         timeout=60,
     )
     if module == "no.such.module":  # the control: no interrupt, the command runs
@@ -224,7 +244,12 @@ def test_a_signal_during_any_atomic_write_removes_its_temporary_file(signum: int
         "    os.kill(os.getpid(), int(sys.argv[2]))\n"
         "    f.write(b' and the rest')\n"
     )
-    run = subprocess.run([sys.executable, "-c", code, str(target), str(signum)], capture_output=True, env=ENV)
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(target), str(signum)],
+        capture_output=True,
+        env=ENV,
+        preexec_fn=_default_signals,
+    )
     assert run.returncode == -signum
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mmd"] and target.read_text() == "old"
 
@@ -267,7 +292,11 @@ def test_a_signal_while_a_temporary_is_made_or_removed_leaves_nothing(
     when: str, impl: str, tmp_path: Path
 ) -> None:
     run = subprocess.run(
-        [sys.executable, "-c", _TEMPORARY, str(tmp_path), when, impl], capture_output=True, text=True, env=ENV
+        [sys.executable, "-c", _TEMPORARY, str(tmp_path), when, impl],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        preexec_fn=_default_signals,
     )
     assert run.returncode == -signal.SIGTERM, run.stderr
     left = sorted(p.name for p in tmp_path.iterdir())
