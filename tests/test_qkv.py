@@ -169,6 +169,6 @@ def test_torch_func_grad_takes_torch_s_ops_with_autograd_s_gradients(monkeypatch
     model(tokens).square().mean().backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-5, atol=1e-7)
-    monkeypatch.setattr("specvit.nn.qkv.transformed", lambda t: False)
+    monkeypatch.setattr("specvit.nn.qkv.eager", lambda t: True)
     with pytest.raises(RuntimeError, match="setup_context"):
         torch.func.grad(loss)(params)

@@ -32,6 +32,7 @@ __all__ = [
     "Linear",
     "Recompute",
     "autograd_recompute",
+    "eager",
     "eager_cpu_float32",
     "fastest",
     "first_is_faster",
@@ -43,7 +44,6 @@ __all__ = [
     "recomputed_linear",
     "recomputes",
     "tracked",
-    "transformed",
     "uses_onednn",
 ]
 
@@ -53,20 +53,19 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
 
 
-def transformed(t: Tensor) -> bool:
-    """Whether ``t`` is seen through a ``torch.func`` transform (grad, vmap, jacrev, ...), which refuses the
-    fast paths' autograd Functions (they have no ``setup_context``)."""
-    return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+def eager(t: Tensor) -> bool:
+    """Whether ``t`` is seen by eager code, where the fast paths' autograd Functions may run: not traced by a
+    compiler or exporter (they pick their own kernels), nor wrapped by a ``torch.func`` transform (grad, vmap,
+    jacrev, ..., which refuse a Function without ``setup_context``)."""
+    return not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def eager_cpu_float32(x: Tensor) -> bool:
-    """``x`` is a float32 CPU tensor seen by eager code: not traced by a compiler or exporter (they pick their
-    own kernels), no dispatch mode active (``FlopCounterMode``, fake tensors ... see the aten ops), and no
-    ``torch.func`` transform (:func:`transformed`)."""
+    """``x`` is a float32 CPU tensor seen by eager code (:func:`eager`), with no dispatch mode active
+    (``FlopCounterMode``, fake tensors ... see the aten ops)."""
     return (
-        not torch.compiler.is_compiling()  # first: what a compiler traces, it compiles with its own kernels
+        eager(x)  # first: what a compiler traces, it compiles with its own kernels
         and _get_current_dispatch_mode() is None
-        and not transformed(x)
         and x.device.type == "cpu"
         and x.dtype == torch.float32
     )
@@ -182,8 +181,7 @@ def recomputes(h: Tensor, linear: nn.Module) -> bool:
     run."""
     return (
         tracked(h)
-        and not torch.compiler.is_compiling()
-        and not transformed(h)
+        and eager(h)
         and type(linear) is Linear
         and type(linear.weight) is nn.Parameter
         and not hooked(linear)

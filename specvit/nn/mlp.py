@@ -105,8 +105,9 @@ def activate(act: nn.Module, h: Tensor) -> Tensor:
 
     ``h`` must be a fresh product nothing else reads (``fc1``'s output or a view of it). ReLU always runs in
     place, since its backward reads its output; GELU and SiLU only when no gradient flows to ``h``, since
-    theirs read their input. Hooks a call of ``act`` would run (its own or global) keep the module call. A new output costs the write of cold
-    memory: a 6+6-layer encoder-decoder's eval forward was 2% slower with its ReLUs out of place.
+    theirs read their input. Hooks a call of ``act`` would run (its own or global) keep the module call. A
+    new output costs the write of cold memory: a 6+6-layer encoder-decoder's eval forward was 2% slower with
+    its ReLUs out of place.
 
     Args:
         act: the activation module (:func:`_activation`'s).

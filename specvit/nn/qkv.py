@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from specvit.nn.linear import tracked, transformed
+from specvit.nn.linear import eager, tracked
 
 __all__ = ["one_node", "packed_heads"]
 
@@ -37,8 +37,7 @@ def one_node(x: Tensor, rope: tuple[Tensor, Tensor] | None) -> bool:
         cos, sin = rope
         if cos.dim() != 2 or cos.shape[-1] % 2 or cos.requires_grad or sin.requires_grad:
             return False
-    heads = x.dim() >= 3 and type(x) is Tensor and tracked(x)
-    return heads and not torch.compiler.is_compiling() and not transformed(x)
+    return x.dim() >= 3 and type(x) is Tensor and tracked(x) and eager(x)
 
 
 def _rotate_into(out: Tensor, x: Tensor, cos: Tensor, sin: Tensor, inverse: bool) -> None:
@@ -63,7 +62,6 @@ class _PackedHeads(torch.autograd.Function):
         ctx: Any, x: Tensor, sizes: tuple[int, ...], cos: Tensor | None, sin: Tensor | None, rotated: int
     ) -> tuple[Tensor, ...]:
         parts = list(x.split(sizes, dim=-3))  # views of x
-        rotated = rotated if cos is not None and sin is not None else 0
         if cos is not None and sin is not None and rotated:
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
             count = sum(sizes[:rotated])
@@ -85,11 +83,11 @@ class _PackedHeads(torch.autograd.Function):
             grad = torch.empty((*lead, length, heads, width), **ctx.options).transpose(-3, -2)
         else:
             grad = torch.empty(ctx.shape, **ctx.options)  # (..., heads, L, hd)
-        tables = ctx.saved_tensors  # (cos, sin) if rotated
+        tables = ctx.saved_tensors  # (cos, sin) if the forward rotated, else none
         for i, (part, into) in enumerate(zip(grads, grad.split(ctx.sizes, dim=-3), strict=True)):
             if part is None:
                 into.zero_()
-            elif i < ctx.rotated:
+            elif tables and i < ctx.rotated:
                 _rotate_into(into, part, tables[0], tables[1], inverse=True)
             else:
                 into.copy_(part)
