@@ -20,9 +20,11 @@ __all__ = [
     "Row",
     "cpu_info",
     "fmt_time",
+    "pair_spread",
     "target",
     "timeit",
     "timeit_pair",
+    "timeit_pairs",
 ]
 
 # transformers and timm import torchvision, whose C++ ops do not load with the CPU-only torch wheel: specvit's
@@ -84,8 +86,11 @@ def timeit(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def timeit_pair(a: Callable[[], object], b: Callable[[], object], repeat: int) -> tuple[float, float]:
-    """Medians of ``a`` and ``b`` run alternately (one warm-up each), so a drift of the machine hits both."""
+def timeit_pairs(
+    a: Callable[[], object], b: Callable[[], object], repeat: int
+) -> tuple[list[float], list[float]]:
+    """The times of ``repeat`` pairs of ``a`` and ``b`` run alternately (one warm-up each), so a drift of the
+    machine hits both: (a's times, b's times), pair i at index i."""
     a(), b()
     ta, tb = [], []
     for _ in range(repeat):
@@ -93,7 +98,20 @@ def timeit_pair(a: Callable[[], object], b: Callable[[], object], repeat: int) -
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
+    return ta, tb
+
+
+def timeit_pair(a: Callable[[], object], b: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """The medians of :func:`timeit_pairs`."""
+    ta, tb = timeit_pairs(a, b, repeat)
     return statistics.median(ta), statistics.median(tb)
+
+
+def pair_spread(ta: list[float], tb: list[float]) -> str:
+    """The range of the ratios a/b of pairs run side by side: how far one pair can land from another, the
+    noise a ratio of medians near 1.0 is read against."""
+    ratios = [x / y for x, y in zip(ta, tb, strict=True)]
+    return f"{min(ratios):.2f}-{max(ratios):.2f}"
 
 
 ISA = {

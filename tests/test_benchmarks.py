@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import specvit
-from benchmarks.common import Row, cpu_info
+from benchmarks.common import Row, cpu_info, pair_spread, timeit_pairs
 from benchmarks.cuda import mfu
 from benchmarks.gemm import ceilings, gemm_shapes, shape_rates
 from benchmarks.memory import status_kib
@@ -237,3 +237,15 @@ def test_swin_rows_refuse_to_time_a_different_model(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(peers, "swin_pair", tampered)
     with pytest.raises(AssertionError, match="Swin-T differs from timm's by"):
         peers.swin_rows(1, smoke=True)
+
+
+def test_pairs_alternate_and_their_spread() -> None:
+    calls: list[str] = []
+    ta, tb = timeit_pairs(lambda: calls.append("a"), lambda: calls.append("b"), repeat=3)
+    assert calls == ["a", "b"] * 4 and len(ta) == len(tb) == 3  # one warm-up pair, then three timed
+    assert (
+        pair_spread([1.0, 2.2, 3.0], [1.0, 2.0, 3.2]) == "0.94-1.10"
+    )  # the ratios of pairs, not of extremes
+    assert pair_spread([1.0, 3.0], [3.0, 1.0]) == "0.33-3.00"
+    with pytest.raises(ValueError):  # a pair missing its other half is an error, not a shorter list
+        pair_spread([1.0, 2.0], [1.0])
