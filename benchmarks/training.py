@@ -172,8 +172,8 @@ def training_rows(repeat: int, smoke: bool = False) -> list[Row]:
     rows = []
     for name, make in CASES.items():
         case = make(smoke)
-        times = timeit_pairs(case.steps["ours"], case.steps["peer"], repeat)
-        t_ours, t_peer = statistics.median(times[0]), statistics.median(times[1])
+        times_ours, times_peer = timeit_pairs(case.steps["ours"], case.steps["peer"], repeat)
+        t_ours, t_peer = statistics.median(times_ours), statistics.median(times_peer)
         m_ours, m_peer = child_peak(name, "ours", smoke), child_peak(name, "peer", smoke)
         row = Row(case.section, case.what, t_ours, t_peer, case.peer_name, case.flops, m_ours, m_peer)
         rows.append(row)
@@ -182,7 +182,7 @@ def training_rows(repeat: int, smoke: bool = False) -> list[Row]:
             saved = "-" if m_ours is None or m_peer is None else f"{(m_peer - m_ours) / 2**20:.0f} MiB"
             row.what += f"; memory saved {saved}, time paid {t_ours / t_peer - 1:+.0%}"
             continue
-        spread = pair_spread(*times)
+        spread = pair_spread(times_ours, times_peer)
         row.what += f"; each pair's ratio: {spread}"
         target(
             f"{row.section} no slower than {row.peer_name}",
